@@ -1,0 +1,43 @@
+# One entry point for people and CI. `make study` and `make test` create .venv when missing and install the
+# pinned lock into it, so both work on a fresh machine with nothing but Python 3.11 and make.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PROFILE ?= auto
+# The install stamp changes whenever the lock or the project metadata does, so edits reinstall.
+STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+
+.PHONY: study test unit notebooks install lint-notebooks refresh-notebooks clean-reports
+
+study: install
+	$(VENV)/bin/sdperf run --profile $(PROFILE)
+
+test: unit notebooks
+
+unit: install
+	$(PY) -m pytest tests -q
+
+# nbval runs every notebook on the tiny smoke profile, writing into a scratch reports folder.
+notebooks: install
+	SDPERF_PROFILE=smoke SDPERF_REPORTS_DIR=$$(mktemp -d) $(PY) -m pytest -q -p no:cacheprovider \
+		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 notebooks
+
+install: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps -e .
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# Re-executes the notebooks on smoke and keeps only the outputs of `# NBVAL_CHECK_OUTPUT` cells.
+refresh-notebooks: install
+	$(PY) -m sdperf.notebook_hygiene refresh notebooks/*.ipynb
+
+lint-notebooks: install
+	$(PY) -m sdperf.notebook_hygiene check notebooks/*.ipynb
+
+clean-reports:
+	rm -rf reports/smoke

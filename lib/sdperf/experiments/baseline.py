@@ -1,0 +1,148 @@
+"""00_baseline: the fp32 eager pipeline every later rung is measured against."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+
+from sdperf import architectures, published
+from sdperf.measurements import GenerationRun, timed_generation, unet_flops
+from sdperf.pipelines import component_parameters
+from sdperf.roofline import achieved, matmul_peak
+from sdperf.study import Study
+
+LABEL = "fp32 eager"
+
+
+def parameter_table(study: Study, pipe) -> pd.DataFrame:
+    """Parameters per network, beside the published count when the profile builds a real architecture."""
+    counts = component_parameters(pipe)
+    ref = architectures.PUBLISHED_PARAMETERS.get(study.profile.arch, {}) if not study.profile.weights else {}
+    rows = [{"network": k, "parameters": v, "published": ref.get(k),
+             "matches_published": (ref.get(k) == v) if k in ref else None} for k, v in sorted(counts.items())]
+    return pd.DataFrame(rows)
+
+
+def record_run(study: Study, run: GenerationRun, scenario: str) -> None:
+    rec = study.recorder
+    rec.timing(scenario, run.timing)
+    rec.add_many([
+        dict(scenario=scenario, metric="s_per_image", value=run.s_per_image, unit="s",
+             p10=run.timing.p10 / run.workload.batch_size, p90=run.timing.p90 / run.workload.batch_size,
+             n=len(run.timing.times)),
+        dict(scenario=scenario, metric="it_per_s", value=run.it_per_s, unit="it/s", n=len(run.timing.times),
+             note=f"{run.workload.steps} steps; UNet + scheduler per step, median of the loop"),
+    ] + [dict(scenario=scenario, metric=f"stage:{r.stage}", value=r.seconds_per_image_call, unit="s",
+              p10=r.p10_call_s * r.calls_per_generation, p90=r.p90_call_s * r.calls_per_generation,
+              n=len(run.timing.times), note=f"{r.calls_per_generation} call(s) per generation, "
+              f"{r.share_percent:.1f}% of the generation")
+         for r in run.stages.itertuples()])
+
+
+def component_breakdown(study: Study, pipe) -> GenerationRun:
+    """Batch 1, whole generations, with each stage's time read from the same calls."""
+    p = study.profile
+    run = timed_generation(pipe, study.workload(1), device=study.device, warmup=p.warmup, repeats=p.repeats,
+                           label=LABEL)
+    record_run(study, run, f"{LABEL}, batch 1")
+    return run
+
+
+def batch_sweep(study: Study, pipe, first: GenerationRun | None = None) -> pd.DataFrame:
+    """Latency per call and per image at each batch size (images per prompt, as in the NeMo table)."""
+    p = study.profile
+    runs = []
+    for b in p.batch_sizes:
+        if first is not None and b == first.workload.batch_size:
+            runs.append(first)
+            continue
+        run = timed_generation(pipe, study.workload(b), device=study.device, warmup=p.warmup,
+                               repeats=p.repeats, label=LABEL)
+        record_run(study, run, f"{LABEL}, batch {b}")
+        runs.append(run)
+    return pd.DataFrame([r.summary() for r in runs])
+
+
+def roofline(study: Study, pipe, sweep: pd.DataFrame) -> pd.DataFrame:
+    """UNet FLOPs per forward, this device's fp32 matmul roof, achieved FLOP/s and % of roof per batch size."""
+    p = study.profile
+    peak, peak_timing = matmul_peak(study.device, torch.float32, p.matmul_size)
+    study.recorder.add(f"matmul {p.matmul_size}x{p.matmul_size} float32", "peak_gflops", peak / 1e9, "GFLOP/s",
+                       n=len(peak_timing.times), note="torch.mm, blocked_autorange median")
+    rows = []
+    for b, step in zip(sweep["batch_size"], sweep["unet_step_s"]):
+        flops = unet_flops(pipe, study.workload(int(b)))
+        a = achieved(flops, step, peak)
+        rows.append({"batch_size": int(b), "unet_forward_gflop": flops / 1e9, "unet_step_s": step, **a})
+        scen = f"{LABEL}, batch {int(b)}"
+        study.recorder.add_many([
+            dict(scenario=scen, metric="unet_forward_flops", value=flops, unit="FLOP", n=1,
+                 note="torch.utils.flop_counter, CFG batch"),
+            dict(scenario=scen, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s"),
+            dict(scenario=scen, metric="percent_of_peak", value=a["percent_of_peak"], unit="%",
+                 note=f"of the measured float32 matmul roof {peak / 1e9:.1f} GFLOP/s"),
+        ])
+    return pd.DataFrame(rows)
+
+
+def plot_breakdown(study: Study, run: GenerationRun):
+    fig, ax = plt.subplots(figsize=(7, 3))
+    df = run.stages
+    ax.barh(df["stage"], df["seconds_per_image_call"], color=plt.cm.tab10.colors[:len(df)])
+    for y, (s, share) in enumerate(zip(df["seconds_per_image_call"], df["share_percent"])):
+        ax.text(s, y, f" {share:.1f}%", va="center")
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per generation (median)")
+    ax.set_title(f"fp32 eager, batch 1: where the time goes ({study.profile.name}, {run.workload.steps} steps)")
+    study.save_figure(fig, "stage_breakdown")
+    return fig
+
+
+def nemo_scaling() -> pd.DataFrame:
+    """NeMo's framework-fp16 SD latency at batch 1/2/4, relative to batch 1: the shape to compare with ours."""
+    df = published.select("NeMo SD inference", model="SD 1.x", config="framework fp16 AMP")
+    df = df[["batch_size", "value"]].rename(columns={"value": "latency_s"})
+    df["relative_latency"] = df["latency_s"] / float(df.loc[df.batch_size == 1, "latency_s"].iloc[0])
+    return df
+
+
+def plot_batch_sweep(study: Study, sweep: pd.DataFrame):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    err = [sweep["latency_s"] - sweep["p10_s"], sweep["p90_s"] - sweep["latency_s"]]
+    axes[0].errorbar(sweep["batch_size"], sweep["latency_s"], yerr=err, marker="o", capsize=4, label="latency")
+    axes[0].plot(sweep["batch_size"], sweep["s_per_image"], marker="s", label="s / image")
+    axes[0].set(xlabel="batch size (images per prompt)", ylabel="seconds", title=f"measured here ({study.device})")
+    axes[0].legend()
+    base = float(sweep.loc[sweep.batch_size == sweep.batch_size.min(), "latency_s"].iloc[0])
+    axes[1].plot(sweep["batch_size"], sweep["latency_s"] / base, marker="o", label=f"measured here ({study.device})")
+    nemo = nemo_scaling()
+    axes[1].plot(nemo["batch_size"], nemo["relative_latency"], marker="^", ls="--", label="NeMo, A100 fp16 (published)")
+    axes[1].plot(sweep["batch_size"], sweep["batch_size"] / sweep["batch_size"].min(), color="grey", ls=":",
+                 label="linear (no batching gain)")
+    axes[1].set(xlabel="batch size", ylabel="latency / latency at smallest batch", title="how latency scales")
+    axes[1].legend(fontsize=8)
+    study.save_figure(fig, "batch_sweep")
+    return fig
+
+
+def published_vs_measured(study: Study, sweep: pd.DataFrame) -> pd.DataFrame:
+    """The fp32 baseline claims of the seeds beside this run's figure, each with its hardware and conditions."""
+    p = study.profile
+    one = sweep[sweep.batch_size == 1].iloc[0] if (sweep.batch_size == 1).any() else sweep.iloc[0]
+    here = f"{study.env['device_name']} ({study.device}, {study.env['threads']} threads)"
+    rows = [
+        {"claim": "fp32 baseline latency", "source": "Cerebrium", "hardware": "NVIDIA A10G",
+         "conditions": "SD v1.x, 512px, steps not stated", "published": published.value(
+             "Cerebrium SD ladder", config="fp32"), "measured_here": one["latency_s"], "unit": "s",
+         "measured_conditions": f"{p.arch}, {p.resolution}px, {p.steps} {p.scheduler} steps, batch 1, {here}"},
+    ]
+    nemo = nemo_scaling().set_index("batch_size")
+    base = float(one["latency_s"])
+    for b in sweep["batch_size"]:
+        if int(b) in nemo.index and int(b) != 1 and (sweep.batch_size == 1).any():
+            rows.append({"claim": f"latency batch {int(b)} / batch 1", "source": "NeMo", "hardware": "A100 80GB",
+                         "conditions": "SD 1.x, 512px, 50 PLMS, framework fp16 AMP",
+                         "published": nemo.loc[int(b), "relative_latency"],
+                         "measured_here": float(sweep.loc[sweep.batch_size == b, "latency_s"].iloc[0]) / base,
+                         "unit": "ratio", "measured_conditions": f"{p.arch}, {p.resolution}px, fp32, {here}"})
+    return pd.DataFrame(rows)

@@ -1,0 +1,40 @@
+"""fp16 / bf16 weights and activations: the first rung of the Cerebrium ladder (11.26 s -> 4.57 s on an A10G).
+
+On a GPU half precision doubles tensor-core throughput and halves memory traffic. On a CPU it is only fast
+when the ISA has half-precision matrix instructions (AMX, or AVX-512 FP16/BF16); otherwise oneDNN converts
+and the rung is slower than fp32. The notebook measures which case this machine is in.
+"""
+from __future__ import annotations
+
+import torch
+
+from sdperf.environment import cpu_isa
+
+HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# The CPU instructions that give each half precision a native matrix path (fp32 is the reference).
+NATIVE_CPU_PATHS = {
+    "float16": ("amx_fp16", "avx512_fp16"),
+    "bfloat16": ("amx_bf16", "avx512_bf16"),
+}
+
+
+def availability(device: str, dtype: str) -> tuple[bool, str]:
+    """Half precision runs everywhere torch does; the reason says whether it has a fast path here."""
+    if dtype not in HALF:
+        return False, f"dtype {dtype!r} is not a half precision; choose one of: {', '.join(HALF)}"
+    if device == "cuda":
+        if dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
+            return False, "this GPU has no bfloat16 support (needs compute capability 8.0+)"
+        return True, "tensor cores run this precision natively"
+    isa = cpu_isa()
+    native = [f for f in NATIVE_CPU_PATHS[dtype] if isa.get(f)]
+    if native:
+        return True, f"native CPU path via {', '.join(native)}"
+    return True, (f"runs, but this CPU lacks {' / '.join(NATIVE_CPU_PATHS[dtype])}: no native {dtype} matrix "
+                  "instructions, so expect it slower than float32")
+
+
+def apply(pipe, dtype: str):
+    """Cast every network of the pipeline to `dtype` in place (diffusers keeps the scheduler in fp32)."""
+    return pipe.to(dtype=HALF[dtype])

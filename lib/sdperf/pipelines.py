@@ -1,0 +1,105 @@
+"""Build the diffusers pipeline a profile names: real architecture at seeded random init, or real weights.
+
+Random init is seeded per component, so two builds of one profile hold identical weights and every rung
+of every notebook starts from the same network; real weights load offline from a local folder.
+"""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import diffusers
+import torch
+
+from sdperf import architectures
+from sdperf.profiles import Profile
+from sdperf.tokenizer import clip_tokenizer
+
+SCHEDULER_CLASSES = {
+    # PLMS is diffusers' PNDM without the Runge-Kutta warm-up steps (what the NeMo and SD papers call PLMS).
+    "plms": ("PNDMScheduler", dict(skip_prk_steps=True, set_alpha_to_one=False)),
+    "ddim": ("DDIMScheduler", dict(set_alpha_to_one=False, clip_sample=False)),
+    "euler": ("EulerDiscreteScheduler", dict(timestep_spacing="leading")),
+    "dpmpp-2m": ("DPMSolverMultistepScheduler", dict(algorithm_type="dpmsolver++", solver_order=2)),
+}
+
+
+# diffusers warns on every .to(dtype) of a random-init model that it has no fp32-pinned modules: noise here.
+diffusers.utils.logging.set_verbosity_error()
+
+
+def make_scheduler(name: str, base_config: dict):
+    cls_name, extra = SCHEDULER_CLASSES[name]
+    cls = getattr(diffusers, cls_name)
+    keys = set(inspect.signature(cls.__init__).parameters)  # accept only what the class takes
+    config = {k: v for k, v in dict(base_config, **extra).items() if k in keys}
+    return cls(**config)
+
+
+def _seeded(seed: int, build):
+    """Build a module under a fixed seed so its random init is reproducible, independent of call order."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def build_random(arch_name: str, scheduler: str = "plms", seed: int = 0):
+    """The architecture from its hand-written config, random weights, fp32, on the CPU."""
+    from diffusers import AutoencoderKL, StableDiffusionPipeline, StableDiffusionXLPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    arch = architectures.get(arch_name)
+    unet = _seeded(seed, lambda: UNet2DConditionModel(**arch.unet))
+    vae = _seeded(seed + 1, lambda: AutoencoderKL(**arch.vae))
+    text_encoder = _seeded(seed + 2, lambda: CLIPTextModel(CLIPTextConfig(**arch.text_encoder)))
+    sched = make_scheduler(scheduler, arch.scheduler)
+    if arch.family == "sd":
+        pipe = StableDiffusionPipeline(
+            vae=vae, text_encoder=text_encoder, tokenizer=clip_tokenizer(arch.pad_token), unet=unet,
+            scheduler=sched, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    else:
+        text_encoder_2 = _seeded(seed + 3, lambda: CLIPTextModelWithProjection(CLIPTextConfig(**arch.text_encoder_2)))
+        pipe = StableDiffusionXLPipeline(
+            vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+            tokenizer=clip_tokenizer(arch.pad_token), tokenizer_2=clip_tokenizer(arch.pad_token_2),
+            unet=unet, scheduler=sched)
+    pipe.set_progress_bar_config(disable=True)
+    return _eval(pipe)
+
+
+def _eval(pipe):
+    for module in pipe.components.values():
+        if isinstance(module, torch.nn.Module):
+            module.eval().requires_grad_(False)
+    return pipe
+
+
+def build_from_weights(weights: str, scheduler: str):
+    """Real weights from a local diffusers folder (offline) or a hub id (needs internet)."""
+    from diffusers import DiffusionPipeline
+
+    local = Path(weights).expanduser().is_dir()
+    pipe = DiffusionPipeline.from_pretrained(str(Path(weights).expanduser()) if local else weights,
+                                             torch_dtype=torch.float32, local_files_only=local)
+    pipe.scheduler = make_scheduler(scheduler, dict(pipe.scheduler.config))
+    pipe.set_progress_bar_config(disable=True)
+    return _eval(pipe)
+
+
+def build_pipeline(profile: Profile, *, device: str | None = None, dtype: torch.dtype = torch.float32):
+    """The profile's pipeline on its device; fp32 unless asked (the baseline every rung is compared with)."""
+    if profile.weights:
+        pipe = build_from_weights(profile.weights, profile.scheduler)
+    else:
+        pipe = build_random(profile.arch, profile.scheduler, seed=profile.seed)
+    return pipe.to(device or profile.device, dtype)
+
+
+def component_parameters(pipe) -> dict[str, int]:
+    """Parameter count per network of the pipeline (a deterministic fingerprint of the architecture)."""
+    return {name: architectures.count_parameters(m) for name, m in pipe.components.items()
+            if isinstance(m, torch.nn.Module)}
+
+
+def is_sdxl(pipe) -> bool:
+    return getattr(pipe, "text_encoder_2", None) is not None

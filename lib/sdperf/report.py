@@ -1,0 +1,234 @@
+"""reports/<profile>/index.html: one self-contained page a reader can open from the folder, offline.
+
+Every number is shown beside the conditions it was taken in; rows that were not measured say why, in place of
+the number. Tables come from pandas (escaped); the page around them is plain HTML with inline CSS.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from urllib.parse import quote
+
+from sdperf import paths
+from sdperf.profiles import load_profile
+
+RESULT_COLUMNS = ["scenario", "metric", "value", "unit", "p10", "p90", "n", "dtype", "note"]
+NUMBER_COLUMNS = ("value", "p10", "p90")
+NOT_MEASURED = ("not_applicable", "skipped", "failed")
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 72rem;
+       padding: 0 1rem; color: #1d1d1f; line-height: 1.45; }
+h1 { margin-bottom: .2rem; } h2 { border-bottom: 2px solid #ddd; padding-bottom: .2rem; margin-top: 2.5rem; }
+.sub { color: #666; margin-top: 0; }
+table { border-collapse: collapse; margin: .6rem 0 1rem; font-size: .92rem; }
+th, td { border: 1px solid #ddd; padding: .25rem .6rem; text-align: left; vertical-align: top; }
+th { background: #f4f4f6; }
+tbody tr:nth-child(even) { background: #fafafa; }
+td.not_applicable, td.skipped { color: #666; font-style: italic; background: #f1f1f1; }
+td.failed { color: #a40000; background: #fdeaea; font-weight: 600; }
+td.ok.status { color: #17692b; font-weight: 600; }
+.badge { display: inline-block; padding: .1rem .5rem; border-radius: .3rem; font-weight: 600; }
+.badge.ok { background: #e3f4e6; color: #17692b; } .badge.failed { background: #fdeaea; color: #a40000; }
+.badge.unknown { background: #eee; color: #555; }
+.failure { border-left: 4px solid #a40000; background: #fdeaea; padding: .4rem .8rem; }
+figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
+figcaption { color: #555; font-size: .9rem; }
+.links a { margin-right: 1rem; }
+details summary { cursor: pointer; }
+"""
+
+
+def fmt(value) -> str:
+    """Four significant digits: enough to compare, few enough to read."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if not isinstance(value, float):
+        return str(value)
+    text = f"{value:.4g}"
+    # 1.235e+06 reads worse than 1,235,000 and says no more; keep exponents for the truly huge or tiny
+    return f"{float(text):,.0f}" if "e+" in text and abs(value) < 1e15 else text
+
+
+def _esc(value) -> str:
+    return html.escape(str(value))
+
+
+def _href(path: str) -> str:
+    return html.escape(quote(path), quote=True)
+
+
+def _kv_table(mapping: dict, key: str = "setting", value: str = "value") -> str:
+    import pandas as pd
+
+    df = pd.DataFrame({key: list(mapping), value: [fmt(v) for v in mapping.values()]})
+    return df.to_html(index=False, escape=True, border=0)
+
+
+def _styled_table(df, classes, uuid: str) -> str:
+    """pandas' Styler: the one pandas renderer that can mark rows by status; cells stay HTML-escaped."""
+    from pandas.io.formats.style import Styler
+
+    styler = Styler(df, uuid=uuid, cell_ids=False).hide(axis="index").format(escape="html")
+    return styler.set_td_classes(classes).to_html()
+
+
+# ---------------------------------------------------------------- inputs
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_stamps(profile: str) -> dict[str, dict]:
+    folder = paths.profile_reports(profile) / "notebooks"
+    stamps = {}
+    for path in sorted(folder.glob("*.run.json")):
+        stamp = _read_json(path)
+        if stamp:
+            stamps[stamp.get("notebook") or path.name.removesuffix(".run.json")] = stamp
+    return stamps
+
+
+def failure_text(stamp: dict) -> str:
+    err = stamp.get("error") or {}
+    where = f"cell {err['cell_index']}" if err.get("cell_index") is not None else "before any cell ran"
+    return f"{where} ({err.get('ename', '?')}: {err.get('evalue', '')})"
+
+
+# ---------------------------------------------------------------- sections
+
+def _summary_section(names: list[str], stamps: dict, results) -> str:
+    import pandas as pd
+
+    rows, statuses = [], []
+    for name in names:
+        stamp = stamps.get(name, {})
+        status = stamp.get("status", "unknown")
+        counts = results[results["notebook"] == name]["status"].value_counts()
+        rows.append({"notebook": name, "status": status, "seconds": fmt(stamp.get("duration_s")),
+                     "finished (UTC)": stamp.get("finished_utc", ""), "commit": stamp.get("commit", ""),
+                     "rows ok / n.a. / failed": f"{counts.get('ok', 0)} / {counts.get('not_applicable', 0)} / "
+                                                f"{counts.get('failed', 0)}",
+                     "problem": failure_text(stamp) if status == "failed" else ""})
+        statuses.append(status)
+    if not rows:
+        return "<h2 id='summary'>Study summary</h2><p>No notebook has run for this profile yet.</p>"
+    df = pd.DataFrame(rows)
+    classes = pd.DataFrame([[s] * len(df.columns) for s in statuses], columns=df.columns)
+    classes["status"] = [f"{s} status" for s in statuses]
+    return "<h2 id='summary'>Study summary</h2>" + _styled_table(df, classes, "summary")
+
+
+def _environment_section(env: dict | None, settings: dict) -> str:
+    parts = ["<h2 id='environment'>Environment</h2>"]
+    if env is None:
+        parts.append("<p>No environment.json: this profile has not been run with <code>sdperf run</code>.</p>")
+    else:
+        isa = env.get("cpu_isa") or {}
+        facts = {k: env.get(k) for k in ("device", "device_name", "cpu_model", "logical_cpus", "usable_cpus",
+                                         "threads", "cuda", "cuda_available", "python", "platform", "commit",
+                                         "time_utc")}
+        facts["ISA flags present"] = ", ".join(f for f, on in isa.items() if on) or "none of those checked"
+        facts["ISA flags absent"] = ", ".join(f for f, on in isa.items() if not on) or "none"
+        facts["allocator env"] = ", ".join(f"{k}={v}" for k, v in (env.get("malloc_env") or {}).items()) or "unset"
+        packages = {k: v or "not installed" for k, v in (env.get("packages") or {}).items()}
+        parts += ["<h3>Machine</h3>", _kv_table(facts), "<details><summary>Package versions</summary>",
+                  _kv_table(packages, "package", "version"), "</details>"]
+    settings = {**settings, "weights": settings.get("weights") or "none: random init"}
+    parts += ["<h3>Profile settings</h3>", _kv_table(settings)]
+    return "\n".join(parts)
+
+
+def _results_table(rows, uuid: str) -> str:
+    import pandas as pd
+
+    rows = rows.reset_index(drop=True)
+    shown = pd.DataFrame({c: rows[c] if c in rows else "" for c in RESULT_COLUMNS})
+    for col in NUMBER_COLUMNS:
+        shown[col] = [fmt(v) for v in shown[col]]
+    shown["n"] = [fmt(int(v)) if isinstance(v, (int, float)) and not math.isnan(v) else fmt(v) for v in shown["n"]]
+    shown = shown.fillna("").astype(str)
+    not_measured = rows["status"].isin(NOT_MEASURED)
+    shown.loc[not_measured, "value"] = rows.loc[not_measured, "note"].fillna("").astype(str)
+    shown.loc[not_measured, "note"] = rows.loc[not_measured, "status"]
+    row_class = rows["status"].where(not_measured, "").astype(str)
+    classes = pd.DataFrame({c: row_class for c in shown.columns})
+    return _styled_table(shown, classes, uuid)
+
+
+def _figures(profile: str, name: str) -> str:
+    figs = []
+    for png in sorted(paths.figures_dir(profile).glob(f"{name}__*.png")):
+        svg = png.with_suffix(".svg")
+        link = f" · <a href='{_href('figures/' + svg.name)}'>SVG</a>" if svg.is_file() else ""
+        figs.append(f"<figure><img src='{_href('figures/' + png.name)}' alt='{_esc(png.stem)}' loading='lazy'>"
+                    f"<figcaption>{_esc(png.name)}{link}</figcaption></figure>")
+    return "\n".join(figs)
+
+
+EXECUTED_COPIES = ((".html", "executed notebook (HTML)"), (".ipynb", "executed notebook (.ipynb)"),
+                   (".failed.html", "failed run (HTML)"), (".failed.ipynb", "failed run (.ipynb)"))
+
+
+def _links(profile: str, name: str) -> str:
+    folder = paths.profile_reports(profile) / "notebooks"
+    links = [f"<a href='{_href('notebooks/' + name + suffix)}'>{_esc(label)}</a>"
+             for suffix, label in EXECUTED_COPIES if (folder / f"{name}{suffix}").is_file()]
+    return f"<p class='links'>{' '.join(links)}</p>" if links else "<p>No executed copy of this notebook.</p>"
+
+
+def _status_line(stamp: dict | None) -> str:
+    if not stamp:
+        return "<p><span class='badge unknown'>no run record</span></p>"
+    status = stamp.get("status", "unknown")
+    meta = (f"{fmt(stamp.get('duration_s'))} s · commit {stamp.get('commit', '?')} · "
+            f"finished {stamp.get('finished_utc', '?')}")
+    line = f"<p><span class='badge {_esc(status)}'>{_esc(status)}</span> {_esc(meta)}</p>"
+    if status == "failed":
+        line += f"<p class='failure'>Stopped at {_esc(failure_text(stamp))}</p>"
+    return line
+
+
+def _notebook_section(profile: str, name: str, rows, stamp: dict | None, i: int) -> str:
+    parts = [f"<h2 id='{_esc(name)}'>{_esc(name)}</h2>", _status_line(stamp), _links(profile, name)]
+    if len(rows):
+        parts.append(_results_table(rows, f"nb{i}"))
+    else:
+        parts.append("<p>No results recorded.</p>")
+    parts.append(_figures(profile, name))
+    return "<section>" + "\n".join(parts) + "</section>"
+
+
+def _page(title: str, body: list[str]) -> str:
+    return (f"<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>\n<title>{_esc(title)}</title>\n"
+            f"<style>{CSS}</style>\n</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n")
+
+
+def write_index(profile: str) -> Path:
+    """Rebuild the page from what is on disk, so it can be regenerated without rerunning anything."""
+    from sdperf.results import atomic_write_text, read_results
+
+    folder = paths.profile_reports(profile)
+    env = _read_json(folder / "environment.json")
+    settings = load_profile(profile, check_runtime=False).summary()
+    stamps = read_stamps(profile)
+    results = read_results(profile)
+    names = sorted(set(results["notebook"].astype(str)) | set(stamps))
+    title = f"sdperf study: profile {profile}"
+    body = [f"<h1>{_esc(title)}</h1>",
+            f"<p class='sub'>{_esc(settings.get('description', ''))}</p>",
+            _summary_section(names, stamps, results),
+            _environment_section(env, settings)]
+    body += [_notebook_section(profile, name, results[results["notebook"] == name], stamps.get(name), i)
+             for i, name in enumerate(names)]
+    path = folder / "index.html"
+    atomic_write_text(path, _page(title, body))
+    return path

@@ -1,0 +1,145 @@
+"""The study's one tidy table per profile: reports/<profile>/results.csv, a row per (notebook, scenario, metric).
+
+Every write is a read-modify-write under a file lock, written to a temp file and renamed, so a killed run
+leaves either the old table or the new one, never half a file. A re-run replaces its own rows.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from sdperf.paths import profile_reports
+
+KEY = ["notebook", "scenario", "metric"]
+MEASURE_COLUMNS = ["value", "unit", "p10", "p90", "n", "status", "note"]
+ENV_COLUMNS = ["profile", "dtype", "device", "device_name", "cpu_model", "threads", "commit", "torch",
+               "diffusers", "python", "time_utc"]
+COLUMNS = KEY + MEASURE_COLUMNS + ENV_COLUMNS
+STATUSES = ("ok", "not_applicable", "skipped", "failed")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock beside `path`, so two notebooks of one profile never interleave their writes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def results_path(profile: str) -> Path:
+    return profile_reports(profile) / "results.csv"
+
+
+def read_results(profile: str) -> pd.DataFrame:
+    path = results_path(profile)
+    if not path.is_file():
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.read_csv(path, keep_default_na=False, na_values=[""])
+
+
+def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
+    """Replace rows with the same key, append new ones, write atomically; returns the new table."""
+    new = pd.DataFrame(rows, columns=COLUMNS)
+    with locked(path):
+        if path.is_file():
+            old = pd.read_csv(path, keep_default_na=False, na_values=[""])
+            keys = set(map(tuple, new[KEY].astype(str).values))
+            keep = ~old[KEY].astype(str).apply(tuple, axis=1).isin(keys)
+            table = pd.concat([old[keep], new], ignore_index=True) if keep.any() else new
+        else:
+            table = new
+        atomic_write_text(path, table.to_csv(index=False))
+    return table
+
+
+@dataclass
+class Recorder:
+    """What a notebook uses to store its measurements; every row carries the environment it was taken in."""
+
+    notebook: str
+    profile: str
+    env: dict
+    dtype: str = "float32"
+
+    @property
+    def path(self) -> Path:
+        return results_path(self.profile)
+
+    def _row(self, scenario: str, metric: str, value, unit: str, p10=None, p90=None, n=None,
+             status: str = "ok", note: str = "", dtype: str | None = None) -> dict:
+        if status not in STATUSES:
+            raise ValueError(f"status {status!r} is not valid; choose one of: {', '.join(STATUSES)}")
+        if status == "ok" and (value is None or (isinstance(value, float) and math.isnan(value)) and not note):
+            raise ValueError(f"{scenario}/{metric}: an 'ok' row needs a measured value or a note saying why not")
+        env = self.env
+        return {
+            "notebook": self.notebook, "scenario": scenario, "metric": metric, "value": value, "unit": unit,
+            "p10": p10, "p90": p90, "n": n, "status": status, "note": note,
+            "profile": self.profile, "dtype": dtype or self.dtype, "device": env["device"],
+            "device_name": env["device_name"], "cpu_model": env["cpu_model"], "threads": env["threads"],
+            "commit": env["commit"], "torch": env["packages"].get("torch"),
+            "diffusers": env["packages"].get("diffusers"), "python": env["python"], "time_utc": env["time_utc"],
+        }
+
+    def add(self, scenario: str, metric: str, value, unit: str, **kw) -> None:
+        upsert_rows(self.path, [self._row(scenario, metric, value, unit, **kw)])
+
+    def add_many(self, rows: list[dict]) -> None:
+        upsert_rows(self.path, [self._row(**r) for r in rows])
+
+    def timing(self, scenario: str, timing, metric: str = "latency", dtype: str | None = None) -> None:
+        """Steady-state median with p10/p90, first-call time and peak memory, as separate rows."""
+        rows = [dict(scenario=scenario, metric=metric, value=timing.median, unit="s", p10=timing.p10,
+                     p90=timing.p90, n=len(timing.times), dtype=dtype),
+                dict(scenario=scenario, metric=f"{metric}_first_call", value=timing.first_call, unit="s",
+                     n=1, dtype=dtype, note="first call, includes warm-up/compile/build")]
+        if timing.peak_memory_bytes is not None:
+            rows.append(dict(scenario=scenario, metric="peak_memory", value=timing.peak_memory_bytes / 2**20,
+                             unit="MiB", n=1, dtype=dtype, note=timing.memory_kind))
+        self.add_many(rows)
+
+    def not_applicable(self, scenario: str, reason: str, metric: str = "latency") -> None:
+        self.add(scenario, metric, None, "", status="not_applicable", note=f"not applicable: {reason}")
+
+    def skipped(self, scenario: str, reason: str, metric: str = "latency") -> None:
+        """Not measured on purpose (over the profile's time budget); the reason says what was measured instead."""
+        self.add(scenario, metric, None, "", status="skipped", note=f"skipped: {reason}")
+
+    def failed(self, scenario: str, error: BaseException | str, metric: str = "latency") -> None:
+        msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.add(scenario, metric, None, "", status="failed", note=msg[:500])
+
+    def table(self) -> pd.DataFrame:
+        df = read_results(self.profile)
+        return df[df["notebook"] == self.notebook].reset_index(drop=True)

@@ -1,0 +1,309 @@
+"""Runs the study's notebooks for one profile: validate, execute with papermill, stamp, convert, index.
+
+papermill, nbformat, nbconvert and pandas take seconds to import, so they are imported inside the functions
+that need them: a bad profile or notebook name must fail before any of that cost is paid.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sdperf import environment, paths
+from sdperf.errors import ConfigError
+from sdperf.profiles import Profile, load_profile
+
+OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+INJECTED_TAG = "injected-parameters"  # papermill's tag on the cell it adds after the `parameters` cell
+ERROR_MARKER_TAG = "papermill-error-cell-tag"  # papermill's tag on the red banner cells it adds on failure
+
+
+@dataclass
+class Outcome:
+    """What happened to one notebook in this run; `failure` is the stamp's error record when it failed."""
+
+    name: str
+    status: str
+    seconds: float = 0.0
+    failure: dict | None = None
+
+
+# ---------------------------------------------------------------- selecting notebooks
+
+def notebook_names(notebooks_dir: Path | None = None) -> list[str]:
+    folder = Path(notebooks_dir or paths.notebooks_dir())
+    return sorted(p.stem for p in folder.glob("*.ipynb"))
+
+
+def _matches(token: str, name: str) -> bool:
+    """'00_baseline' is also reachable as '00' and as 'baseline', which is what people type."""
+    number, _, rest = name.partition("_")
+    return token in (name, number, rest)
+
+
+def select(only: list[str] | None, names: list[str]) -> list[str]:
+    """The notebooks to run, in study order; any unknown or ambiguous name fails before anything runs."""
+    if not only:
+        return list(names)
+    chosen: set[str] = set()
+    for token in only:
+        hits = [n for n in names if _matches(token, n)]
+        if not hits:
+            raise ConfigError(f"unknown notebook {token!r}; valid notebooks: {', '.join(names) or '(none found)'}")
+        if len(hits) > 1:
+            raise ConfigError(f"notebook name {token!r} is ambiguous: it matches {', '.join(hits)}")
+        chosen.add(hits[0])
+    return [n for n in names if n in chosen]
+
+
+def validate(profile_name: str | None, only: list[str] | None,
+             notebooks_dir: Path | None = None) -> tuple[Profile, list[str]]:
+    """Cheap checks first (YAML, names), then the device probe that needs torch."""
+    profile = load_profile(profile_name, check_runtime=False)
+    selected = select(only, notebook_names(notebooks_dir))
+    return load_profile(profile.name), selected
+
+
+# ---------------------------------------------------------------- stamps and skipping
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def outputs_dir(profile: str) -> Path:
+    return paths.profile_reports(profile) / "notebooks"
+
+
+def stamp_path(profile: str, name: str) -> Path:
+    return outputs_dir(profile) / f"{name}.run.json"
+
+
+def read_stamp(profile: str, name: str) -> dict | None:
+    try:
+        return json.loads(stamp_path(profile, name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def fingerprint(profile: str, notebook: Path, commit: str) -> dict:
+    """What must be unchanged for an earlier run to stand for this one."""
+    return {"commit": commit, "profile": profile, "notebook_sha256": sha256_file(notebook),
+            "profile_sha256": sha256_file(paths.params_dir() / f"{profile}.yml")}
+
+
+def is_clean_commit(commit: str) -> bool:
+    """A dirty or unknown tree cannot vouch for which code produced the earlier outputs."""
+    return bool(commit) and commit != "unknown" and not commit.endswith("-dirty")
+
+
+def should_skip(stamp: dict | None, current: dict) -> bool:
+    if not stamp or stamp.get("status") != OK or not is_clean_commit(current["commit"]):
+        return False
+    return all(stamp.get(k) == v for k, v in current.items())
+
+
+def _utc(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_stamp(profile: str, name: str, current: dict, status: str, started: float, finished: float,
+                failure: dict | None = None) -> None:
+    from sdperf.results import atomic_write_text
+
+    stamp = {"notebook": name, **current, "status": status, "started_utc": _utc(started),
+             "finished_utc": _utc(finished), "duration_s": round(finished - started, 3)}
+    if failure:
+        stamp["error"] = failure
+    atomic_write_text(stamp_path(profile, name), json.dumps(stamp, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- executing one notebook
+
+def _tags(cell) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def _source_index(cells, index: int) -> int:
+    """papermill counts its injected-parameters cell; the user's notebooks/<name>.ipynb does not have it."""
+    return index - sum(INJECTED_TAG in _tags(c) for c in cells[:index])
+
+
+def _read_partial(path: Path):
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except Exception:  # an empty or half-written file: nothing to point at
+        return None
+    nb.cells = [c for c in nb.cells if ERROR_MARKER_TAG not in _tags(c)]
+    return nb
+
+
+def _last_started(cells) -> int | None:
+    """On a timeout or kernel death papermill marks no cell as failed; the last one started is the culprit."""
+    started = [i for i, c in enumerate(cells) if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    return started[-1] if started else None
+
+
+def describe_failure(exc: BaseException, partial: Path) -> dict:
+    """Where and why a notebook stopped, as indices into the source notebook."""
+    from papermill.exceptions import PapermillExecutionError
+
+    nb = _read_partial(partial)
+    cells = nb.cells if nb is not None else []
+    if isinstance(exc, PapermillExecutionError):
+        index, ename, evalue = exc.cell_index, exc.ename, exc.evalue
+    else:
+        index, ename, evalue = _last_started(cells), type(exc).__name__, str(exc)
+    exec_count = cells[index].get("execution_count") if index is not None and index < len(cells) else None
+    return {"cell_index": None if index is None else _source_index(cells, index), "exec_count": exec_count,
+            "ename": ename, "evalue": (str(evalue).strip().splitlines() or [""])[0]}
+
+
+def failure_line(name: str, failure: dict) -> str:
+    where = f"cell {failure['cell_index']} " if failure.get("cell_index") is not None else ""
+    return f"FAILED {name}: {where}({failure['ename']}: {failure['evalue']})"
+
+
+def _settle(tmp: Path, dest: Path) -> None:
+    """Move the temp output onto its final name in one rename; an empty temp means nothing ran."""
+    if tmp.exists() and tmp.stat().st_size:
+        os.replace(tmp, dest)
+    else:
+        tmp.unlink(missing_ok=True)
+
+
+def _remove(*files: Path) -> None:
+    for f in files:
+        f.unlink(missing_ok=True)
+
+
+def execute(notebook: Path, profile: Profile) -> dict | None:
+    """Run one notebook into reports/<P>/notebooks; returns None on success, else the failure record.
+
+    The executed copy is built under a temp name and renamed, so `<name>.ipynb` is always a complete run;
+    a failed run is kept as `<name>.failed.ipynb` and any older successful copy is removed with it, so the
+    report never presents stale output as current.
+    """
+    import papermill
+
+    out = outputs_dir(profile.name)
+    out.mkdir(parents=True, exist_ok=True)
+    name = notebook.stem
+    final, failed = out / f"{name}.ipynb", out / f"{name}.failed.ipynb"
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".ipynb", dir=out)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    succeeded = False
+    try:
+        papermill.execute_notebook(
+            str(notebook), str(tmp), parameters={"profile": profile.name}, kernel_name="python3",
+            execution_timeout=profile.cell_timeout_s, cwd=str(paths.REPO_ROOT), progress_bar=False,
+            log_output=False)
+        succeeded = True
+    except Exception as exc:  # papermill errors, timeouts, dead kernels: all become a failed notebook
+        return describe_failure(exc, tmp)
+    finally:
+        _settle(tmp, final if succeeded else failed)
+        _remove(*((failed, out / f"{name}.failed.html") if succeeded else (final, out / f"{name}.html")))
+    return None
+
+
+def run_one(notebook: Path, profile: Profile, commit: str, force: bool, say) -> Outcome:
+    name = notebook.stem
+    current = fingerprint(profile.name, notebook, commit)
+    if not force and should_skip(read_stamp(profile.name, name), current) \
+            and (outputs_dir(profile.name) / f"{name}.ipynb").is_file():
+        say(f"skipped {name}: already run for commit {commit}")
+        return Outcome(name, SKIPPED)
+    started = time.time()
+    failure = execute(notebook, profile)
+    finished = time.time()
+    write_stamp(profile.name, name, current, FAILED if failure else OK, started, finished, failure)
+    if failure:
+        say(failure_line(name, failure))
+    return Outcome(name, FAILED if failure else OK, finished - started, failure)
+
+
+# ---------------------------------------------------------------- after the run
+
+def executed_copy(profile: str, name: str) -> Path | None:
+    """The notebook a reader should open: the successful run, else the failed one."""
+    out = outputs_dir(profile)
+    for candidate in (out / f"{name}.ipynb", out / f"{name}.failed.ipynb"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def to_html(ipynb: Path) -> Path:
+    from nbconvert import HTMLExporter
+
+    from sdperf.results import atomic_write_text
+
+    body, _ = HTMLExporter(embed_images=True).from_filename(str(ipynb))
+    html = ipynb.with_suffix(".html")
+    atomic_write_text(html, body)
+    return html
+
+
+def convert(profile: str, outcomes: list[Outcome], say) -> bool:
+    """HTML for everything run now, and for skipped notebooks whose HTML went missing; False if any failed."""
+    ok = True
+    for outcome in outcomes:
+        ipynb = executed_copy(profile, outcome.name)
+        if ipynb is None or (outcome.status == SKIPPED and ipynb.with_suffix(".html").is_file()):
+            continue
+        try:
+            to_html(ipynb)
+        except Exception as exc:  # a broken HTML export must not hide the run's results
+            say(f"HTML export of {ipynb.name} failed: {type(exc).__name__}: {exc}")
+            ok = False
+    return ok
+
+
+def summary_table(outcomes: list[Outcome]) -> str:
+    import pandas as pd
+
+    if not outcomes:
+        return "no notebooks selected"
+    df = pd.DataFrame([{"notebook": o.name, "status": o.status, "seconds": round(o.seconds, 1)}
+                       for o in outcomes])
+    return df.to_string(index=False)
+
+
+def write_environment(profile: Profile) -> Path:
+    from sdperf.results import atomic_write_text
+
+    path = paths.profile_reports(profile.name) / "environment.json"
+    record = environment.record(profile.name, profile.device)
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def run(profile_name: str | None, only: list[str] | None = None, force: bool = False,
+        notebooks_dir: Path | None = None) -> int:
+    """Run the study for one profile; 0 when every selected notebook ran or was already up to date, else 1."""
+    from tqdm import tqdm
+
+    from sdperf import report
+
+    profile, selected = validate(profile_name, only, notebooks_dir)
+    folder = Path(notebooks_dir or paths.notebooks_dir())
+    write_environment(profile)
+    commit = environment.git_commit()
+    outcomes = []
+    with tqdm(selected, desc=f"sdperf {profile.name}", unit="notebook") as bar:
+        for name in bar:
+            bar.set_postfix_str(name)
+            outcomes.append(run_one(folder / f"{name}.ipynb", profile, commit, force, tqdm.write))
+    html_ok = convert(profile.name, outcomes, tqdm.write)
+    index = report.write_index(profile.name)
+    print(summary_table(outcomes))
+    print(f"report: {index}")
+    return 0 if html_ok and all(o.status != FAILED for o in outcomes) else 1

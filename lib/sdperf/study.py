@@ -1,0 +1,51 @@
+"""What a notebook opens first: the validated profile, the environment record, its results recorder."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sdperf import environment, plots
+from sdperf.generation import Workload
+from sdperf.pipelines import build_pipeline
+from sdperf.profiles import Profile, load_profile
+from sdperf.results import Recorder
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Study:
+    notebook: str
+    profile: Profile
+    env: dict
+    recorder: Recorder = field(repr=False)
+
+    @property
+    def device(self) -> str:
+        return self.profile.device
+
+    def pipeline(self, dtype: str = "float32"):
+        """A freshly built pipeline of the profile's architecture in `dtype` (same seed, same weights)."""
+        return build_pipeline(self.profile, dtype=DTYPES[dtype])
+
+    def workload(self, batch_size: int = 1, steps: int | None = None) -> Workload:
+        return Workload.from_profile(self.profile, batch_size=batch_size, steps=steps)
+
+    def save_figure(self, fig, name: str):
+        return plots.save_figure(fig, self.profile.name, self.notebook, name)
+
+    def describe(self) -> str:
+        p = self.profile
+        weights = p.weights or "random init (timing does not depend on weight values; quality figures do)"
+        return (f"profile {p.name}: {p.arch} at {p.resolution}x{p.resolution}, {p.steps} {p.scheduler} steps, "
+                f"guidance {p.guidance_scale}, batch sizes {list(p.batch_sizes)}, {p.device}, "
+                f"warm-up {p.warmup} + {p.repeats} timed repeats, seed {p.seed}\nweights: {weights}")
+
+
+def open_study(profile: str | None, notebook: str) -> Study:
+    """Validate the profile (fails before any model is built), record the environment, set the plot style."""
+    prof = load_profile(profile)
+    env = environment.record(prof.name, prof.device)
+    plots.use_style()
+    return Study(notebook=notebook, profile=prof, env=env, recorder=Recorder(notebook, prof.name, env))

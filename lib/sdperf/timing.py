@@ -1,0 +1,165 @@
+"""How every number in the study is timed: warm-up apart, repeats, median with p10/p90, peak memory.
+
+On CUDA each repeat is bracketed by CUDA events (the GPU's own clock); on the CPU by
+torch.utils.benchmark's Timer, which synchronizes and keeps the thread count we give it (its default of
+one thread would silently halve a 2-core machine).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.utils.benchmark as benchmark
+
+
+@dataclass
+class Timing:
+    times: list[float]
+    first_call: float
+    peak_memory_bytes: int | None = None
+    memory_kind: str = ""
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.times))
+
+    @property
+    def p10(self) -> float:
+        return float(np.percentile(self.times, 10))
+
+    @property
+    def p90(self) -> float:
+        return float(np.percentile(self.times, 90))
+
+    def summary(self) -> dict:
+        return {"median_s": self.median, "p10_s": self.p10, "p90_s": self.p90, "n": len(self.times),
+                "first_call_s": self.first_call,
+                "peak_memory_mib": None if self.peak_memory_bytes is None else self.peak_memory_bytes / 2**20}
+
+
+def ratio(baseline: Timing, variant: Timing) -> dict:
+    """Speed-up baseline/variant: ratio of medians, with a conservative range from the p10/p90 of each."""
+    return {"speedup": baseline.median / variant.median, "speedup_lo": baseline.p10 / variant.p90,
+            "speedup_hi": baseline.p90 / variant.p10}
+
+
+# --- peak memory -------------------------------------------------------------------------------------------
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _read_hwm() -> int | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def reset_peak_memory(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return
+    with contextlib.suppress(OSError, AttributeError):  # hand freed heap back first, or RSS counts it
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with contextlib.suppress(OSError):  # Linux: writing 5 resets the peak RSS (VmHWM) of this process
+        _CLEAR_REFS.write_text("5")
+
+
+def peak_memory(device: str) -> tuple[int | None, str]:
+    """(bytes, what was measured): CUDA max allocated, or the process's peak RSS since the last reset."""
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated(), "CUDA max_memory_allocated"
+    hwm = _read_hwm()
+    if hwm is not None:
+        return hwm, "process peak RSS (VmHWM, reset before the measurement)"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS since start (ru_maxrss)"
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+# --- timers ----------------------------------------------------------------------------------------------
+def _time_once_cpu(fn: Callable[[], object]) -> float:
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    return timer.timeit(number=1).times[0]
+
+
+def _time_once_cuda(fn: Callable[[], object]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000.0
+
+
+def measure(fn: Callable[[], object], *, device: str, warmup: int = 1, repeats: int = 3) -> Timing:
+    """First call timed alone (it carries compile/build/allocator warm-up), then `warmup` untimed calls,
+    then `repeats` timed calls; peak memory covers the steady-state calls."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    once = _time_once_cuda if device == "cuda" else _time_once_cpu
+    synchronize(device)
+    first = once(fn)
+    for _ in range(max(warmup - 1, 0)):
+        fn()
+    reset_peak_memory(device)
+    times = [once(fn) for _ in range(repeats)]
+    peak, kind = peak_memory(device)
+    return Timing(times=times, first_call=first, peak_memory_bytes=peak, memory_kind=kind)
+
+
+def blocked(fn: Callable[[], object], *, device: str, min_run_time: float = 1.0) -> Timing:
+    """For short kernels (matmul roof): torch.utils.benchmark's blocked_autorange, one entry per block."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    first = time.perf_counter() - t0
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    m = timer.blocked_autorange(min_run_time=min_run_time)
+    return Timing(times=list(m.times), first_call=first)
+
+
+# --- per-stage clock ---------------------------------------------------------------------------------------
+@dataclass
+class StageClock:
+    """Records the time of each stage call inside one generation (text encoder, UNet step, ...).
+
+    On CUDA it records events and reads them once at the end, so it adds no synchronization of its own.
+    """
+
+    device: str
+    _open: list = field(default_factory=list)
+    records: dict[str, list[float]] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str):
+        if self.device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._open.append((stage, start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self.records.setdefault(stage, []).append(time.perf_counter() - t0)
+
+    def collect(self) -> dict[str, list[float]]:
+        if self._open:
+            torch.cuda.synchronize()
+            for stage, start, end in self._open:
+                self.records.setdefault(stage, []).append(start.elapsed_time(end) / 1000.0)
+            self._open.clear()
+        return self.records

@@ -1,0 +1,203 @@
+"""The runner and report against throwaway notebooks: real kernels, real papermill, a temp reports folder."""
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import re
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from sdperf import environment, paths, report, runner
+from sdperf.errors import ConfigError
+from sdperf.results import Recorder
+
+CLEAN_SHA = "0123456789ab"
+# A 1x1 PNG: the report only has to embed it, not decode it.
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJ"
+                       "RU5ErkJggg==")
+
+
+def make_notebook(path: Path, code_cells: list[str]) -> Path:
+    """A study-shaped notebook: a title, one `parameters` cell, then the given code."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    params = nbformat.v4.new_code_cell('profile = "auto"  # str: a profile in params/')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# test"), params] + [nbformat.v4.new_code_cell(c) for c in code_cells]
+    nbformat.write(nb, str(path))
+    return path
+
+
+def marker_code(marker: Path) -> str:
+    return f"from pathlib import Path\nPath({str(marker)!r}).write_text(profile)"
+
+
+def run_quiet(*args, **kwargs) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = runner.run(*args, **kwargs)
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """One run of a good and a failing notebook, shared by the tests that only read its outputs."""
+    root = tmp_path_factory.mktemp("study")
+    nbdir = root / "notebooks"
+    nbdir.mkdir()
+    marker = root / "good.marker"
+    make_notebook(nbdir / "00_good.ipynb", [marker_code(marker)])
+    # code cells: parameters (index 1), `x = 1` (index 2), the raise (index 3) in the source notebook
+    make_notebook(nbdir / "01_bad.ipynb", ["x = 1", "raise ValueError('boom\\nsecond line')"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SDPERF_REPORTS_DIR", str(root / "reports"))
+        mp.setattr(environment, "git_commit", lambda *a, **k: CLEAN_SHA)
+        code, out = run_quiet("smoke", notebooks_dir=nbdir)
+        yield {"root": root, "nbdir": nbdir, "marker": marker, "code": code, "out": out,
+               "reports": root / "reports" / "smoke", "mp": mp}
+
+
+def test_good_notebook_runs_with_profile_parameter(study):
+    executed = study["reports"] / "notebooks" / "00_good.ipynb"
+    assert study["marker"].read_text() == "smoke"  # papermill injected profile="smoke" over "auto"
+    nb = nbformat.read(str(executed), as_version=4)
+    assert any("injected-parameters" in c.metadata.get("tags", []) for c in nb.cells)
+    assert (study["reports"] / "notebooks" / "00_good.html").stat().st_size > 1000
+    assert json.loads((study["reports"] / "environment.json").read_text())["profile"] == "smoke"
+    stamp = json.loads((study["reports"] / "notebooks" / "00_good.run.json").read_text())
+    assert stamp["status"] == "ok" and stamp["commit"] == CLEAN_SHA and stamp["duration_s"] > 0
+    assert stamp["notebook_sha256"] == runner.sha256_file(study["nbdir"] / "00_good.ipynb")
+    assert not list((study["reports"] / "notebooks").glob(".*")), "a temp notebook was left behind"
+
+
+def test_failing_notebook_is_named_with_its_cell_and_fails_the_run(study):
+    assert study["code"] == 1
+    assert "FAILED 01_bad: cell 3 (ValueError: boom)" in study["out"]
+    out = study["reports"] / "notebooks"
+    assert (out / "01_bad.failed.ipynb").is_file() and (out / "01_bad.failed.html").is_file()
+    assert not (out / "01_bad.ipynb").exists()
+    stamp = json.loads((out / "01_bad.run.json").read_text())
+    assert stamp["status"] == "failed"
+    assert stamp["error"] == {"cell_index": 3, "exec_count": 4, "ename": "ValueError", "evalue": "boom"}
+    summary = study["out"].splitlines()
+    assert any(line.split()[:2] == ["00_good", "ok"] for line in summary)
+    assert any(line.split()[:2] == ["01_bad", "failed"] for line in summary)
+
+
+def test_run_writes_index_flagging_the_failure(study):
+    page = (study["reports"] / "index.html").read_text()
+    assert "Study summary" in page and "01_bad" in page
+    assert "cell 3 (ValueError: boom)" in page
+    assert "href='notebooks/01_bad.failed.ipynb'" in page
+
+
+def test_second_run_skips_and_force_reruns(study):
+    study["marker"].unlink(missing_ok=True)
+    code, out = run_quiet("smoke", only=["good"], notebooks_dir=study["nbdir"])
+    assert code == 0
+    assert f"skipped 00_good: already run for commit {CLEAN_SHA}" in out
+    assert not study["marker"].exists()
+
+    code, out = run_quiet("smoke", only=["00"], force=True, notebooks_dir=study["nbdir"])
+    assert code == 0 and "skipped" not in out
+    assert study["marker"].read_text() == "smoke"
+
+
+def test_dirty_tree_never_skips(study):
+    study["marker"].unlink(missing_ok=True)
+    study["mp"].setattr(environment, "git_commit", lambda *a, **k: CLEAN_SHA + "-dirty")
+    try:
+        code, out = run_quiet("smoke", only=["00_good"], notebooks_dir=study["nbdir"])
+    finally:
+        study["mp"].setattr(environment, "git_commit", lambda *a, **k: CLEAN_SHA)
+    assert code == 0 and "skipped" not in out
+    assert study["marker"].exists()
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({}, True),
+    ({"commit": CLEAN_SHA + "-dirty"}, False),
+    ({"commit": "unknown"}, False),
+    ({"notebook_sha256": "edited"}, False),
+    ({"profile_sha256": "edited"}, False),
+    ({"profile": "other"}, False),
+])
+def test_should_skip_needs_everything_unchanged(change, expected):
+    stamp = {"commit": CLEAN_SHA, "profile": "smoke", "notebook_sha256": "a", "profile_sha256": "b", "status": "ok"}
+    current = {k: stamp[k] for k in ("commit", "profile", "notebook_sha256", "profile_sha256")} | change
+    assert runner.should_skip(stamp, current) is expected
+    assert runner.should_skip(stamp | {"status": "failed"}, current) is False
+
+
+def test_only_accepts_full_name_number_or_topic():
+    names = ["00_baseline", "01_half_precision", "02_compile"]
+    assert runner.select(["half_precision", "00", "02_compile", "00_baseline"], names) == names
+    assert runner.select(None, names) == names
+    with pytest.raises(ConfigError, match="valid notebooks: 00_baseline, 01_half_precision, 02_compile"):
+        runner.select(["nope"], names)
+
+
+def test_unknown_profile_fails_fast_naming_valid_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path))
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"unknown profile 'nope'.*smoke"):
+        runner.run("nope", notebooks_dir=tmp_path)
+    assert time.perf_counter() - start < 3
+    assert not any(tmp_path.iterdir()), "nothing may be written before validation passes"
+
+
+def test_unknown_only_name_fails_fast_listing_notebooks(tmp_path, monkeypatch):
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
+    make_notebook(tmp_path / "00_good.ipynb", ["pass"])
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"unknown notebook 'nope'; valid notebooks: 00_good"):
+        runner.run("smoke", only=["nope"], notebooks_dir=tmp_path)
+    assert time.perf_counter() - start < 3
+    assert not (tmp_path / "reports").exists()
+
+
+def test_timeout_is_reported_at_the_hung_cell(tmp_path, monkeypatch):
+    params = tmp_path / "params"
+    params.mkdir()
+    smoke = (paths.REPO_ROOT / "params" / "smoke.yml").read_text()
+    (params / "smoke.yml").write_text(re.sub(r"cell_timeout_s:\s*\d+", "cell_timeout_s: 2", smoke))
+    monkeypatch.setenv("SDPERF_PARAMS_DIR", str(params))
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
+    make_notebook(tmp_path / "00_hang.ipynb", ["import time\ntime.sleep(60)", "print('never')"])
+    code, out = run_quiet("smoke", notebooks_dir=tmp_path)
+    assert code == 1
+    assert "FAILED 00_hang: cell 2 (CellTimeoutError:" in out
+    assert (tmp_path / "reports" / "smoke" / "notebooks" / "00_hang.failed.ipynb").is_file()
+
+
+def test_index_shows_results_figures_and_links(study):
+    reports = study["reports"]
+    env = json.loads((reports / "environment.json").read_text())
+    rec = Recorder("00_good", "smoke", env)
+    rec.add("unet", "latency", 0.123456789, "s", p10=0.1111111, p90=0.13333333, n=5)
+    rec.not_applicable("onnx", "needs <onnxruntime> & a GPU")
+    rec.failed("compile", RuntimeError("inductor broke"))
+    figures = paths.figures_dir("smoke")
+    figures.mkdir(parents=True, exist_ok=True)
+    (figures / "00_good__latency.png").write_bytes(PNG)
+    (figures / "00_good__latency.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'/>")
+    (figures / "99_other__latency.png").write_bytes(PNG)
+
+    page = report.write_index("smoke").read_text()
+
+    assert ">0.1235<" in page and ">0.1111<" in page and ">0.1333<" in page
+    assert "not applicable: needs &lt;onnxruntime&gt; &amp; a GPU" in page  # escaped, shown in place of a number
+    assert 'class="data row1 col2 not_applicable"' in page
+    assert "RuntimeError: inductor broke" in page and "col2 failed" in page
+    assert "<img src='figures/00_good__latency.png'" in page
+    assert "href='figures/00_good__latency.svg'" in page
+    assert "99_other" not in page
+    assert "href='notebooks/00_good.ipynb'" in page and "href='notebooks/00_good.html'" in page
+    assert "ISA flags present" in page and env["cpu_model"] in page
+    assert "http://" not in page and "https://" not in page and "<script" not in page
