@@ -36,8 +36,13 @@ class GenerationRun:
         return float(self.stages.set_index("stage").loc["unet", "median_call_s"])
 
     @property
+    def iterations(self) -> int:
+        """Denoising iterations per generation (PLMS runs steps + 1: its first timestep twice)."""
+        return int(self.stages.set_index("stage").loc["unet", "calls_per_generation"])
+
+    @property
     def it_per_s(self) -> float:
-        return self.workload.steps / self.loop_seconds
+        return self.iterations / self.loop_seconds
 
     @property
     def s_per_image(self) -> float:
@@ -46,6 +51,7 @@ class GenerationRun:
     def summary(self) -> dict:
         t = self.timing
         return {"label": self.label, "batch_size": self.workload.batch_size, "steps": self.workload.steps,
+                "iterations": self.iterations,
                 "latency_s": t.median, "p10_s": t.p10, "p90_s": t.p90, "s_per_image": self.s_per_image,
                 "it_per_s": self.it_per_s, "unet_step_s": self.unet_step_seconds, "first_call_s": t.first_call,
                 "peak_memory_mib": None if t.peak_memory_bytes is None else t.peak_memory_bytes / 2**20}

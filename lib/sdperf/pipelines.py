@@ -80,7 +80,7 @@ def build_from_weights(weights: str, scheduler: str):
 
     local = Path(weights).expanduser().is_dir()
     pipe = DiffusionPipeline.from_pretrained(str(Path(weights).expanduser()) if local else weights,
-                                             torch_dtype=torch.float32, local_files_only=local)
+                                             dtype=torch.float32, local_files_only=local)
     pipe.scheduler = make_scheduler(scheduler, dict(pipe.scheduler.config))
     pipe.set_progress_bar_config(disable=True)
     return _eval(pipe)

@@ -1,8 +1,9 @@
 """How every number in the study is timed: warm-up apart, repeats, median with p10/p90, peak memory.
 
-On CUDA each repeat is bracketed by CUDA events (the GPU's own clock); on the CPU by
-torch.utils.benchmark's Timer, which synchronizes and keeps the thread count we give it (its default of
-one thread would silently halve a 2-core machine).
+On CUDA each repeat is bracketed by CUDA events (the GPU's own clock); on the CPU by a monotonic clock
+(CPU work is synchronous). torch.utils.benchmark times the short kernels (`blocked`): its `timeit` adds two
+hidden warm-up calls per measurement, which would triple the cost of a multi-second generation and blur
+what "first call" means, so whole calls are timed one by one here.
 """
 from __future__ import annotations
 
@@ -90,8 +91,9 @@ def synchronize(device: str) -> None:
 
 # --- timers ----------------------------------------------------------------------------------------------
 def _time_once_cpu(fn: Callable[[], object]) -> float:
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return timer.timeit(number=1).times[0]
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def _time_once_cuda(fn: Callable[[], object]) -> float:
@@ -120,7 +122,8 @@ def measure(fn: Callable[[], object], *, device: str, warmup: int = 1, repeats: 
 
 
 def blocked(fn: Callable[[], object], *, device: str, min_run_time: float = 1.0) -> Timing:
-    """For short kernels (matmul roof): torch.utils.benchmark's blocked_autorange, one entry per block."""
+    """For short kernels (matmul roof): torch.utils.benchmark's blocked_autorange, one entry per block,
+    with the process's thread count (the Timer's default of one thread would halve a 2-core machine)."""
     synchronize(device)
     t0 = time.perf_counter()
     fn()

@@ -31,7 +31,8 @@ def record_run(study: Study, run: GenerationRun, scenario: str) -> None:
              p10=run.timing.p10 / run.workload.batch_size, p90=run.timing.p90 / run.workload.batch_size,
              n=len(run.timing.times)),
         dict(scenario=scenario, metric="it_per_s", value=run.it_per_s, unit="it/s", n=len(run.timing.times),
-             note=f"{run.workload.steps} steps; UNet + scheduler per step, median of the loop"),
+             note=f"{run.iterations} denoising iterations for {run.workload.steps} steps; "
+             "UNet + scheduler per iteration, median of the loop"),
     ] + [dict(scenario=scenario, metric=f"stage:{r.stage}", value=r.seconds_per_image_call, unit="s",
               p10=r.p10_call_s * r.calls_per_generation, p90=r.p90_call_s * r.calls_per_generation,
               n=len(run.timing.times), note=f"{r.calls_per_generation} call(s) per generation, "

@@ -1,0 +1,35 @@
+"""Shared fixtures: every test writes reports into a scratch folder and sees no profile override."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_reports(tmp_path_factory):
+    """Nothing a test runs may write into the repository's reports/."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SDPERF_REPORTS_DIR", str(tmp_path_factory.mktemp("reports")))
+        mp.delenv("SDPERF_PROFILE", raising=False)
+        yield
+
+
+@pytest.fixture
+def scratch_reports(tmp_path, monkeypatch):
+    """A reports folder of this test's own, for tests that inspect the whole results table."""
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
+    return tmp_path / "reports"
+
+
+@pytest.fixture(scope="session")
+def smoke():
+    from sdperf.profiles import load_profile
+
+    return load_profile("smoke")
+
+
+@pytest.fixture(scope="session")
+def tiny_pipe(smoke):
+    """One tiny fp32 pipeline for the read-only tests (building one takes seconds)."""
+    from sdperf.pipelines import build_pipeline
+
+    return build_pipeline(smoke)

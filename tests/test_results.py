@@ -1,0 +1,102 @@
+"""The results table: tidy rows, replace-on-rerun, environment columns, and no half-written file ever."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pandas as pd
+import pytest
+
+from sdperf import environment, results
+from sdperf.results import COLUMNS, Recorder, read_results, results_path, upsert_rows
+from sdperf.timing import Timing
+
+pytestmark = pytest.mark.usefixtures("scratch_reports")
+
+
+@pytest.fixture(scope="module")
+def env():
+    return environment.record("smoke", "cpu")
+
+
+def test_environment_record_has_what_a_reader_needs(env):
+    for key in ("device", "device_name", "cpu_model", "cpu_isa", "threads", "python", "packages", "commit",
+                "time_utc"):
+        assert key in env
+    assert env["packages"]["torch"].startswith("2.14.1")
+    assert env["threads"] >= 1
+
+
+def test_timing_rows_and_replace_on_rerun(env):
+    rec = Recorder("00_test", "smoke", env)
+    rec.timing("fp32, batch 1", Timing([1.0, 2.0, 3.0], 5.0, 2**30, "peak RSS"))
+    df = rec.table()
+    assert list(df.columns) == COLUMNS
+    latency = df[df.metric == "latency"].iloc[0]
+    assert (latency.value, latency.p10, latency.p90, latency.n) == (2.0, pytest.approx(1.2), pytest.approx(2.8), 3)
+    assert df[df.metric == "latency_first_call"].value.iloc[0] == 5.0
+    assert df[df.metric == "peak_memory"].value.iloc[0] == 1024.0
+    assert (df.commit == env["commit"]).all() and (df.profile == "smoke").all()
+    rec.timing("fp32, batch 1", Timing([4.0], 4.0))  # a rerun replaces, never duplicates
+    df = rec.table()
+    assert df[df.metric == "latency"].value.tolist() == [4.0]
+    assert len(df[df.metric == "peak_memory"]) == 1  # untouched row of the same scenario stays
+
+
+def test_non_measured_rows_carry_reason_not_number(env):
+    rec = Recorder("05_test", "smoke", env)
+    rec.not_applicable("CUDA graphs", "needs an NVIDIA GPU")
+    rec.failed("openvino backend", IndexError("guard"))
+    rec.skipped("fp16 whole generation", "over budget")
+    df = rec.table().set_index("status")
+    assert math.isnan(df.loc["not_applicable", "value"]) and df.loc["not_applicable", "note"].startswith("not applicable:")
+    assert df.loc["failed", "note"] == "IndexError: guard"
+    assert df.loc["skipped", "note"].startswith("skipped:")
+
+
+def test_ok_row_needs_a_value(env):
+    with pytest.raises(ValueError, match="needs a measured value"):
+        Recorder("x", "smoke", env).add("s", "latency", None, "s")
+    with pytest.raises(ValueError, match="status"):
+        Recorder("x", "smoke", env).add("s", "latency", 1.0, "s", status="great")
+
+
+def test_failed_replace_leaves_old_file_and_no_temp(env, monkeypatch):
+    rec = Recorder("00_test", "smoke", env)
+    rec.add("a", "latency", 1.0, "s")
+    before = results_path("smoke").read_bytes()
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(results.os, "replace", boom)
+    with pytest.raises(OSError):
+        rec.add("b", "latency", 2.0, "s")
+    assert results_path("smoke").read_bytes() == before
+    assert [p.name for p in results_path("smoke").parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_killed_writer_never_leaves_a_broken_table(scratch_reports):
+    """SIGKILL a process in the middle of a stream of writes: the table always parses with whole rows."""
+    code = textwrap.dedent("""
+        from sdperf.results import upsert_rows, results_path, COLUMNS
+        i = 0
+        while True:
+            upsert_rows(results_path("smoke"), [dict({c: "x" * 50 for c in COLUMNS}, scenario=f"s{i}", value=i)])
+            i += 1
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ))
+    path = results_path("smoke")
+    deadline = time.time() + 60
+    while (not path.exists() or len(read_results("smoke")) < 20) and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    df = pd.read_csv(path)
+    assert len(df) >= 20
+    assert df.notna().all().all()  # every row complete
+    assert df["value"].tolist() == list(range(len(df)))
