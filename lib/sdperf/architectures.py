@@ -33,6 +33,16 @@ _SCHEDULER = dict(  # shared by all three: scaled-linear betas, epsilon predicti
 )
 
 
+# Tiny twins' shared parts: shapes follow diffusers' own unit tests.
+_TINY_UNET = dict(sample_size=32, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=[32, 64],
+                  norm_num_groups=32, down_block_types=["DownBlock2D", "CrossAttnDownBlock2D"],
+                  up_block_types=["CrossAttnUpBlock2D", "UpBlock2D"])
+_TINY_VAE = dict(_SD_VAE, block_out_channels=[32, 64], down_block_types=["DownEncoderBlock2D"] * 2,
+                 up_block_types=["UpDecoderBlock2D"] * 2, sample_size=64)
+_TINY_TEXT = dict(vocab_size=49408, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=32)
+
+
 @dataclass(frozen=True)
 class Architecture:
     """Everything needed to instantiate one pipeline family."""
@@ -100,38 +110,20 @@ ARCHS: dict[str, Architecture] = {
     # Tiny twins: same code path, same tokenizer, seconds on a CPU. Shapes follow diffusers' own unit tests.
     "tiny": Architecture(
         name="tiny", family="sd",
-        unet=dict(
-            sample_size=32, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=[32, 64],
-            attention_head_dim=8, cross_attention_dim=32, norm_num_groups=32,
-            down_block_types=["DownBlock2D", "CrossAttnDownBlock2D"],
-            up_block_types=["CrossAttnUpBlock2D", "UpBlock2D"],
-        ),
-        vae=dict(_SD_VAE, block_out_channels=[32, 64], down_block_types=["DownEncoderBlock2D"] * 2,
-                 up_block_types=["UpDecoderBlock2D"] * 2, sample_size=64, scaling_factor=0.18215),
-        text_encoder=dict(vocab_size=49408, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                          num_attention_heads=4, max_position_embeddings=77, hidden_act="quick_gelu",
-                          projection_dim=32),
+        unet=dict(_TINY_UNET, attention_head_dim=8, cross_attention_dim=32),
+        vae=dict(_TINY_VAE, scaling_factor=0.18215),
+        text_encoder=dict(_TINY_TEXT),
     ),
     "tiny-sdxl": Architecture(
         name="tiny-sdxl", family="sdxl",
         unet=dict(
-            sample_size=32, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=[32, 64],
-            attention_head_dim=[2, 4], cross_attention_dim=64, norm_num_groups=32,
-            transformer_layers_per_block=[1, 2], use_linear_projection=True,
-            down_block_types=["DownBlock2D", "CrossAttnDownBlock2D"],
-            up_block_types=["CrossAttnUpBlock2D", "UpBlock2D"],
-            addition_embed_type="text_time", addition_time_embed_dim=8,
+            _TINY_UNET, attention_head_dim=[2, 4], cross_attention_dim=64, transformer_layers_per_block=[1, 2],
+            use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=8,
             projection_class_embeddings_input_dim=80,  # 6 time ids * 8 + pooled 32
         ),
-        vae=dict(_SD_VAE, block_out_channels=[32, 64], down_block_types=["DownEncoderBlock2D"] * 2,
-                 up_block_types=["UpDecoderBlock2D"] * 2, sample_size=64, scaling_factor=0.13025,
-                 force_upcast=True),
-        text_encoder=dict(vocab_size=49408, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                          num_attention_heads=4, max_position_embeddings=77, hidden_act="quick_gelu",
-                          projection_dim=32),
-        text_encoder_2=dict(vocab_size=49408, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                            num_attention_heads=4, max_position_embeddings=77, hidden_act="gelu",
-                            projection_dim=32),
+        vae=dict(_TINY_VAE, scaling_factor=0.13025, force_upcast=True),
+        text_encoder=dict(_TINY_TEXT),
+        text_encoder_2=dict(_TINY_TEXT, hidden_act="gelu"),
     ),
 }
 

@@ -20,7 +20,7 @@ from sdperf.paths import profile_reports
 KEY = ["notebook", "scenario", "metric"]
 MEASURE_COLUMNS = ["value", "unit", "p10", "p90", "n", "status", "note"]
 ENV_COLUMNS = ["profile", "dtype", "device", "device_name", "cpu_model", "threads", "commit", "torch",
-               "diffusers", "python", "time_utc"]
+               "diffusers", "python", "packages", "time_utc"]
 COLUMNS = KEY + MEASURE_COLUMNS + ENV_COLUMNS
 STATUSES = ("ok", "not_applicable", "skipped", "failed")
 
@@ -109,7 +109,8 @@ class Recorder:
             "profile": self.profile, "dtype": dtype or self.dtype, "device": env["device"],
             "device_name": env["device_name"], "cpu_model": env["cpu_model"], "threads": env["threads"],
             "commit": env["commit"], "torch": env["packages"].get("torch"),
-            "diffusers": env["packages"].get("diffusers"), "python": env["python"], "time_utc": env["time_utc"],
+            "diffusers": env["packages"].get("diffusers"), "python": env["python"],
+            "packages": ";".join(f"{k}={v}" for k, v in env["packages"].items() if v), "time_utc": env["time_utc"],
         }
 
     def add(self, scenario: str, metric: str, value, unit: str, **kw) -> None:

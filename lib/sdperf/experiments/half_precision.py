@@ -11,12 +11,13 @@ from sdperf import published
 from sdperf.environment import cpu_isa
 from sdperf.experiments.baseline import LABEL as FP32_LABEL
 from sdperf.experiments.baseline import record_run
-from sdperf.measurements import block_comparison, compare_runs, timed_generation
+from sdperf.measurements import block_comparison, compare_runs, timed_generation, unet_flops
 from sdperf.optimizations import half_precision
-from sdperf.roofline import matmul_peak
+from sdperf.roofline import achieved, matmul_peak
 from sdperf.study import Study
 
 VARIANTS = ("float16", "bfloat16")
+FP32_SCENARIO = f"{FP32_LABEL}, batch 1 (01 reference)"
 
 
 def _free(pipe) -> None:
@@ -56,17 +57,18 @@ def _block_only(study: Study, workload, dtype: str, block: dict) -> dict:
             if block["variant_timing"].peak_memory_bytes else None}
 
 
-def compare_precisions(study: Study, batch_size: int = 1) -> tuple[pd.DataFrame, dict]:
+def compare_precisions(study: Study) -> tuple[pd.DataFrame, dict]:
     """fp32, then each half precision, at one batch size: speed ratio, memory and drift rows.
 
     Each variant is first compared on one real UNet block (cheap); when that ratio says whole generations
     would overrun the profile's variant_budget_s, the block-level figures are what gets recorded."""
     p = study.profile
+    batch_size = 1
     workload = study.workload(batch_size)
     pipe32 = study.pipeline("float32")
     base = timed_generation(pipe32, workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
                             label=FP32_LABEL)
-    record_run(study, base, f"{FP32_LABEL}, batch {batch_size} (01 reference)")
+    record_run(study, base, FP32_SCENARIO)
     rows, runs = [], {"float32": base}
     for dtype in VARIANTS:
         scenario = f"{dtype} weights+activations, batch {batch_size}"
@@ -112,6 +114,24 @@ def matmul_roofs(study: Study) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["vs_float32"] = df["matmul_gflops"] / float(df.loc[df.dtype == "float32", "matmul_gflops"].iloc[0])
     return df
+
+
+def roofline(study: Study, table: pd.DataFrame, roofs: pd.DataFrame) -> pd.DataFrame:
+    """Achieved UNet FLOP/s of each whole-generation run, against its own precision's matmul roof and fp32's."""
+    flops = unet_flops(study.pipeline("float32"), study.workload(1))
+    roof = roofs.set_index("dtype")["matmul_gflops"]
+    rows = []
+    for r in table[table.status == "ok"].itertuples():
+        a = achieved(flops, r.unet_step_s, roof[r.dtype] * 1e9)
+        rows.append({"dtype": r.dtype, "unet_step_s": r.unet_step_s, **a,
+                     "percent_of_fp32_roof": 100 * a["achieved_gflops"] / roof["float32"]})
+        scenario = FP32_SCENARIO if r.dtype == "float32" else f"{r.dtype} weights+activations, batch 1"
+        study.recorder.add_many([
+            dict(scenario=scenario, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s",
+                 dtype=r.dtype, note=f"UNet forward {flops:,} FLOPs / median UNet call"),
+            dict(scenario=scenario, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", dtype=r.dtype,
+                 note=f"of the measured {r.dtype} matmul roof {roof[r.dtype]:.1f} GFLOP/s")])
+    return pd.DataFrame(rows)
 
 
 def explain(study: Study, roofs: pd.DataFrame) -> str:
