@@ -76,7 +76,7 @@ def _stage_table(clocks: list[StageClock], steps: int) -> pd.DataFrame:
 
 
 def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repeats: int, label: str = "",
-                     latents: torch.Tensor | None = None) -> GenerationRun:
+                     latents: torch.Tensor | None = None, grad_mode: str = "inference_mode") -> GenerationRun:
     """Time whole generations (first call apart) and, from the same calls, each stage's share."""
     latents = initial_latents(pipe, workload) if latents is None else latents
     clocks: list[StageClock] = []
@@ -84,7 +84,7 @@ def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repe
 
     def call():
         clock = StageClock(device)
-        last[:] = [generate(pipe, workload, latents, clock=clock)]
+        last[:] = [generate(pipe, workload, latents, clock=clock, grad_mode=grad_mode)]
         clocks.append(clock)
 
     timing = measure(call, device=device, warmup=warmup, repeats=repeats)
@@ -97,7 +97,7 @@ def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repe
 
 def unet_flops(pipe, workload: Workload) -> int:
     """FLOPs of one UNet forward on the classifier-free-guidance batch of this workload."""
-    device = pipe.unet.device
+    device = next(pipe.unet.parameters()).device
     dtype = next(pipe.unet.parameters()).dtype
     with torch.inference_mode():
         embeds, extra = encode(pipe, workload, device)

@@ -35,6 +35,12 @@ class Study:
     def save_figure(self, fig, name: str):
         return plots.save_figure(fig, self.profile.name, self.notebook, name)
 
+    def conditions(self, batch_size: int = 1, scope: str = "whole generation") -> str:
+        """What a measured figure stands for, for published-vs-measured tables."""
+        p, env = self.profile, self.env
+        return (f"{scope}; {p.arch}, {p.resolution}px, {p.steps} {p.scheduler} steps, batch {batch_size}, "
+                f"{env['device_name']} ({self.device}, {env['threads']} threads)")
+
     def describe(self) -> str:
         p = self.profile
         weights = p.weights or "random init (timing does not depend on weight values; quality figures do)"

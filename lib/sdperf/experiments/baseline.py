@@ -5,7 +5,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import architectures, published
+from sdperf import architectures, comparison, published
 from sdperf.measurements import GenerationRun, timed_generation, unet_flops
 from sdperf.pipelines import component_parameters
 from sdperf.roofline import achieved, matmul_peak
@@ -24,20 +24,7 @@ def parameter_table(study: Study, pipe) -> pd.DataFrame:
 
 
 def record_run(study: Study, run: GenerationRun, scenario: str) -> None:
-    rec = study.recorder
-    rec.timing(scenario, run.timing)
-    rec.add_many([
-        dict(scenario=scenario, metric="s_per_image", value=run.s_per_image, unit="s",
-             p10=run.timing.p10 / run.workload.batch_size, p90=run.timing.p90 / run.workload.batch_size,
-             n=len(run.timing.times)),
-        dict(scenario=scenario, metric="it_per_s", value=run.it_per_s, unit="it/s", n=len(run.timing.times),
-             note=f"{run.iterations} denoising iterations for {run.workload.steps} steps; "
-             "UNet + scheduler per iteration, median of the loop"),
-    ] + [dict(scenario=scenario, metric=f"stage:{r.stage}", value=r.seconds_per_image_call, unit="s",
-              p10=r.p10_call_s * r.calls_per_generation, p90=r.p90_call_s * r.calls_per_generation,
-              n=len(run.timing.times), note=f"{r.calls_per_generation} call(s) per generation, "
-              f"{r.share_percent:.1f}% of the generation")
-         for r in run.stages.itertuples()])
+    comparison.record_run(study.recorder, run, scenario)
 
 
 def component_breakdown(study: Study, pipe) -> GenerationRun:

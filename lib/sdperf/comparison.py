@@ -1,0 +1,195 @@
+"""Variants measured against the fp32 eager baseline in one run: can it run here, what does getting it ready
+cost, how fast is it once warm, and did the picture move.
+
+Every optimization notebook asks those four questions of each variant; asking them in one place keeps the rows
+of different notebooks comparable. The baseline is timed first and again after the variants, because on a CPU
+the allocator state left by one variant can speed up or slow down the next (see the half-precision notebook),
+and the two baseline medians say how much the conditions drifted during the run.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from sdperf.measurements import GenerationRun, compare_runs, timed_generation, unet_flops
+from sdperf.roofline import achieved, matmul_peak
+from sdperf.study import Study
+
+BASELINE = "fp32 eager"
+DRIFT_METRICS = (("latent_rel_error", ""), ("latent_max_abs_error", ""), ("image_max_abs_error", ""),
+                 ("image_psnr_db", "dB"))
+COLUMNS = ["variant", "status", "setup_s", "first_call_s", "latency_s", "p10_s", "p90_s", "s_per_image",
+           "it_per_s", "unet_step_s", "speedup", "speedup_lo", "speedup_hi", "unet_step_speedup",
+           "percent_of_fp32_peak", "peak_memory_mib", "latent_rel_error", "image_psnr_db", "verdict", "note"]
+
+
+@dataclass
+class Variant:
+    """One way of running the pipeline. `apply` gets a freshly built fp32 pipeline (same seed, same weights) and
+    returns the pipeline to time; its wall time is reported as set-up (export, build, quantize). Lazy work
+    such as torch.compile lands in the first call instead, which is reported apart from steady state."""
+
+    label: str
+    apply: Callable[[Any], Any] = lambda pipe: pipe
+    availability: tuple[bool, str] = (True, "")
+    dtype: str = "float32"
+    grad_mode: str = "inference_mode"
+    note: str = ""
+    # notebook-specific facts about the prepared pipeline (e.g. modules replaced); called after apply
+    facts: Callable[[Any], dict] | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def release() -> None:
+    """Return freed memory (drop your references first), so the next variant starts from the same conditions."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def record_run(recorder, run: GenerationRun, scenario: str, dtype: str | None = None) -> None:
+    """Latency (median, p10/p90, first call, peak memory), s/image, it/s and the per-stage split of one run."""
+    recorder.timing(scenario, run.timing, dtype=dtype)
+    b, n = run.workload.batch_size, len(run.timing.times)
+    recorder.add_many([
+        dict(scenario=scenario, metric="s_per_image", value=run.s_per_image, unit="s", p10=run.timing.p10 / b,
+             p90=run.timing.p90 / b, n=n, dtype=dtype),
+        dict(scenario=scenario, metric="it_per_s", value=run.it_per_s, unit="it/s", n=n, dtype=dtype,
+             note=f"{run.iterations} denoising iterations for {run.workload.steps} steps; "
+             "UNet + scheduler per iteration, median of the loop"),
+        dict(scenario=scenario, metric="unet_step", value=run.unet_step_seconds, unit="s", n=n, dtype=dtype,
+             note="median of one UNet call on the guidance batch"),
+    ] + [dict(scenario=scenario, metric=f"stage:{r.stage}", value=r.seconds_per_image_call, unit="s",
+              p10=r.p10_call_s * r.calls_per_generation, p90=r.p90_call_s * r.calls_per_generation, n=n,
+              dtype=dtype, note=f"{r.calls_per_generation} call(s) per generation, "
+              f"{r.share_percent:.1f}% of the generation")
+         for r in run.stages.itertuples()])
+
+
+def record_comparison(recorder, scenario: str, cmp: dict, n: int, dtype: str | None = None) -> None:
+    """Speed-up over the baseline (whole call and per UNet step) and the drift of the output."""
+    rows = [dict(scenario=scenario, metric="speedup_vs_fp32", value=cmp["speedup"], unit="x", p10=cmp["speedup_lo"],
+                 p90=cmp["speedup_hi"], n=n, dtype=dtype,
+                 note=f"vs {cmp['baseline']}: ratio of medians; range from the p10/p90 of both")]
+    if "unet_step_speedup" in cmp:
+        rows.append(dict(scenario=scenario, metric="unet_step_speedup_vs_fp32", value=cmp["unet_step_speedup"],
+                         unit="x", n=n, dtype=dtype, note="ratio of median UNet calls"))
+    rows += [dict(scenario=scenario, metric=m, value=cmp[m], unit=u, dtype=dtype, note=cmp["verdict"])
+             for m, u in DRIFT_METRICS]
+    recorder.add_many(rows)
+
+
+def compare(baseline: GenerationRun, run: GenerationRun) -> dict:
+    """compare_runs plus the per-UNet-step ratio (what a step-count-independent claim compares)."""
+    cmp = compare_runs(baseline, run)
+    cmp["unet_step_speedup"] = baseline.unet_step_seconds / run.unet_step_seconds
+    return cmp
+
+
+@dataclass
+class Comparison:
+    """The outcome of run_variants: one row per variant (the baseline first), and the runs themselves."""
+
+    table: pd.DataFrame
+    baseline: GenerationRun
+    runs: dict[str, GenerationRun]
+    facts: dict[str, dict]
+
+    def ok(self) -> pd.DataFrame:
+        return self.table[self.table.status == "ok"]
+
+
+def _row(run: GenerationRun, status: str = "ok", **kw) -> dict:
+    s = run.summary()
+    return {"variant": run.label, "status": status, "first_call_s": s["first_call_s"], "latency_s": s["latency_s"],
+            "p10_s": s["p10_s"], "p90_s": s["p90_s"], "s_per_image": s["s_per_image"], "it_per_s": s["it_per_s"],
+            "unet_step_s": s["unet_step_s"], "peak_memory_mib": s["peak_memory_mib"], **kw}
+
+
+def run_variants(study: Study, variants: list[Variant], *, batch_size: int = 1, retime_baseline: bool = True,
+                 roof: bool = True, say: Callable[[str], None] = print) -> Comparison:
+    """Baseline, then each variant on a fresh copy of the same network and the same latents, then (optionally)
+    the baseline again. A variant that cannot run here is recorded as not applicable with its reason; one that
+    raises is recorded as failed with its error, and the rest still run."""
+    p, rec = study.profile, study.recorder
+    workload = study.workload(batch_size)
+    suffix = f", batch {batch_size}"
+    base_pipe = study.pipeline("float32")
+    base = timed_generation(base_pipe, workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
+                            label=BASELINE)
+    record_run(rec, base, BASELINE + suffix, dtype="float32")
+    peak = flops = None
+    if roof:
+        flops = unet_flops(base_pipe, workload)
+        peak, _ = matmul_peak(study.device, torch.float32, p.matmul_size)
+    rows = [_row(base, note="the reference every ratio divides", speedup=1.0, unet_step_speedup=1.0,
+                 percent_of_fp32_peak=achieved(flops, base.unet_step_seconds, peak)["percent_of_peak"] if roof
+                 else None)]
+    runs, facts = {BASELINE: base}, {}
+    for v in variants:
+        scenario = v.label + suffix
+        ok, reason = v.availability
+        if not ok:
+            say(f"{v.label}: not applicable: {reason}")
+            rec.not_applicable(scenario, reason)
+            rows.append({"variant": v.label, "status": "not_applicable", "note": f"not applicable: {reason}"})
+            continue
+        pipe = None
+        try:
+            pipe = study.pipeline("float32")
+            t0 = time.perf_counter()
+            pipe = v.apply(pipe)
+            setup = time.perf_counter() - t0
+            facts[v.label] = v.facts(pipe) if v.facts else {}
+            run = timed_generation(pipe, workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
+                                   label=v.label, latents=None, grad_mode=v.grad_mode)
+        except Exception as exc:  # a technique this stack cannot run: recorded with its error, the rest go on
+            msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            say(f"{v.label}: failed: {msg}")
+            rec.failed(scenario, msg)
+            rows.append({"variant": v.label, "status": "failed", "note": msg[:300]})
+            continue
+        finally:
+            pipe = None
+            release()
+        runs[v.label] = run
+        record_run(rec, run, scenario, dtype=v.dtype)
+        rec.add(scenario, "setup", setup, "s", n=1, dtype=v.dtype,
+                note="apply/export/build before the first call (compile lands in the first call)")
+        cmp = compare(base, run)
+        record_comparison(rec, scenario, cmp, len(run.timing.times), dtype=v.dtype)
+        pct = achieved(flops, run.unet_step_seconds, peak)["percent_of_peak"] if roof else None
+        if roof:
+            rec.add(scenario, "percent_of_peak", pct, "%", dtype=v.dtype,
+                    note=f"UNet FLOPs / median UNet call, of the measured float32 matmul roof {peak / 1e9:.1f} GFLOP/s")
+        rows.append(_row(run, setup_s=setup, speedup=cmp["speedup"], speedup_lo=cmp["speedup_lo"],
+                         speedup_hi=cmp["speedup_hi"], unet_step_speedup=cmp["unet_step_speedup"],
+                         percent_of_fp32_peak=pct, latent_rel_error=cmp["latent_rel_error"],
+                         image_psnr_db=cmp["image_psnr_db"], verdict=cmp["verdict"], note=v.note))
+    if retime_baseline:
+        again = timed_generation(base_pipe, workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
+                                 label=f"{BASELINE} (re-timed after the variants)")
+        drift_ratio = again.timing.median / base.timing.median
+        record_run(rec, again, again.label + suffix, dtype="float32")
+        rec.add(again.label + suffix, "baseline_retime_ratio", drift_ratio, "x", n=len(again.timing.times),
+                note="median after / median before the variants: how much the conditions moved during the run")
+        rows.append(_row(again, note=f"baseline after / before = {drift_ratio:.3f}: ratios above carry at least "
+                                     "this much uncertainty", speedup=base.timing.median / again.timing.median,
+                         unet_step_speedup=base.unet_step_seconds / again.unet_step_seconds))
+    base_pipe = None
+    release()
+    table = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    return Comparison(table=table, baseline=base, runs=runs, facts=facts)
+
+
+def published_row(claim: str, source: str, hardware: str, conditions: str, published: float | None,
+                  measured: float | None, measured_conditions: str, unit: str = "x", detail: str = "") -> dict:
+    """One line of a notebook's published-vs-measured table: both figures with the conditions of each."""
+    return {"claim": claim, "source": source, "hardware": hardware, "conditions": conditions,
+            "published": published, "published_detail": detail, "measured_here": measured, "unit": unit,
+            "measured_conditions": measured_conditions}
