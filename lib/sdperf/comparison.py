@@ -111,80 +111,112 @@ def _row(run: GenerationRun, status: str = "ok", **kw) -> dict:
             "unet_step_s": s["unet_step_s"], "peak_memory_mib": s["peak_memory_mib"], **kw}
 
 
-def run_variants(study: Study, variants: list[Variant], *, batch_size: int = 1, retime_baseline: bool = True,
-                 roof: bool = True, say: Callable[[str], None] = print) -> Comparison:
-    """Baseline, then each variant on a fresh copy of the same network and the same latents, then (optionally)
-    the baseline again. A variant that cannot run here is recorded as not applicable with its reason; one that
-    raises is recorded as failed with its error, and the rest still run."""
-    p, rec = study.profile, study.recorder
-    workload = study.workload(batch_size)
-    suffix = f", batch {batch_size}"
-    base_pipe = study.pipeline("float32")
-    base = timed_generation(base_pipe, workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
-                            label=BASELINE)
-    record_run(rec, base, BASELINE + suffix, dtype="float32")
-    peak = flops = None
-    if roof:
-        flops = unet_flops(base_pipe, workload)
-        peak, _ = matmul_peak(study.device, torch.float32, p.matmul_size)
-    rows = [_row(base, note="the reference every ratio divides", speedup=1.0, unet_step_speedup=1.0,
-                 percent_of_fp32_peak=achieved(flops, base.unet_step_seconds, peak)["percent_of_peak"] if roof
-                 else None)]
-    runs, facts = {BASELINE: base}, {}
-    for v in variants:
-        scenario = v.label + suffix
+class Bench:
+    """The fp32 eager baseline of one workload, measured once, and every variant measured against it.
+
+    run_variants() is the usual entry point; the ladder uses a Bench directly because it decides rung by rung
+    what to stack next."""
+
+    def __init__(self, study: Study, *, batch_size: int = 1, roof: bool = True, say: Callable[[str], None] = print):
+        p = study.profile
+        self.study, self.say, self.suffix = study, say, f", batch {batch_size}"
+        self.workload = study.workload(batch_size)
+        self._base_pipe = study.pipeline("float32")
+        self.baseline = timed_generation(self._base_pipe, self.workload, device=study.device, warmup=p.warmup,
+                                         repeats=p.repeats, label=BASELINE)
+        record_run(study.recorder, self.baseline, BASELINE + self.suffix, dtype="float32")
+        self.flops = self.peak = None
+        if roof:
+            self.flops = unet_flops(self._base_pipe, self.workload)
+            self.peak, _ = matmul_peak(study.device, torch.float32, p.matmul_size)
+
+    def percent_of_peak(self, run: GenerationRun) -> float | None:
+        if self.flops is None:
+            return None
+        return achieved(self.flops, run.unet_step_seconds, self.peak)["percent_of_peak"]
+
+    def baseline_row(self) -> dict:
+        return _row(self.baseline, note="the reference every ratio divides", speedup=1.0, unet_step_speedup=1.0,
+                    percent_of_fp32_peak=self.percent_of_peak(self.baseline))
+
+    def measure(self, v: Variant) -> tuple[dict, GenerationRun | None, dict]:
+        """(table row, run or None when not measured, facts) for one variant on a fresh copy of the network."""
+        study, rec, p = self.study, self.study.recorder, self.study.profile
+        scenario = v.label + self.suffix
         ok, reason = v.availability
         if not ok:
-            say(f"{v.label}: not applicable: {reason}")
+            self.say(f"{v.label}: not applicable: {reason}")
             rec.not_applicable(scenario, reason)
-            rows.append({"variant": v.label, "status": "not_applicable", "note": f"not applicable: {reason}"})
-            continue
+            return {"variant": v.label, "status": "not_applicable", "note": f"not applicable: {reason}"}, None, {}
         pipe = None
         try:
             pipe = study.pipeline("float32")
             t0 = time.perf_counter()
             pipe = v.apply(pipe)
             setup = time.perf_counter() - t0
-            facts[v.label] = v.facts(pipe) if v.facts else {}
-            run = timed_generation(pipe, workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
-                                   label=v.label, latents=None, grad_mode=v.grad_mode)
+            facts = v.facts(pipe) if v.facts else {}
+            run = timed_generation(pipe, self.workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
+                                   label=v.label, grad_mode=v.grad_mode)
         except Exception as exc:  # a technique this stack cannot run: recorded with its error, the rest go on
-            msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            say(f"{v.label}: failed: {msg}")
+            text = str(exc).strip()
+            msg = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+            self.say(f"{v.label}: failed: {msg}")
             rec.failed(scenario, msg)
-            rows.append({"variant": v.label, "status": "failed", "note": msg[:300]})
-            continue
+            return {"variant": v.label, "status": "failed", "note": msg[:300]}, None, {}
         finally:
             pipe = None
             release()
-        runs[v.label] = run
         record_run(rec, run, scenario, dtype=v.dtype)
         rec.add(scenario, "setup", setup, "s", n=1, dtype=v.dtype,
                 note="apply/export/build before the first call (compile lands in the first call)")
-        cmp = compare(base, run)
+        cmp = compare(self.baseline, run)
         record_comparison(rec, scenario, cmp, len(run.timing.times), dtype=v.dtype)
-        pct = achieved(flops, run.unet_step_seconds, peak)["percent_of_peak"] if roof else None
-        if roof:
+        pct = self.percent_of_peak(run)
+        if pct is not None:
             rec.add(scenario, "percent_of_peak", pct, "%", dtype=v.dtype,
-                    note=f"UNet FLOPs / median UNet call, of the measured float32 matmul roof {peak / 1e9:.1f} GFLOP/s")
-        rows.append(_row(run, setup_s=setup, speedup=cmp["speedup"], speedup_lo=cmp["speedup_lo"],
-                         speedup_hi=cmp["speedup_hi"], unet_step_speedup=cmp["unet_step_speedup"],
-                         percent_of_fp32_peak=pct, latent_rel_error=cmp["latent_rel_error"],
-                         image_psnr_db=cmp["image_psnr_db"], verdict=cmp["verdict"], note=v.note))
-    if retime_baseline:
-        again = timed_generation(base_pipe, workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
-                                 label=f"{BASELINE} (re-timed after the variants)")
-        drift_ratio = again.timing.median / base.timing.median
-        record_run(rec, again, again.label + suffix, dtype="float32")
-        rec.add(again.label + suffix, "baseline_retime_ratio", drift_ratio, "x", n=len(again.timing.times),
+                    note=f"UNet FLOPs / median UNet call, of the measured float32 matmul roof "
+                         f"{self.peak / 1e9:.1f} GFLOP/s")
+        row = _row(run, setup_s=setup, speedup=cmp["speedup"], speedup_lo=cmp["speedup_lo"],
+                   speedup_hi=cmp["speedup_hi"], unet_step_speedup=cmp["unet_step_speedup"],
+                   percent_of_fp32_peak=pct, latent_rel_error=cmp["latent_rel_error"],
+                   image_psnr_db=cmp["image_psnr_db"], verdict=cmp["verdict"], note=v.note)
+        return row, run, facts
+
+    def retime(self) -> dict:
+        """The baseline again: how much the conditions moved while the variants ran."""
+        p, rec = self.study.profile, self.study.recorder
+        again = timed_generation(self._base_pipe, self.workload, device=self.study.device, warmup=p.warmup,
+                                 repeats=p.repeats, label=f"{BASELINE} (re-timed after the variants)")
+        moved = again.timing.median / self.baseline.timing.median
+        record_run(rec, again, again.label + self.suffix, dtype="float32")
+        rec.add(again.label + self.suffix, "baseline_retime_ratio", moved, "x", n=len(again.timing.times),
                 note="median after / median before the variants: how much the conditions moved during the run")
-        rows.append(_row(again, note=f"baseline after / before = {drift_ratio:.3f}: ratios above carry at least "
-                                     "this much uncertainty", speedup=base.timing.median / again.timing.median,
-                         unet_step_speedup=base.unet_step_seconds / again.unet_step_seconds))
-    base_pipe = None
-    release()
-    table = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    return Comparison(table=table, baseline=base, runs=runs, facts=facts)
+        return _row(again, note=f"baseline after / before = {moved:.3f}: ratios above carry at least this much "
+                                "uncertainty", speedup=self.baseline.timing.median / again.timing.median,
+                    unet_step_speedup=self.baseline.unet_step_seconds / again.unet_step_seconds)
+
+    def close(self) -> None:
+        self._base_pipe = None
+        release()
+
+
+def run_variants(study: Study, variants: list[Variant], *, batch_size: int = 1, retime_baseline: bool = True,
+                 roof: bool = True, say: Callable[[str], None] = print) -> Comparison:
+    """Baseline, then each variant on a fresh copy of the same network and the same latents, then (optionally)
+    the baseline again. A variant that cannot run here is recorded as not applicable with its reason; one that
+    raises is recorded as failed with its error, and the rest still run."""
+    bench = Bench(study, batch_size=batch_size, roof=roof, say=say)
+    rows, runs, facts = [bench.baseline_row()], {BASELINE: bench.baseline}, {}
+    for v in variants:
+        row, run, fact = bench.measure(v)
+        rows.append(row)
+        if run is not None:
+            runs[v.label], facts[v.label] = run, fact
+    if retime_baseline:
+        rows.append(bench.retime())
+    bench.close()
+    return Comparison(table=pd.DataFrame(rows).reindex(columns=COLUMNS), baseline=bench.baseline, runs=runs,
+                      facts=facts)
 
 
 def published_row(claim: str, source: str, hardware: str, conditions: str, published: float | None,

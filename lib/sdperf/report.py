@@ -206,6 +206,40 @@ def _notebook_section(profile: str, name: str, rows, stamp: dict | None, i: int)
     return "<section>" + "\n".join(parts) + "</section>"
 
 
+LADDER = "10_ladder"
+LADDER_METRICS = {"latency": "s / image", "speedup_vs_fp32": "x fp32 eager", "speedup_vs_rung_below": "x rung below",
+                  "unet_step_speedup_vs_fp32": "x per UNet step", "image_psnr_db": "PSNR dB vs fp32"}
+
+
+def _ladder_section(profile: str, results) -> str:
+    """The study's headline, first on the page: every rung of both ladders with its speed-ups and drift, or why
+    it did not run, and the ladder figure."""
+    import pandas as pd
+
+    rows = results[results["notebook"] == LADDER]
+    if rows.empty:
+        return ""
+    rungs = rows[rows["scenario"].str.contains(" order ") | rows["scenario"].str.startswith("best recipe")]
+    out = []
+    for scenario, g in rungs.groupby("scenario", sort=False):
+        not_measured = g[g["status"].isin(NOT_MEASURED)]
+        line = {"rung": scenario.removesuffix(", batch 1")}
+        if len(not_measured):
+            line["status"] = not_measured["status"].iloc[0]
+            line["why not measured"] = not_measured["note"].iloc[0]
+        else:
+            line["status"] = "ok"
+            vals = dict(zip(g["metric"], g["value"]))
+            for metric, label in LADDER_METRICS.items():
+                line[label] = fmt(vals.get(metric))
+        out.append(line)
+    df = pd.DataFrame(out).fillna("")
+    classes = pd.DataFrame({c: df["status"].where(df["status"].isin(NOT_MEASURED), "") for c in df.columns})
+    return ("<h2 id='ladder'>The ladder</h2><p>Every rung is the whole stack up to it, measured in one run against "
+            "the fp32 eager baseline on the same latents (details in the 10_ladder section below).</p>"
+            + _styled_table(df, classes, "ladder") + _figures(profile, LADDER))
+
+
 def _page(title: str, body: list[str]) -> str:
     return (f"<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>\n<title>{_esc(title)}</title>\n"
@@ -226,6 +260,7 @@ def write_index(profile: str) -> Path:
     body = [f"<h1>{_esc(title)}</h1>",
             f"<p class='sub'>{_esc(settings.get('description', ''))}</p>",
             _summary_section(names, stamps, results),
+            _ladder_section(profile, results),
             _environment_section(env, settings)]
     body += [_notebook_section(profile, name, results[results["notebook"] == name], stamps.get(name), i)
              for i, name in enumerate(names)]
