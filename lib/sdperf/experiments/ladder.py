@@ -337,3 +337,59 @@ def record_best(study: Study, best: dict) -> None:
         dict(scenario=scenario, metric="unet_step_speedup_vs_fp32", value=best["per_unet_step_speedup"], unit="x",
              note="per UNet step (median UNet call)"),
     ])
+
+
+# ---------------------------------------------------------------- the allocator, in fresh processes
+
+def allocator_rung(study: Study, settings: list[str], say: Callable[[str], None] = print) -> pd.DataFrame:
+    """fp32 eager in a fresh process per allocator setting: the baseline every in-process rung above stands on,
+    and the same headline repeated outside this notebook's process. Ratios and drift are against the fresh
+    process with the default allocator."""
+    from sdperf import drift, fresh_process
+    from sdperf.optimizations import allocator
+
+    for s in settings:
+        allocator.availability(s)  # a bad name fails before anything runs
+    rec, rows, ref = study.recorder, [], None
+    order = ["default"] + [s for s in settings if s != "default"]
+    for setting in order:
+        scenario = f"fresh process, allocator {setting}, batch 1"
+        ok, reason = allocator.availability(setting)
+        if not ok:
+            rec.not_applicable(scenario, reason)
+            rows.append({"allocator": setting, "status": "not_applicable", "note": f"not applicable: {reason}"})
+            continue
+        try:
+            run = fresh_process.measure(study.profile.name, setting, timeout_s=study.profile.cell_timeout_s)
+        except Exception as exc:  # recorded with its error; the other settings still run
+            msg = f"{type(exc).__name__}: {exc}"
+            say(f"{scenario}: failed: {msg}")
+            rec.failed(scenario, msg)
+            rows.append({"allocator": setting, "status": "failed", "note": msg[:300]})
+            continue
+        s = run.summary
+        ref = ref or run
+        row = {"allocator": setting, "status": "ok", "latency_s": s["latency_s"], "p10_s": s["p10_s"],
+               "p90_s": s["p90_s"], "unet_step_s": s["unet_step_s"], "peak_memory_mib": s["peak_memory_mib"],
+               "minor_faults_per_generation": run.faults_per_generation,
+               "speedup_vs_default": ref.summary["latency_s"] / s["latency_s"],
+               "unet_step_speedup_vs_default": ref.summary["unet_step_s"] / s["unet_step_s"],
+               "latent_rel_error": drift.relative_error(run.latents, ref.latents), "note": reason}
+        rows.append(row)
+        rec.add_many([
+            dict(scenario=scenario, metric="latency", value=s["latency_s"], unit="s", p10=s["p10_s"], p90=s["p90_s"],
+                 n=s.get("n") or study.profile.repeats, note=f"fresh process; {reason}"),
+            dict(scenario=scenario, metric="latency_first_call", value=s["first_call_s"], unit="s", n=1,
+                 note="first call, includes warm-up"),
+            dict(scenario=scenario, metric="unet_step", value=s["unet_step_s"], unit="s",
+                 note="median of one UNet call on the guidance batch"),
+            dict(scenario=scenario, metric="peak_memory", value=s["peak_memory_mib"], unit="MiB", n=1,
+                 note="process peak RSS of the fresh process (VmHWM, reset before the timed calls)"),
+            dict(scenario=scenario, metric="minor_faults_per_generation", value=run.faults_per_generation,
+                 unit="faults", note="/proc/self/stat minflt over the timed and warm-up calls, per call"),
+            dict(scenario=scenario, metric="speedup_vs_fp32", value=row["speedup_vs_default"], unit="x",
+                 note="vs fp32 eager in a fresh process with the default allocator"),
+            dict(scenario=scenario, metric="latent_rel_error", value=row["latent_rel_error"], unit="",
+                 note="vs the fresh default-allocator process (same seed, same latents)"),
+        ])
+    return pd.DataFrame(rows)

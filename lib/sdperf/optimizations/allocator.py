@@ -1,0 +1,70 @@
+"""The memory allocator as a rung: on a CPU, part of what other backends "win" is page faults that eager PyTorch
+pays under glibc's default malloc (SD 1.5 at 32x32 latents: about 465K faults and ~20% of a UNet forward on this
+kind of machine). Tuning glibc's thresholds, or preloading jemalloc / tcmalloc (usual practice for PyTorch on
+CPU), removes them.
+
+An allocator is chosen before Python starts (environment variables, LD_PRELOAD), so it cannot be switched inside
+a running notebook: each setting is measured in a fresh process (sdperf.fresh_process), which is also how headline
+numbers should be repeated. On a GPU the UNet's memory comes from the CUDA caching allocator instead and this rung
+is about host-side work only.
+"""
+from __future__ import annotations
+
+import ctypes.util
+import os
+import platform
+from pathlib import Path
+
+# glibc: keep big blocks on the heap instead of fresh mmaps, and never hand memory back between calls.
+GLIBC_TUNED = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "68719476736",
+               "MALLOC_TOP_PAD_": "1073741824"}
+PRELOADS = {"jemalloc": ("libjemalloc.so.2", "libjemalloc2"), "tcmalloc": ("libtcmalloc.so.4", "libtcmalloc-minimal4")}
+SETTINGS = ("default", "glibc-tuned") + tuple(PRELOADS)
+_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+
+
+def _check(setting: str) -> None:
+    if setting not in SETTINGS:
+        raise ValueError(f"allocator {setting!r} is not valid; choose one of: {', '.join(SETTINGS)}")
+
+
+def find_library(setting: str) -> Path | None:
+    """The shared library a preload setting needs, where the system keeps it."""
+    name = PRELOADS[setting][0]
+    for folder in _LIB_DIRS:
+        path = Path(folder) / name
+        if path.is_file():
+            return path
+    found = ctypes.util.find_library(name.split(".so")[0].removeprefix("lib"))
+    return Path(found) if found and Path(found).is_absolute() else None
+
+
+def availability(setting: str) -> tuple[bool, str]:
+    _check(setting)
+    if setting == "default":
+        return True, "the process's allocator as started"
+    if platform.system() != "Linux":
+        return False, f"{setting} is set through glibc/LD_PRELOAD, which this study only drives on Linux"
+    if setting == "glibc-tuned":
+        if not platform.libc_ver()[0] == "glibc":
+            return False, "the C library here is not glibc, so MALLOC_* thresholds mean nothing to it"
+        return True, "glibc malloc with " + " ".join(f"{k}={v}" for k, v in GLIBC_TUNED.items())
+    lib = find_library(setting)
+    if lib is None:
+        name, package = PRELOADS[setting]
+        return False, f"{name} is not installed (Debian/Ubuntu: apt-get install {package})"
+    return True, f"LD_PRELOAD={lib}"
+
+
+def environment(setting: str, base: dict | None = None) -> dict:
+    """The environment a fresh process needs for `setting`: the caller's, minus any allocator setting it had."""
+    ok, reason = availability(setting)
+    if not ok:
+        raise ValueError(f"allocator {setting!r} cannot be used here: {reason}")
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if not (k.startswith("MALLOC_") or k == "LD_PRELOAD")}
+    if setting == "glibc-tuned":
+        env.update(GLIBC_TUNED)
+    elif setting in PRELOADS:
+        env["LD_PRELOAD"] = str(find_library(setting))
+    return env
