@@ -14,13 +14,18 @@ study: install
 
 test: unit notebooks
 
+# Two pytest workers with one thread each: the 2-core machines this runs on are fully used without
+# oversubscribing them (two 2-thread processes on 2 cores slow each other down many times over).
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadscope
 unit: install
-	$(PY) -m pytest tests -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q $(XDIST)
 
-# nbval runs every notebook on the tiny smoke profile, writing into a scratch reports folder.
+# nbval runs every notebook on the tiny smoke profile, writing into a scratch reports folder;
+# loadscope keeps each notebook's cells together on one worker.
 notebooks: install
-	SDPERF_PROFILE=smoke SDPERF_REPORTS_DIR=$$(mktemp -d) $(PY) -m pytest -q -p no:cacheprovider \
-		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 notebooks
+	OMP_NUM_THREADS=1 SDPERF_PROFILE=smoke SDPERF_REPORTS_DIR=$$(mktemp -d) $(PY) -m pytest -q -p no:cacheprovider \
+		$(XDIST) --nbval-lax --nbval-current-env --nbval-cell-timeout=900 notebooks
 
 install: $(STAMP)
 

@@ -24,6 +24,13 @@ def test_linear_flops_match_hand_count():
     assert count_flops(lin, x) == 2 * 64 * 32 * 5 * 7
 
 
+def test_attention_flops_match_hand_count_on_this_device():
+    """QK^T and PV: 2 matmuls of 2*L*S*d FLOPs per head; the CPU kernel must not count as free."""
+    q, k = torch.randn(2, 4, 64, 16), torch.randn(2, 4, 77, 16)
+    got = count_flops(torch.nn.functional.scaled_dot_product_attention, q, k, k)
+    assert got == 2 * (2 * 64 * 77 * 16) * 2 * 4
+
+
 def test_achieved_and_percent_of_peak():
     a = achieved(flops=2e9, seconds=0.5, peak_flops_per_s=8e9)
     assert a["achieved_gflops"] == pytest.approx(4.0) and a["percent_of_peak"] == pytest.approx(50.0)

@@ -30,9 +30,10 @@ COLUMNS = ["variant", "status", "setup_s", "first_call_s", "latency_s", "p10_s",
 
 @dataclass
 class Variant:
-    """One way of running the pipeline. `apply` gets a freshly built fp32 pipeline (same seed, same weights) and
-    returns the pipeline to time; its wall time is reported as set-up (export, build, quantize). Lazy work
-    such as torch.compile lands in the first call instead, which is reported apart from steady state."""
+    """One way of running the pipeline. `apply` gets a freshly built fp32 pipeline (same seed, same weights: engines
+    export from fp32, precisions cast from it) and returns the pipeline to time; its wall time is reported as
+    set-up (export, build, quantize). Lazy work such as torch.compile lands in the first call, reported apart
+    from steady state. `dtype` is the precision the variant runs in, for the results rows."""
 
     label: str
     apply: Callable[[Any], Any] = lambda pipe: pipe

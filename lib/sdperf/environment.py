@@ -14,8 +14,8 @@ from sdperf.paths import REPO_ROOT
 PACKAGES = ("torch", "torchvision", "diffusers", "transformers", "accelerate", "deepspeed", "onnx", "onnxruntime",
             "openvino", "torchmetrics", "torch-fidelity", "open-clip-torch", "papermill", "nbval", "numpy", "pandas")
 # CPU features that decide which precisions can be fast here (see the half-precision notebook).
-ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
-             "amx_bf16", "amx_int8", "amx_fp16")
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+             "amx_tile", "amx_bf16", "amx_int8", "amx_fp16")
 
 
 def package_versions() -> dict[str, str | None]:

@@ -100,7 +100,8 @@ class Recorder:
              status: str = "ok", note: str = "", dtype: str | None = None) -> dict:
         if status not in STATUSES:
             raise ValueError(f"status {status!r} is not valid; choose one of: {', '.join(STATUSES)}")
-        if status == "ok" and (value is None or (isinstance(value, float) and math.isnan(value)) and not note):
+        missing = value is None or (isinstance(value, float) and math.isnan(value))
+        if status == "ok" and missing and not note:
             raise ValueError(f"{scenario}/{metric}: an 'ok' row needs a measured value or a note saying why not")
         env = self.env
         return {

@@ -2,9 +2,18 @@
 from __future__ import annotations
 
 import torch
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from sdperf.timing import Timing, blocked
+
+# torch's FLOP counter knows the CUDA attention kernels but not the CPU one that SDPA dispatches to here, so on a
+# CPU it would count every attention as free and overstate nothing but understate the UNet's work.
+_CPU_SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+if _CPU_SDPA not in flop_counter.flop_registry and _CPU_SDPA.default not in flop_counter.flop_registry:
+    @flop_counter.register_flop_formula(_CPU_SDPA)
+    def _cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
 def count_flops(fn, *args, **kwargs) -> int:

@@ -11,8 +11,9 @@ Rules (stated in the notebook too):
   stack; the next rung builds on the last configuration that ran.
 - The best order is chosen from the stand-alone measurements of notebooks 02-09 in this profile's results: the
   candidates are the techniques that were faster than fp32 there without changing the picture (PSNR >= the
-  threshold, unless lossy rungs are allowed); at most one UNet executor (compiled, exported or quantized UNet);
-  fastest first; a rung is kept only when the stack with it is faster than the stack without it.
+  threshold, unless lossy rungs are allowed); at most one UNet executor (compiled, exported or quantized UNet),
+  stacked last because it compiles or exports what the rungs below set up; the others fastest first; a rung is
+  kept only when the stack with it is faster than the stack without it.
 """
 from __future__ import annotations
 
@@ -75,9 +76,35 @@ def techniques(study: Study) -> dict[str, Technique]:
     return {t.key: t for t in items}
 
 
+def from_variant(key: str, family: str, notebook: str, v: Variant) -> Technique:
+    """A technique built from the very Variant its own notebook measures, so labels and scenarios match."""
+    return Technique(key, f"+ {v.label}", family, notebook, v.label, v.availability, v.apply, dtype=v.dtype)
+
+
+# What notebooks 03-09 measure that the best-order ladder may stack (their spec strings).
+ATTENTION_SPECS = ("sdpa:flash", "sdpa:math")
+COMPILE_SPECS = ("default", "freezing", "max-autotune-no-cudagraphs", "channels_last+freezing", "regional")
+ENGINE_NAMES = ("onnxruntime-fp32", "openvino-f32", "openvino-f32-static", "openvino-bf16", "tensorrt-fp16")
+INT8_SCHEMES = ("torch-ao-dynamic", "torchao-int8-dynamic", "openvino-nncf-weights", "openvino-nncf-ptq")
+
+
 def _registered(study: Study) -> list[Technique]:
-    """The CPU-relevant techniques of notebooks 03-09, as the best-order ladder may stack them."""
-    return []
+    """The techniques of notebooks 03-09, built by those notebooks' own variant builders."""
+    from sdperf.experiments import attention, engine_export, quantization, torch_compile
+    from sdperf.optimizations import engine_export as engines
+
+    skeleton = attention.skeleton(study)
+    out = [from_variant(f"attention {spec}", "attention", "03_attention", attention.variant(study, spec, skeleton))
+           for spec in ATTENTION_SPECS]
+    # each compiled rung starts from an empty inductor cache, so its first call is a cold compile
+    compiled = torch_compile.make_variants(study, list(COMPILE_SPECS), cold_compile_each=True, records={})
+    out += [from_variant(f"compile {v.label}", EXECUTOR, "04_torch_compile", v) for v in compiled]
+    out += [from_variant(name, EXECUTOR, "07_engine_export",
+                         engine_export._variant(study, engines.parse(name), "dynamo"))
+            for name in ENGINE_NAMES]
+    out += [from_variant(f"int8 {scheme}", EXECUTOR, "08_quantization", quantization.variant(study, scheme))
+            for scheme in INT8_SCHEMES]
+    return out
 
 
 CEREBRIUM_ORDER = ("no_grad", "fp16", "inference_mode", "deepspeed", "cuda_graphs")
@@ -209,11 +236,9 @@ def best_order(table: pd.DataFrame, allow_lossy: bool = False) -> tuple[list[str
     faster = (t.status == "ok") & (t.speedup > 1.0)
     keeps = t.image_psnr_db.isna() | (t.image_psnr_db >= PSNR_THRESHOLD_DB) | allow_lossy
     cand = t[faster & keeps].sort_values("speedup", ascending=False)
-    executors = cand[cand.family == EXECUTOR]
-    chosen = cand[cand.family != EXECUTOR]
-    if len(executors):
-        chosen = pd.concat([executors.head(1), chosen])
-    chosen = chosen.sort_values("speedup", ascending=False)
+    executor = cand[cand.family == EXECUTOR].head(1)
+    # the executor compiles or exports whatever the rungs below it set up, so it goes last
+    chosen = pd.concat([cand[cand.family != EXECUTOR], executor])
     t["candidate"] = t.key.isin(chosen.key)
     t["why"] = [_why(r, allow_lossy, chosen) for r in t.itertuples()]
     return chosen.key.tolist(), t

@@ -1,0 +1,169 @@
+"""06_deepspeed: DeepSpeed-Inference kernel injection, with the modules it actually replaced counted.
+
+A call that replaces nothing and returns the model unchanged still "runs"; its timing ratio is then noise around
+1.0, not a speed-up. So every attempt here records how many modules DeepSpeed put in (a census of module
+classes before and after), and a ratio is only ever reported beside that count.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Callable
+
+import deepspeed  # noqa: F401  imported first so its accelerator log line prints at import, not mid-notebook
+import pandas as pd
+
+from sdperf import published
+from sdperf.comparison import Comparison, Variant, published_row, release, run_variants
+from sdperf.optimizations import deepspeed_inference as ds
+from sdperf.plots import speedup_bars
+from sdperf.study import Study
+
+KERNELS = "DeepSpeed kernel injection, fp16 pipeline"
+KERNELS_ADAPTED = "DeepSpeed kernel injection + CLIP layout adapter"
+FP16 = "fp16 (the rung DeepSpeed is added to)"
+PASS_THROUGH = "init_inference(pipe.unet, fp32): pass-through"
+PASS_THROUGH_NOTE = "pass-through: 0 modules replaced, so any ratio is run-to-run noise, not a DeepSpeed speed-up"
+
+
+@dataclass
+class Counted:
+    """An apply function that also records what DeepSpeed replaced (census of module classes before/after)."""
+
+    fn: Callable
+    result: dict = field(default_factory=dict)
+
+    def __call__(self, pipe):
+        before = ds.census(pipe)
+        self.result = {}
+        try:
+            pipe = self.fn(pipe)
+        finally:  # also when it raises: what had been replaced before the error
+            self.result = ds.count_replaced(before, ds.census(pipe))
+        return pipe
+
+    def facts(self, _pipe) -> dict:
+        return self.result
+
+
+def compat_table() -> pd.DataFrame:
+    """The version findings (with their issue / PR references) the module docstring summarises."""
+    with resources.files("sdperf.data").joinpath("deepspeed_sd_compat.csv").open() as fh:
+        return pd.read_csv(fh)
+
+
+def targets(study: Study) -> pd.DataFrame:
+    """The modules DeepSpeed's diffusers policies name in this profile's pipeline (counted, not replaced)."""
+    counts = ds.injection_targets(study.pipeline("float32"))
+    release()
+    return pd.DataFrame({"module": list(counts), "count": list(counts.values())})
+
+
+def _error(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+PROBES = {
+    "init_inference(pipeline, float16, kernel inject)": lambda p: ds.apply(p, "float16"),
+    "init_inference(pipeline, float32, kernel inject)": lambda p: ds.apply(p, "float32"),
+    "generic_injection(pipeline, float16)": lambda p: ds.inject_only(p, "float16"),
+    "generic_injection(pipeline, float16) + CLIP layout adapter": lambda p: ds.inject_only(p, "float16",
+                                                                                            clip_adapter=True),
+}
+
+
+def probe(study: Study, say: Callable[[str], None] = print) -> pd.DataFrame:
+    """Where the seed's call stops on this device: each step of init_inference tried on a fresh pipeline, its
+    exact error and how many modules it had replaced by then. Only run where the kernels are not available
+    (on a GPU the variants themselves are the measurement)."""
+    rows = []
+    for call, fn in PROBES.items():
+        counted, pipe = Counted(fn), study.pipeline("float32")
+        scenario = f"probe: {call}"
+        try:
+            counted(pipe)
+            outcome, error = "ok", ""
+        except Exception as exc:  # the point of the probe: record exactly how it fails here
+            outcome, error = "failed", _error(exc)
+        finally:
+            pipe = None
+            release()
+        r = counted.result
+        rows.append({"call": call, "outcome": outcome, "error": error, "replaced_modules": r["replaced_modules"],
+                     "kernel_modules": r["kernel_modules"], "new_classes": r["new_classes"]})
+        if outcome == "failed":
+            say(f"{call}: failed: {error}")
+            study.recorder.failed(scenario, error, metric="init")
+        study.recorder.add(scenario, "replaced_modules", r["replaced_modules"], "modules", n=1,
+                           note=f"{r['kernel_modules']} fused-kernel modules; "
+                                f"{'before the error' if outcome == 'failed' else 'after the call'}: "
+                                f"{r['new_classes'] or 'no DeepSpeed class'}")
+    return pd.DataFrame(rows)
+
+
+def variants(study: Study) -> tuple[list[Variant], dict[str, Counted]]:
+    """The seed's call (and the same with sdperf's CLIP adapter) where the kernels exist; everywhere, the
+    UNet-only call that DeepSpeed turns into a pass-through, timed and labelled as one."""
+    ok, reason = ds.availability(study.device, study.profile.arch)
+    counted = {KERNELS: Counted(lambda p: ds.apply(p, "float16")),
+               KERNELS_ADAPTED: Counted(lambda p: ds.apply(p, "float16", clip_adapter=True)),
+               PASS_THROUGH: Counted(lambda p: ds.apply_to_unet(p, "float32"))}
+    out = []
+    if ok:  # the ratio the seed reports is against fp16 + inference_mode, so time that rung too
+        out.append(Variant(FP16, dtype="float16"))  # run_variants casts the pipeline to the variant's dtype
+    out += [Variant(KERNELS, apply=counted[KERNELS], facts=counted[KERNELS].facts, availability=(ok, reason),
+                    dtype="float16", note="the seed's call: init_inference on the pipeline"),
+            Variant(KERNELS_ADAPTED, apply=counted[KERNELS_ADAPTED], facts=counted[KERNELS_ADAPTED].facts,
+                    availability=(ok, reason), dtype="float16",
+                    note="with transformers >= 5.6, DSClipEncoder needs sdperf's text_model alias"),
+            Variant(PASS_THROUGH, apply=counted[PASS_THROUGH], facts=counted[PASS_THROUGH].facts,
+                    note="nn.Module path: no policy matches a UNet layer")]
+    return out, counted
+
+
+def compare(study: Study, say: Callable[[str], None] = print, **run_kw) -> Comparison:
+    """run_variants (run_kw passes through), then the replaced-module count of every variant that ran."""
+    vs, counted = variants(study)
+    cmp = run_variants(study, vs, say=say, **run_kw)
+    for label, c in counted.items():
+        if label not in cmp.runs:
+            continue
+        n = c.result["replaced_modules"]
+        note = PASS_THROUGH_NOTE if n == 0 else f"{c.result['kernel_modules']} fused-kernel modules"
+        study.recorder.add(f"{label}, batch 1", "replaced_modules", n, "modules", n=1,
+                           note=f"{note}; new classes: {c.result['new_classes'] or 'none'}")
+        row = cmp.table.variant == label
+        cmp.table.loc[row, "note"] = (PASS_THROUGH_NOTE if n == 0 else
+                                      f"{n} modules replaced; {cmp.table.loc[row, 'note'].iloc[0]}")
+    cmp.table.insert(2, "replaced_modules", cmp.table.variant.map(
+        {k: c.result.get("replaced_modules") for k, c in counted.items() if k in cmp.runs}))
+    return cmp
+
+
+def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
+    """Cerebrium's DeepSpeed rung beside the ratio measured here, only where kernels were actually injected."""
+    before = published.value("Cerebrium SD ladder", config="inference_mode")
+    after = published.value("Cerebrium SD ladder", config="deepspeed")
+    t = cmp.table.set_index("variant")
+    measured, cond = None, "no DeepSpeed kernel was injected on this stack, so there is no DeepSpeed ratio to show"
+    injected = [v for v in (KERNELS, KERNELS_ADAPTED) if v in cmp.runs and (t.loc[v, "replaced_modules"] or 0) > 0]
+    if injected and FP16 in cmp.runs:
+        measured = float(t.loc[FP16, "latency_s"] / t.loc[injected[0], "latency_s"])
+        cond = study.conditions(scope=f"whole generation, '{injected[0]}' vs fp16 eager")
+    return pd.DataFrame([published_row(
+        "fp16 + inference_mode -> + DeepSpeed kernel injection", "Cerebrium SD ladder", "NVIDIA A10G",
+        "SD v1.x, 512px, fp16", before / after, measured, cond, detail=f"{before} s -> {after} s")])
+
+
+def plot(study: Study, cmp: Comparison):
+    """Speed-up bars of the variants that ran; a pass-through bar is labelled with its 0 replacements."""
+    table = cmp.table.copy()
+    table["variant"] = [f"{v}\n({int(n)} replaced)" if n == n else v
+                        for v, n in zip(table.variant, table.replaced_modules)]
+    title = f"DeepSpeed-Inference vs fp32 eager ({study.device})"
+    if (cmp.ok().replaced_modules == 0).any():
+        title += "\na bar with 0 replaced is run-to-run noise, not a speed-up"
+    fig = speedup_bars(table, title)
+    study.save_figure(fig, "speedup")
+    return fig

@@ -1,0 +1,283 @@
+"""08_quantization: int8 schemes against fp32 eager in one run (run_variants), with the int8 matmul roofs that
+explain them and the share of the UNet's work each scheme can reach."""
+from __future__ import annotations
+
+import time
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+
+from sdperf import published
+from sdperf.comparison import BASELINE, Comparison, Variant, published_row, release, run_variants
+from sdperf.generation import encode, initial_latents
+from sdperf.measurements import unet_flops
+from sdperf.optimizations import quantization as opt
+from sdperf.optimizations.fewer_steps import unet_calls
+from sdperf.plots import speedup_bars
+from sdperf.roofline import matmul_peak
+from sdperf.study import Study
+from sdperf.timing import blocked, synchronize
+
+LINEAR_ONLY = ("torch-ao-dynamic", "torchao-int8-dynamic")
+# Which measured int8 kernel each scheme's matmuls run on (OpenVINO's own kernels are not timed alone; the
+# fbgemm int8 linear is the closest measured int8 roof for them).
+ROOF_KERNEL = {"torch-ao-dynamic": "quantized linear_dynamic", "torchao-int8-dynamic": "torch._int_mm",
+               "openvino-nncf-weights": "quantized linear_dynamic", "openvino-nncf-ptq": "quantized linear_dynamic"}
+LABELS = {"torch-ao-dynamic": "torch.ao dynamic int8 (Linear)", "torchao-int8-dynamic": "torchao int8 dyn. (Linear)",
+          "openvino-nncf-weights": "OpenVINO + NNCF int8 weights", "openvino-nncf-ptq": "OpenVINO + NNCF int8 PTQ"}
+RANDOM_WEIGHTS = ("random-init weights: the error figures describe the quantization machinery, not the quality of "
+                  "a quantized Stable Diffusion")
+
+
+def check(schemes: list[str]) -> list[str]:
+    for s in schemes:
+        opt.check_scheme(s)
+    return list(schemes)
+
+
+def availability_table(study: Study, schemes: list[str]) -> pd.DataFrame:
+    rows = []
+    for s in schemes:
+        ok, reason = opt.availability(study.device, s)
+        rows.append({"scheme": s, "available": ok, "reason": reason, "what": opt.SCHEMES[s]})
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------- what int8 reaches
+
+def _linear_flops(unet, *args, **kwargs) -> tuple[int, int]:
+    """(FLOPs in nn.Linear layers, number of Linear layers) of one UNet call: what Linear-only schemes touch."""
+    total = [0]
+
+    def hook(module, inputs, _out):
+        tokens = inputs[0].numel() // module.in_features
+        total[0] += 2 * tokens * module.in_features * module.out_features
+
+    linears = [m for m in unet.modules() if isinstance(m, torch.nn.Linear)]
+    handles = [m.register_forward_hook(hook) for m in linears]
+    try:
+        with torch.inference_mode():
+            unet(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    return total[0], len(linears)
+
+
+def linear_share(study: Study) -> dict:
+    """How much of one UNet call (batch 1, guidance batch 2) sits in nn.Linear layers: the ceiling of what a
+    Linear-only scheme can speed up (Amdahl)."""
+    pipe = study.pipeline("float32")
+    workload = study.workload(1)
+    with torch.inference_mode():
+        embeds, extra = encode(pipe, workload, study.device)
+        latents = initial_latents(pipe, workload).to(study.device)
+        x = torch.cat([latents] * 2) if workload.guidance_scale > 1.0 else latents
+    t = torch.tensor(999, device=study.device)
+    linear, n_linear = _linear_flops(pipe.unet, x, t, encoder_hidden_states=embeds, return_dict=False, **extra)
+    total = unet_flops(pipe, workload)
+    counts = opt.module_counts(pipe.unet)
+    out = {"unet_flops": total, "linear_flops": linear, "linear_share_percent": 100.0 * linear / total,
+           "linear_layers": n_linear, "conv2d_layers": counts.get("Conv2d", 0),
+           "unet_calls_per_generation": unet_calls(pipe, workload.steps)}
+    pipe = None
+    release()
+    study.recorder.add("UNet forward, batch 1", "linear_flop_share", out["linear_share_percent"], "%", n=1,
+                       note=f"{linear:,} of {total:,} FLOPs in {n_linear} nn.Linear layers (forward hooks / "
+                            "torch.utils.flop_counter): the part Linear-only int8 schemes quantize")
+    return out
+
+
+def _fit_size(fn_of_size, size: int, call_budget_s: float, device: str = "cpu", probe: int = 128) -> int:
+    """The largest power-of-two fraction of `size` whose single call should fit `call_budget_s`, scaled
+    (n^3) from one timed call at `probe`: a scalar fallback kernel at full size could take minutes."""
+    fn = fn_of_size(probe)
+    fn()
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    per = time.perf_counter() - t0
+    n = size
+    while n > probe and per * (n / probe) ** 3 > call_budget_s:
+        n //= 2
+    return n
+
+
+def _int_mm(device: str):
+    def make(n: int):
+        a = torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device)
+        b = torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device)
+        return lambda: torch._int_mm(a, b)
+    return make
+
+
+def _linear_dynamic(n: int):
+    layer = opt.torch_ao_dynamic(torch.nn.Sequential(torch.nn.Linear(n, n, bias=False)).eval())
+    x = torch.randn(n, n)
+
+    def run():
+        with torch.inference_mode():
+            layer(x)
+    return run
+
+
+def int8_roofs(study: Study, call_budget_s: float) -> pd.DataFrame:
+    """Measured ops/s of a square matmul: fp32 torch.mm, int8 torch._int_mm (torchao's kernel) and, on a CPU,
+    the fbgemm int8 dynamic linear (torch.ao's kernel, activation quantization included), each at the largest
+    size up to the profile's matmul_size that fits `call_budget_s` per call."""
+    size, device = study.profile.matmul_size, study.device
+    peak, t = matmul_peak(device, torch.float32, size)
+    rows = [{"kernel": "torch.mm", "dtype": "float32", "size": size, "gops": peak / 1e9, "n_blocks": len(t.times)}]
+    kernels = [("torch._int_mm", _int_mm(device))]
+    if device == "cpu":
+        kernels.append(("quantized linear_dynamic", _linear_dynamic))
+    for kernel, make in kernels:
+        n = _fit_size(make, size, call_budget_s, device)
+        timing = blocked(make(n), device=device)
+        rows.append({"kernel": kernel, "dtype": "int8", "size": n, "gops": 2 * n**3 / timing.median / 1e9,
+                     "n_blocks": len(timing.times)})
+    df = pd.DataFrame(rows)
+    df["vs_fp32"] = df["gops"] / df.loc[0, "gops"]
+    native = opt.native_int_mm(device)
+    for r in df.itertuples():
+        note = "blocked_autorange median"
+        if r.kernel == "torch._int_mm":
+            note += ("; cuBLASLt int8" if device == "cuda" else "; oneDNN kernel (VNNI/AMX present)" if native
+                     else "; no AVX512-VNNI/AMX-INT8 here: PyTorch's scalar fallback loop")
+        if r.size != size:
+            note += f"; measured at {r.size} (not {size}): a {size} call would exceed {call_budget_s} s"
+        study.recorder.add(f"matmul {r.size}x{r.size} {r.kernel}", "peak_gops", r.gops, "GOP/s", n=r.n_blocks,
+                           dtype=r.dtype, note=note)
+    return df
+
+
+def amdahl_bound(share_percent: float, roof_ratio: float) -> float:
+    """Best UNet speed-up if only the Linear share ran at the int8 roof's ratio over fp32 and the rest stayed."""
+    f = share_percent / 100.0
+    return 1.0 / ((1.0 - f) + f / roof_ratio)
+
+
+# ----------------------------------------------------------------------------------------- the comparison
+
+def _torchao_too_slow(study: Study, share: dict, roofs: pd.DataFrame) -> str | None:
+    """Why torchao is not timed whole, when its scalar _int_mm fallback alone would overrun variant_budget_s."""
+    p = study.profile
+    row = roofs[roofs.kernel == "torch._int_mm"]
+    if opt.native_int_mm(study.device) or row.empty:
+        return None
+    rate = float(row["gops"].iloc[0]) * 1e9
+    estimate = share["linear_flops"] / rate * share["unet_calls_per_generation"] * (p.warmup + p.repeats)
+    if estimate <= p.variant_budget_s:
+        return None
+    return (f"its int8 matmul torch._int_mm runs PyTorch's scalar fallback here (no AVX512-VNNI/AMX-INT8), "
+            f"measured at {rate / 1e9:.2f} GOP/s; the UNet's Linear FLOPs alone would take about {estimate:.0f} s "
+            f"for {p.warmup + p.repeats} generations, over variant_budget_s={p.variant_budget_s}; measured "
+            "instead: the torch._int_mm roof above")
+
+
+def variant(study: Study, scheme: str) -> Variant:
+    def facts(pipe):
+        unet = pipe.unet
+        if not isinstance(unet, torch.nn.Module):  # an engine stand-in (EngineUNet) says how it was made
+            return dict(unet.facts)
+        out = opt.module_counts(unet)
+        warned = getattr(unet, "sdperf_warnings", [])
+        if warned:
+            out["warnings"] = " | ".join(warned)
+        return out
+
+    # dtype is the pipeline the scheme starts from (fp32); the label and note say int8
+    return Variant(label=LABELS[scheme], apply=lambda pipe: opt.apply(pipe, scheme, workload=study.workload(1)),
+                   availability=opt.availability(study.device, scheme), facts=facts, note=opt.SCHEMES[scheme])
+
+
+def compare_schemes(study: Study, schemes: list[str], share: dict, roofs: pd.DataFrame) -> Comparison:
+    """fp32 eager, then each scheme on a fresh copy of the same network and latents, then fp32 again."""
+    runnable, skipped = [], []
+    for s in schemes:
+        reason = _torchao_too_slow(study, share, roofs) if s == "torchao-int8-dynamic" else None
+        if reason and opt.availability(study.device, s)[0]:
+            print(f"{LABELS[s]}: skipped: {reason}")
+            study.recorder.skipped(f"{LABELS[s]}, batch 1", reason)
+            skipped.append({"variant": LABELS[s], "status": "skipped", "note": f"skipped: {reason}"})
+        else:
+            runnable.append(variant(study, s))
+    cmp = run_variants(study, runnable)
+    if skipped:  # beside the other variants, before the re-timed baseline
+        t = cmp.table
+        cmp.table = pd.concat([t.iloc[:-1], pd.DataFrame(skipped), t.iloc[-1:]], ignore_index=True).reindex(
+            columns=t.columns)
+    return cmp
+
+
+def facts_table(cmp: Comparison) -> pd.DataFrame:
+    return pd.DataFrame([{"variant": k, **v} for k, v in cmp.facts.items()])
+
+
+def roofline(study: Study, cmp: Comparison, share: dict, roofs: pd.DataFrame) -> pd.DataFrame:
+    """Achieved ops/s of each measured variant against fp32's roof and the int8 roof of the kernel it runs on,
+    with the Amdahl ceiling for the Linear-only schemes."""
+    roof = roofs.set_index("kernel")
+    fp32 = float(roof.loc["torch.mm", "gops"])
+    by_label = {v: k for k, v in LABELS.items()}
+    rows = []
+    for r in cmp.ok().itertuples():
+        scheme = by_label.get(r.variant)
+        achieved = share["unet_flops"] / r.unet_step_s / 1e9
+        row = {"variant": r.variant, "unet_step_s": r.unet_step_s, "achieved_gops": achieved,
+               "percent_of_fp32_roof": 100 * achieved / fp32}
+        kernel = ROOF_KERNEL.get(scheme)
+        if kernel in roof.index:
+            int8 = float(roof.loc[kernel, "gops"])
+            row.update(int8_kernel=kernel, percent_of_int8_roof=100 * achieved / int8)
+            study.recorder.add(f"{r.variant}, batch 1", "percent_of_int8_roof", row["percent_of_int8_roof"], "%",
+                               note=f"UNet ops / median UNet call, of the measured {kernel} roof {int8:.1f} GOP/s "
+                                    "(every op counted, int8 or not)")
+            if scheme in LINEAR_ONLY:
+                row["linear_only_ceiling_x"] = amdahl_bound(share["linear_share_percent"], int8 / fp32)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def verdicts(cmp: Comparison) -> pd.DataFrame:
+    """Speed and drift of each measured scheme in one line (drift.verdict: below 40 dB PSNR a scheme changes
+    the picture), with what random weights make of the error figures."""
+    ok = cmp.ok()
+    ok = ok[~ok.variant.str.startswith(BASELINE)]
+    out = ok[["variant", "speedup", "unet_step_speedup", "latent_rel_error", "image_psnr_db", "verdict"]].copy()
+    out["caveat"] = RANDOM_WEIGHTS
+    return out.reset_index(drop=True)
+
+
+def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
+    """The diffusers fast-diffusion tutorial's int8 rung (GPU, after compile) beside this device's best int8."""
+    try:
+        before = published.value("diffusers fast_diffusion", config="+ fused QKV")
+        after = published.value("diffusers fast_diffusion", config="+ int8 dynamic quantization")
+        figure, detail = before / after, f"{before} s -> {after} s"
+    except KeyError:
+        figure, detail = None, "figure not in published_inference.csv"
+    ok = cmp.ok()
+    ok = ok[~ok.variant.str.startswith(BASELINE)]
+    best = ok.sort_values("speedup", ascending=False).head(1)
+    measured = float(best["speedup"].iloc[0]) if len(best) else None
+    what = f"{best['variant'].iloc[0]} vs fp32 eager" if len(best) else "no int8 scheme measured"
+    return pd.DataFrame([published_row(
+        "int8 dynamic quantization speed-up", "diffusers docs, tutorials/fast_diffusion.md", "NVIDIA A100 80GB",
+        "SDXL 1024px, 30 steps, batch 1, bf16 + SDPA + torch.compile + fused QKV, torchao int8 dynamic", figure,
+        measured, f"{study.conditions(1)}; {what}", detail=detail)])
+
+
+def plot(study: Study, cmp: Comparison):
+    """Speed-up over fp32 eager (PSNR on the bars) and the latent error of each scheme."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))
+    speedup_bars(cmp.table, f"int8 vs fp32 eager ({study.device})", ax=left)
+    ok = cmp.ok()
+    ok = ok[~ok.variant.str.startswith(BASELINE)]
+    right.bar(ok["variant"], ok["latent_rel_error"], color=plt.cm.tab10.colors[:len(ok)])
+    right.set(ylabel="latent relative error", yscale="log", title="drift from fp32 (random weights)")
+    right.tick_params(axis="x", labelrotation=20)
+    study.save_figure(fig, "int8_speedup_drift")
+    return fig

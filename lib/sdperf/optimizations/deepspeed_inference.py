@@ -1,0 +1,173 @@
+"""DeepSpeed-Inference kernel injection: the third rung of the Cerebrium ladder (fp16 + inference_mode 4.53 s ->
++ DeepSpeed 2.68 s on an A10G, "41% gain").
+
+What it does: `deepspeed.init_inference(pipe, dtype=torch.half, replace_with_kernel_inject=True)` on a diffusers
+*pipeline* (not on `pipe.unet`: an nn.Module goes down the transformer-layer path, whose policies match no UNet
+layer) runs `module_inject.generic_injection`, which
+- wraps the text encoder in `DSClipEncoder`, the UNet in `DSUNet` (channels_last + optional CUDA graph) and the
+  VAE in `DSVAE` (optional CUDA graph): wrappers, no new kernels;
+- replaces every diffusers `Attention` in the UNet and VAE by `DeepSpeedDiffusersAttention` and every
+  `BasicTransformerBlock` by `DeepSpeedDiffusersTransformerBlock`: fused CUDA kernels (layer norm + residual,
+  GEGLU, softmax-context) from `deepspeed.ops.transformer.inference`, built by the InferenceBuilder op.
+So the gain is fused attention/transformer-block kernels plus CUDA graphs, and only exists where those kernels
+do: DeepSpeed's CPU accelerator has no InferenceBuilder ("This op had not been implemented on CPU backend").
+
+Versions (sources in `sdperf/data/deepspeed_sd_compat.csv`, read by the notebook): kernel injection for diffusers
+has broken with library updates several times. DeepSpeed 0.9.0 broke it (DeepSpeed-MII #188, fixed by
+DeepSpeed #3218); diffusers 0.13/0.14 needed DeepSpeed #3142; DeepSpeed's dtype refactor (#3425) broke
+`generic_injection` until #4078; diffusers >= 0.23 needed #4663 and #4770; diffusers 0.25 moved AutoencoderKL,
+so DeepSpeed 0.13.1 only worked with diffusers >= 0.25 and 0.12.x only below it (#5065, #5067); 0.13.2 handles
+both (#5083; checked here in the 0.12.6 / 0.13.1 / 0.13.2 sources). transformers >= 5.6 flattened
+`CLIPTextModel` (transformers #46285): `DSClipEncoder` reads `enc.text_model` and raises AttributeError, on any
+device, before any kernel is built (observed here with the lock's transformers 5.23 and DeepSpeed 0.19.8).
+`DSUNet` passes `return_dict` positionally (it lands in `class_labels`) and drops `added_cond_kwargs`
+(DeepSpeed #8408, open), so SDXL is out. The GPU set the sources support: DeepSpeed >= 0.13.2, diffusers >= 0.25,
+transformers < 5.6 (5.5.4 is the last release #46285 reports unaffected), SD 1.x/2, float16. No GPU run here
+confirmed that set.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+# Classes defined under these packages are DeepSpeed's replacements; the engine itself wraps without replacing.
+DEEPSPEED_PACKAGE = "deepspeed."
+NOT_REPLACEMENTS = ("deepspeed.inference.",)
+KERNEL_PACKAGE = "deepspeed.ops."  # fused-kernel modules; the rest (model_implementations) are wrappers
+DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+# Kernel injection of a diffusers pipeline accepts only half precision (generic_injection raises otherwise).
+INJECTION_DTYPE = "float16"
+SUPPORTED_ARCHS = ("sd15", "sd2-base", "tiny")
+
+
+def availability(device: str, arch: str = "sd15") -> tuple[bool, str]:
+    """Whether DeepSpeed's diffusers kernel injection can run here, and if not, why."""
+    if device != "cuda":
+        return False, (f"device {device!r}: DeepSpeed's diffusers kernels (deepspeed.ops.transformer.inference, "
+                       "InferenceBuilder) are CUDA/ROCm kernels; DeepSpeed's CPU accelerator implements none of "
+                       "them and rejects float16 where oneDNN has no fp16 path")
+    if arch not in SUPPORTED_ARCHS:
+        return False, (f"arch {arch!r}: DSUNet forwards only sample/timestep/encoder_hidden_states, so SDXL's "
+                       f"added_cond_kwargs would be dropped; kernel injection supports {', '.join(SUPPORTED_ARCHS)}")
+    if not torch.cuda.is_available():
+        return False, "device 'cuda' requested but torch.cuda.is_available() is False"
+    return True, "CUDA device: fused attention / transformer-block kernels are built on first use (JIT)"
+
+
+def _dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not valid; choose one of: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def adapt_clip_layout(text_encoder):
+    """transformers >= 5.6 removed `CLIPTextModel.text_model`, which DSClipEncoder reads; point it at the model
+    itself. A plain attribute, not a submodule, so state_dict() and .to() see no cycle. Not DeepSpeed's code:
+    sdperf's adapter, for trying kernel injection with the lock's transformers."""
+    if not hasattr(text_encoder, "text_model"):
+        object.__setattr__(text_encoder, "text_model", text_encoder)
+    return text_encoder
+
+
+def apply(pipe, dtype: str = INJECTION_DTYPE, enable_cuda_graph: bool = False, clip_adapter: bool = False):
+    """The seed's call on the whole pipeline; returns the pipeline with its components replaced in place.
+
+    The pipeline is cast first: init_inference converts only nn.Modules, and a pipeline is not one. CUDA graphs
+    stay off by default so that this rung measures the kernels alone (05_cuda_graphs measures graphs)."""
+    torch_dtype = _dtype(dtype)
+    import deepspeed
+
+    pipe = pipe.to(dtype=torch_dtype)
+    if clip_adapter:
+        adapt_clip_layout(pipe.text_encoder)
+    engine = deepspeed.init_inference(pipe, dtype=torch_dtype, replace_with_kernel_inject=True,
+                                      enable_cuda_graph=enable_cuda_graph)
+    return engine.module
+
+
+def inject_only(pipe, dtype: str = INJECTION_DTYPE, clip_adapter: bool = False):
+    """The injection step init_inference runs after its device checks (module_inject.generic_injection), called
+    directly: it shows what happens on this stack past the accelerator's dtype check."""
+    torch_dtype = _dtype(dtype)
+    from deepspeed.module_inject import generic_injection
+
+    if clip_adapter:
+        adapt_clip_layout(pipe.text_encoder)
+    generic_injection(pipe, dtype=torch_dtype, enable_cuda_graph=False)
+    return pipe
+
+
+def apply_to_unet(pipe, dtype: str = "float32"):
+    """init_inference on `pipe.unet` alone, the call people often write: the UNet is an nn.Module, so DeepSpeed
+    takes the transformer-layer path, whose policies match none of its layers. Returns the pipeline with the
+    engine as its UNet; `count_replaced` says what, if anything, was replaced."""
+    torch_dtype = _dtype(dtype)
+    import deepspeed
+
+    engine = deepspeed.init_inference(pipe.unet, dtype=torch_dtype, replace_with_kernel_inject=True)
+    pipe.unet = engine
+    return pipe
+
+
+def _roots(obj) -> list[torch.nn.Module]:
+    if isinstance(obj, torch.nn.Module):
+        return [obj]
+    components = getattr(obj, "components", None)
+    if isinstance(components, dict):
+        return [m for m in components.values() if isinstance(m, torch.nn.Module)]
+    raise ValueError(f"cannot take a census of a {type(obj).__name__}: pass an nn.Module or a diffusers pipeline")
+
+
+def census(obj) -> Counter:
+    """Every module reachable from a module or a pipeline's components, counted by class ('package.Class')."""
+    seen: set[int] = set()
+    counts: Counter = Counter()
+    for root in _roots(obj):
+        for m in root.modules():
+            if id(m) not in seen:
+                seen.add(id(m))
+                counts[f"{type(m).__module__}.{type(m).__qualname__}"] += 1
+    return counts
+
+
+def _is_replacement(cls: str) -> bool:
+    return cls.startswith(DEEPSPEED_PACKAGE) and not cls.startswith(NOT_REPLACEMENTS)
+
+
+def replacements(before: Counter, after: Counter) -> dict[str, int]:
+    """DeepSpeed classes that appeared between two censuses, with how many of each."""
+    return {cls: n for cls, n in sorted((after - before).items()) if _is_replacement(cls)}
+
+
+def count_replaced(before: Counter, after: Counter) -> dict[str, Any]:
+    """How many modules DeepSpeed put in: total, fused-kernel modules, wrappers, and what disappeared."""
+    new = replacements(before, after)
+    kernels = sum(n for cls, n in new.items() if cls.startswith(KERNEL_PACKAGE))
+    gone = {cls: n for cls, n in sorted((before - after).items()) if not _is_replacement(cls)}
+    return {"replaced_modules": sum(new.values()), "kernel_modules": kernels,
+            "wrapper_modules": sum(new.values()) - kernels, "new_classes": new, "removed_classes": gone}
+
+
+def injection_targets(pipe) -> dict[str, int]:
+    """What DeepSpeed's diffusers injection would swap in this pipeline, decided by DeepSpeed's own policies
+    (UNetPolicy / VAEPolicy match a component; a policy whose attention() gives None keeps that Attention)
+    and counted here without building any kernel."""
+    from deepspeed.module_inject.replace_policy import generic_policies
+    from diffusers.models.attention import BasicTransformerBlock
+    from diffusers.models.attention_processor import Attention
+
+    out = {"text_encoder -> DSClipEncoder (wrapper)": int(getattr(pipe, "text_encoder", None) is not None)}
+    for name, module in pipe.components.items():
+        policy = next((p() for p in generic_policies if isinstance(module, torch.nn.Module) and p().match(module)),
+                      None)
+        if policy is None:
+            continue
+        modules = list(module.modules())
+        out[f"{name} -> wrapper ({type(policy).__name__})"] = 1
+        out[f"{name}: Attention -> DeepSpeedDiffusersAttention (kernel)"] = sum(
+            isinstance(m, Attention) and policy.attention(m) is not None for m in modules)
+        out[f"{name}: BasicTransformerBlock -> DeepSpeedDiffusersTransformerBlock (kernel)"] = sum(
+            isinstance(m, BasicTransformerBlock) for m in modules)
+    return out

@@ -1,0 +1,61 @@
+"""The scheduler as an optimization: fewer UNet calls for (roughly) the same end point.
+
+The NeMo protocol samples with PLMS for 50 steps (51 UNet calls: PLMS evaluates its first timestep twice);
+MLPerf's SDXL quality gate and the MI300X seed use 20 steps. Higher-order solvers such as DPM-Solver++(2M),
+and Euler with SDXL's spacing, are used at 20-25 steps. Every step costs one UNet call on the guidance batch,
+and the scheduler's own arithmetic is tiny next to it, so the time per step stays put and the saving is the
+number of calls; what changes is where the trajectory ends, which is the drift this step reports.
+
+Swapping the scheduler touches nothing else: same networks, same weights, same initial latents. The new
+scheduler is built from the current one's configuration the way diffusers' `from_config` does it: values the
+old scheduler only held as its own defaults (e.g. PNDM's `timestep_spacing="leading"`), and the settings sdperf
+gave the old scheduler class itself (e.g. Euler's leading spacing), are not carried over, so the result equals
+a pipeline built with the new scheduler from the start, whatever was switched before.
+"""
+from __future__ import annotations
+
+from sdperf.pipelines import SCHEDULER_CLASSES, make_scheduler
+
+SCHEDULERS = tuple(SCHEDULER_CLASSES)
+
+
+def check_scheduler(name: str) -> None:
+    if name not in SCHEDULER_CLASSES:
+        raise ValueError(f"scheduler {name!r} is not valid; choose one of: {', '.join(SCHEDULERS)}")
+
+
+def check_steps(steps) -> None:
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+
+
+def availability(device: str, scheduler: str) -> tuple[bool, str]:
+    """Every scheduler is host-side arithmetic on the latents, so it runs wherever the UNet runs."""
+    check_scheduler(scheduler)
+    cls_name, _ = SCHEDULER_CLASSES[scheduler]
+    return True, f"diffusers {cls_name}: scheduler arithmetic only, runs on {device} beside the UNet"
+
+
+def scheduler_config(pipe) -> dict:
+    """The model's noise-schedule configuration: the current scheduler's config without the values it held only
+    as its class defaults or as sdperf's settings for that class."""
+    config = dict(pipe.scheduler.config)
+    drop = set(config.pop("_use_default_values", None) or ())
+    cls_name = type(pipe.scheduler).__name__
+    drop |= {k for name, extra in SCHEDULER_CLASSES.values() if name == cls_name for k in extra}
+    return {k: v for k, v in config.items() if k not in drop and not k.startswith("_")}
+
+
+def apply(pipe, scheduler: str):
+    """Replace the pipeline's scheduler in place (nothing else changes) and return the pipeline."""
+    check_scheduler(scheduler)
+    pipe.scheduler = make_scheduler(scheduler, scheduler_config(pipe))
+    return pipe
+
+
+def unet_calls(pipe, steps: int) -> int:
+    """UNet calls one generation makes with the current scheduler at `steps` (PLMS: steps + 1)."""
+    check_steps(steps)
+    sched = pipe.scheduler
+    sched.set_timesteps(steps, device="cpu")
+    return len(sched.timesteps)

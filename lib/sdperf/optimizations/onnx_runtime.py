@@ -1,0 +1,65 @@
+"""ONNX export + ONNX Runtime: the CPU counterpart of the NeMo TensorRT rung (fp16 engine 3.3 -> 0.9 s on an A100).
+
+An inference engine takes the whole graph ahead of time: it fuses operators (conv + bias + activation,
+attention's matmul-softmax-matmul), pre-packs weights into the layout its kernels want, and plans memory once
+instead of per call. On a CPU the win is these fusions and layouts, not precision: the engine runs fp32 here.
+The UNet is exported once with a dynamic batch axis and run by the CPU execution provider with every graph
+optimization on (ORT_ENABLE_ALL) and as many intra-op threads as torch uses, so both sides get the same cores.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from sdperf.optimizations.unet_graph import OUTPUT, EngineUNet, export_onnx, scratch_dir
+
+PRECISIONS = ("fp32",)
+PROVIDER = "CPUExecutionProvider"
+
+
+def availability(device: str) -> tuple[bool, str]:
+    """Runs wherever onnxruntime is installed, on the CPU (this notebook measures TensorRT on GPUs)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False, "the onnxruntime package is not installed"
+    if device != "cpu":
+        return False, (f"this rung runs ONNX Runtime's {PROVIDER}, a CPU engine; on {device} the engine measured "
+                       "is TensorRT")
+    return True, f"onnxruntime {ort.__version__}, {PROVIDER}, graph optimization level ALL"
+
+
+def session(path: Path, threads: int | None = None):
+    """An InferenceSession on the CPU EP with every graph optimization and torch's thread count."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads or torch.get_num_threads()
+    return ort.InferenceSession(str(path), opts, providers=[PROVIDER])
+
+
+def build(unet: torch.nn.Module, example: tuple, *, exporter: str = "dynamo", scratch_root=None) -> EngineUNet:
+    """Export the UNet, load it into a session, delete the exported files; the session keeps the weights."""
+    import onnxruntime as ort
+
+    with scratch_dir(scratch_root) as tmp:
+        facts = export_onnx(unet, example, tmp / "unet.onnx", exporter)
+        t0 = time.perf_counter()
+        sess = session(tmp / "unet.onnx")
+        facts["build_s"] = time.perf_counter() - t0
+    facts.update(engine=f"onnxruntime {ort.__version__}", provider=PROVIDER, precision="fp32",
+                 threads=torch.get_num_threads())
+    batch = facts["export_batch"]
+
+    def run(feeds: dict) -> torch.Tensor:
+        if not facts["dynamic_batch"] and feeds["sample"].shape[0] != batch:
+            raise ValueError(f"this ONNX graph was exported for UNet batch {batch} only (the dynamic batch export "
+                             f"failed: {facts['dynamic_batch_error']}); apply it again for batch "
+                             f"{feeds['sample'].shape[0]}")
+        out = sess.run([OUTPUT], {k: v.detach().cpu().numpy() for k, v in feeds.items()})[0]
+        return torch.from_numpy(out)
+
+    return EngineUNet(run, unet.config, device="cpu", facts=facts)

@@ -1,0 +1,122 @@
+"""OpenVINO: Intel's inference engine, the CPU rung of the HF blog on Sapphire Rapids (fp32 32.3 s -> OpenVINO
+16.7 s -> with static shapes 4.7 s per 512px image).
+
+`openvino.convert_model` traces the PyTorch UNet into an OpenVINO model; `compile_model` fuses and re-lays it
+out for the CPU's instruction set. Its CPU plugin picks an inference precision by itself: bf16 on CPUs with
+native bf16 (AVX512-BF16 or AMX), f32 elsewhere. A bf16 hint on a CPU without bf16 is silently ignored, so the
+precision actually used is read back from the compiled model and a mismatch is an error, never a mislabelled
+row. Static shapes (the model reshaped to the exact input shapes before compiling) let the plugin plan every
+kernel ahead; a call with other shapes recompiles for them.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+
+from sdperf.optimizations.unet_graph import INPUTS, EngineUNet, UNetGraph
+
+DEVICE = "CPU"
+PRECISIONS = ("f32", "bf16", "f16", "default")  # "default": no hint, the plugin's own choice for this CPU
+# the OPTIMIZATION_CAPABILITIES entry a CPU must list for the plugin to honour each reduced-precision hint
+CAPABILITY = {"bf16": "BF16", "f16": "FP16"}
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"OpenVINO precision {precision!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
+
+
+def capabilities() -> list[str]:
+    import openvino as ov
+
+    return list(ov.Core().get_property(DEVICE, "OPTIMIZATION_CAPABILITIES"))
+
+
+def default_precision() -> str:
+    """The CPU plugin's default INFERENCE_PRECISION_HINT on this machine ('f32', 'bf16', ...)."""
+    import openvino as ov
+
+    return ov.Core().get_property(DEVICE, "INFERENCE_PRECISION_HINT").get_type_name()
+
+
+def availability(device: str, precision: str) -> tuple[bool, str]:
+    """Whether this CPU runs `precision` natively; the reason names what OpenVINO reports."""
+    check_precision(precision)
+    try:
+        import openvino as ov
+    except ImportError:
+        return False, "the openvino package is not installed"
+    if device != "cpu":
+        return False, f"this rung runs OpenVINO's CPU plugin; the pipeline here runs on {device}"
+    caps = capabilities()
+    need = CAPABILITY.get(precision)
+    if need and need not in caps:
+        return False, (f"this CPU has no native {precision} for OpenVINO (OPTIMIZATION_CAPABILITIES: "
+                       f"{', '.join(caps)}); the hint would be ignored and f32 would run under a {precision} label")
+    hint = default_precision() if precision == "default" else precision
+    return True, f"openvino {ov.__version__}, CPU plugin, inference precision {hint}"
+
+
+def convert(unet: torch.nn.Module, example: tuple):
+    """openvino.convert_model on the UNet traced once (inputs keep their names, shapes stay dynamic).
+
+    Tracing here with check_trace=False is what convert_model would do itself, minus torch.jit.trace's
+    default re-run of the model to check the trace (about half of the tiny UNet's conversion time here).
+    The tracer's warnings about channel-count checks frozen into the trace are expected: those are fixed."""
+    import openvino as ov
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(UNetGraph(unet).eval(), example, check_trace=False)
+        return ov.convert_model(traced, example_input=example)
+
+
+def compile_model(model, precision: str, shapes: dict | None = None):
+    """Compile for the CPU with the precision hint (none for 'default') and torch's thread count; `shapes`
+    reshapes the model to static input shapes first. Returns (compiled model, precision actually used)."""
+    import openvino as ov
+
+    check_precision(precision)
+    config = {"INFERENCE_NUM_THREADS": torch.get_num_threads()}
+    if precision != "default":
+        config["INFERENCE_PRECISION_HINT"] = precision
+    if shapes:
+        model.reshape({name: ov.PartialShape(list(shape)) for name, shape in shapes.items()})
+    compiled = ov.Core().compile_model(model, DEVICE, config)
+    used = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    if precision != "default" and used != precision:
+        raise RuntimeError(f"OpenVINO compiled with inference precision {used} although {precision} was asked; "
+                           f"this CPU's OPTIMIZATION_CAPABILITIES: {', '.join(capabilities())}")
+    return compiled, used
+
+
+def build(unet: torch.nn.Module, example: tuple, *, precision: str = "f32", static: bool = False) -> EngineUNet:
+    """Convert, compile (at the example's shapes when `static`), and wrap.
+
+    The converted model shares its weights with the torch UNet, so the engine keeps a reference to both."""
+    import openvino as ov
+
+    check_precision(precision)
+    t0 = time.perf_counter()
+    model = convert(unet, example)
+    facts = {"exporter": "torch.jit.trace + openvino.convert_model", "export_s": time.perf_counter() - t0,
+             "dynamic_batch": not static, "engine": f"openvino {ov.__version__}"}
+    shapes = dict(zip(INPUTS, (tuple(x.shape) for x in example)))
+    t0 = time.perf_counter()
+    compiled, used = compile_model(model, precision, shapes if static else None)
+    facts.update(build_s=time.perf_counter() - t0, precision=used, requested_precision=precision,
+                 static_shapes=static, threads=torch.get_num_threads())
+    state = {"shapes": shapes, "request": compiled.create_infer_request()}
+
+    def run(feeds: dict) -> torch.Tensor:
+        now = {k: tuple(v.shape) for k, v in feeds.items()}
+        if static and now != state["shapes"]:  # a new shape: recompile for it (the first call carries it)
+            state.update(shapes=now, request=None)
+            state["request"] = compile_model(model, precision, now)[0].create_infer_request()
+        out = state["request"].infer({k: v.detach().cpu().numpy() for k, v in feeds.items()},
+                                     share_inputs=True, share_outputs=False)
+        return torch.from_numpy(out[0])
+
+    return EngineUNet(run, unet.config, device="cpu", facts=facts, keep=(unet, model))

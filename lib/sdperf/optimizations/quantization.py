@@ -1,0 +1,200 @@
+"""int8: the one precision that can beat fp32 on a CPU without AMX, when the CPU has int8 dot-product instructions.
+
+AVX-512 VNNI (and AMX-INT8) multiply-accumulate four int8 pairs per lane per instruction, so an int8 matmul
+can run several times faster than fp32 on the same cores; AVX2 has a slower int8 path (vpmaddubsw) that the
+fbgemm and OpenVINO kernels still use. Which kernel a scheme reaches decides whether it can win here:
+
+- torch.ao `quantize_dynamic`: nn.Linear weights int8 ahead of time, activations quantized per call, fbgemm /
+  oneDNN kernels (engine `x86`). Only Linear layers: the UNet's convolutions stay fp32. Deprecated in torch 2.x
+  in favour of torchao, still present (the warning is recorded with the result).
+- torchao `Int8DynamicActivationInt8WeightConfig`: the same idea on tensor subclasses; its int8 matmul is
+  `torch._int_mm`, which PyTorch runs through oneDNN on a CPU only with AVX512-VNNI (otherwise a reference
+  loop), and through cuBLASLt int8 on CUDA (the diffusers fast-diffusion recipe pairs it with torch.compile).
+- OpenVINO + NNCF: the UNet converted to OpenVINO IR; `nncf.compress_weights` (int8 weights, fp32 compute) or
+  `nncf.quantize` (post-training: int8 weights and activations, calibrated on the UNet inputs of one real
+  generation), compiled by the OpenVINO CPU plugin, which also quantizes convolutions.
+
+With random-init weights the error figures describe the quantization machinery, not the quality of a
+quantized Stable Diffusion: trained weights and activations have different ranges and outliers.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import warnings
+
+import torch
+
+from sdperf.environment import cpu_isa
+from sdperf.generation import Workload, generate
+
+SCHEMES = {
+    "torch-ao-dynamic": "torch.ao quantize_dynamic: nn.Linear int8 weights, int8 activations per call (fbgemm/oneDNN)",
+    "torchao-int8-dynamic": "torchao Int8DynamicActivationInt8Weight: nn.Linear int8 weights and activations "
+                            "(torch._int_mm)",
+    "openvino-nncf-weights": "OpenVINO IR + nncf.compress_weights: int8 weights, fp32 compute",
+    "openvino-nncf-ptq": "OpenVINO IR + nncf.quantize: int8 weights and activations of matmuls and convolutions, "
+                         "calibrated on one generation's UNet inputs",
+}
+# CPU instructions that give torch._int_mm (torchao's CPU int8 matmul) its oneDNN path; without them PyTorch
+# falls back to a scalar loop (aten/src/ATen/native/LinearAlgebra.cpp, _int_mm_out_cpu).
+INT_MM_CPU_FLAGS = ("avx512_vnni", "amx_int8")
+# The int8 dot-product instructions OpenVINO's and fbgemm's kernels use when present (avx_vnni is reported
+# only once sdperf.environment.ISA_FLAGS lists it).
+INT8_CPU_FLAGS = ("avx512_vnni", "amx_int8", "avx_vnni")
+
+
+def check_scheme(scheme: str) -> None:
+    if scheme not in SCHEMES:
+        raise ValueError(f"quantization scheme {scheme!r} is not valid; choose one of: {', '.join(SCHEMES)}")
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def int8_cpu_flags() -> list[str]:
+    isa = cpu_isa()
+    return [f for f in INT8_CPU_FLAGS if isa.get(f)]
+
+
+def native_int_mm(device: str) -> bool:
+    """Whether torch._int_mm has a fast kernel here (cuBLASLt on CUDA, oneDNN with VNNI/AMX on a CPU)."""
+    if device == "cuda":
+        return True
+    isa = cpu_isa()
+    return any(isa.get(f) for f in INT_MM_CPU_FLAGS)
+
+
+def _cpu_int8_words() -> str:
+    flags = int8_cpu_flags()
+    if flags:
+        return f"int8 dot-product instructions {', '.join(flags)}"
+    return "no VNNI/AMX int8 instructions" + (": AVX2 int8 (vpmaddubsw)" if cpu_isa().get("avx2") else "")
+
+
+def availability(device: str, scheme: str) -> tuple[bool, str]:
+    """Whether the scheme can run on `device` with what is installed, and which int8 path it would take."""
+    check_scheme(scheme)
+    if scheme == "torch-ao-dynamic":
+        if device == "cuda":
+            return False, "torch.ao dynamic quantization has CPU kernels only (fbgemm/oneDNN); torchao is the CUDA path"
+        quant = getattr(torch.ao, "quantization", None)
+        if quant is None or not hasattr(quant, "quantize_dynamic"):
+            return False, f"torch.ao.quantization.quantize_dynamic is gone from torch {torch.__version__}"
+        engine = torch.backends.quantized.engine
+        return True, f"quantized engine {engine!r}; {_cpu_int8_words()}"
+    if scheme == "torchao-int8-dynamic":
+        if not installed("torchao"):
+            return False, "torchao is not installed (it is not in requirements.lock)"
+        if device == "cuda":
+            return True, "int8 tensor-core matmuls through torch._int_mm (cuBLASLt)"
+        if native_int_mm(device):
+            return True, f"torch._int_mm runs through oneDNN with {', '.join(int8_cpu_flags())}"
+        return True, ("runs, but torch._int_mm has no fast CPU kernel without AVX512-VNNI/AMX-INT8 (a scalar "
+                      "reference loop runs instead): expect it far slower than fp32")
+    if device != "cpu":
+        return False, f"OpenVINO runs on CPUs (and Intel GPUs); this profile's device is {device}"
+    for module in ("openvino", "nncf"):
+        if not installed(module):
+            return False, f"{module} is not installed (it is not in requirements.lock)"
+    return True, f"OpenVINO CPU plugin int8 kernels; {_cpu_int8_words()}"
+
+
+def apply(pipe, scheme: str, workload: Workload | None = None):
+    """Quantize the pipeline's UNet with `scheme` and return the pipeline. The OpenVINO schemes need the
+    workload: the IR is built for its shapes and the post-training scheme calibrates on its UNet inputs."""
+    check_scheme(scheme)
+    if scheme == "torch-ao-dynamic":
+        pipe.unet = torch_ao_dynamic(pipe.unet)
+    elif scheme == "torchao-int8-dynamic":
+        pipe.unet = torchao_int8_dynamic(pipe.unet)
+    else:
+        if workload is None:
+            raise ValueError(f"scheme {scheme!r} needs the workload (static shapes and calibration inputs)")
+        pipe.unet = openvino_nncf(pipe, workload, ptq=scheme == "openvino-nncf-ptq")
+    return pipe
+
+
+def torch_ao_dynamic(unet):
+    """nn.Linear -> DynamicQuantizedLinear (qint8) in place; the deprecation warning torch gives is kept on the
+    module (`sdperf_warnings`) so the notebook can show it beside the result."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        unet = torch.ao.quantization.quantize_dynamic(unet, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    unet.sdperf_warnings = sorted({str(w.message).strip().splitlines()[0] for w in caught
+                                   if issubclass(w.category, (DeprecationWarning, FutureWarning, UserWarning))})
+    return unet
+
+
+def torchao_int8_dynamic(unet):
+    """torchao's documented API: quantize_(model, Int8DynamicActivationInt8WeightConfig()) on every nn.Linear."""
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    quantize_(unet, Int8DynamicActivationInt8WeightConfig())
+    return unet
+
+
+def module_counts(unet) -> dict:
+    """How many layers each scheme can touch, and how many it did (what a quantized UNet is made of)."""
+    kinds: dict[str, int] = {}
+    for m in unet.modules():
+        name = m._get_name()  # torch.ao's quantized modules name themselves (class Linear -> DynamicQuantizedLinear)
+        if name not in ("Linear", "Conv2d", "DynamicQuantizedLinear"):
+            continue
+        if name == "Linear" and type(m.weight).__name__ not in ("Parameter", "Tensor"):
+            name = f"Linear with {type(m.weight).__name__} weight"  # torchao swaps the weight, not the module
+        kinds[name] = kinds.get(name, 0) + 1
+    return kinds
+
+
+def unet_inputs(pipe, workload: Workload) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(sample, timestep, text embeddings) of every UNet call of one generation: calibration data from the real
+    trajectory, not random tensors."""
+    seen = []
+
+    def hook(_module, args, kwargs):
+        sample, t = args[0], args[1]
+        seen.append((sample.detach().clone(), torch.as_tensor(t, dtype=torch.float32).reshape(()).clone(),
+                     kwargs["encoder_hidden_states"].detach().clone()))
+
+    handle = pipe.unet.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        generate(pipe, workload)
+    finally:
+        handle.remove()
+    return seen
+
+
+def openvino_nncf(pipe, workload: Workload, ptq: bool):
+    """Convert the UNet (openvino_engine.convert), compress its weights or quantize it post-training with NNCF,
+    compile it for the CPU at the workload's static shapes in f32 (so the int8 layers are the only reduced
+    precision), and put it behind the loop's UNet call (unet_graph.EngineUNet)."""
+    import nncf
+
+    from sdperf.optimizations import openvino_engine
+    from sdperf.optimizations.unet_graph import INPUTS, EngineUNet, graph_inputs
+
+    nncf.set_log_level(logging.WARNING)
+    calibration = [graph_inputs(*inputs, {}) for inputs in unet_inputs(pipe, workload)]
+    example = tuple(calibration[0][k] for k in INPUTS)
+    model = openvino_engine.convert(pipe.unet, example)
+    with warnings.catch_warnings():  # NNCF's progress bars ask for ipywidgets inside a notebook
+        warnings.filterwarnings("ignore", message=".*ipywidgets")
+        if ptq:
+            data = nncf.Dataset([{k: v.numpy() for k, v in feeds.items()} for feeds in calibration])
+            model = nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calibration))
+        else:
+            model = nncf.compress_weights(model)
+    shapes = {k: tuple(v.shape) for k, v in calibration[0].items()}
+    compiled, used = openvino_engine.compile_model(model, "f32", shapes)
+    request = compiled.create_infer_request()
+
+    def run(feeds: dict) -> torch.Tensor:
+        out = request.infer({k: v.numpy() for k, v in feeds.items()}, share_inputs=True, share_outputs=False)
+        return torch.from_numpy(out[0])
+
+    facts = {"engine": "openvino + nncf", "nncf": nncf.__version__, "precision": used,
+             "nncf_step": "quantize (post-training)" if ptq else "compress_weights",
+             "calibration_inputs": len(calibration) if ptq else 0}
+    return EngineUNet(run, pipe.unet.config, device="cpu", facts=facts, keep=(pipe.unet, model))

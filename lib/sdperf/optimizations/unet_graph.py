@@ -1,0 +1,149 @@
+"""The UNet as a graph an inference engine can take, and the stand-in that puts the engine back in its place.
+
+Engines (ONNX Runtime, OpenVINO, TensorRT) want a function of plain tensors: the timestep becomes a float32
+scalar input of the graph (not a Python constant baked in at export), and the text context a tensor. Only the
+UNet is exported: it is the part the denoising loop calls once per step; the text encoder (once per image)
+and the VAE decoder (once per image) stay in PyTorch. The exported graph and its external weight file are
+written into a scratch folder that is deleted as soon as the engine holds its own copy.
+"""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+INPUTS = ("sample", "timestep", "encoder_hidden_states")
+OUTPUT = "out_sample"
+CONTEXT_TOKENS = 77  # CLIP's fixed prompt length: the text context is (batch, 77, cross_attention_dim)
+MAX_GRAPH_BATCH = 32  # upper bound of the dynamic batch axis (CFG doubles the images: 16 images per prompt)
+EXPORTERS = ("dynamo", "torchscript")
+
+
+def check_supported(config) -> None:
+    """SD 1.x/2 UNets only: SDXL's UNet takes two more inputs (pooled text embeds, time ids)."""
+    if config.get("addition_embed_type") is not None:
+        raise ValueError(f"engine export covers SD 1.x/2 UNets; this UNet has addition_embed_type="
+                         f"{config.get('addition_embed_type')!r} (SDXL), whose extra inputs the graph does not take")
+
+
+class UNetGraph(torch.nn.Module):
+    """UNet2DConditionModel with positional tensor inputs and one tensor output, as exporters want it."""
+
+    def __init__(self, unet: torch.nn.Module):
+        super().__init__()
+        check_supported(unet.config)
+        self.unet = unet
+
+    def forward(self, sample, timestep, encoder_hidden_states):
+        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
+
+
+def example_inputs(config, batch: int, latent_size: int, device="cpu") -> tuple[torch.Tensor, ...]:
+    """(sample, timestep, encoder_hidden_states) at the shapes the loop will call with; values do not matter."""
+    g = torch.Generator("cpu").manual_seed(0)
+    sample = torch.randn(batch, config.in_channels, latent_size, latent_size, generator=g)
+    context = torch.randn(batch, CONTEXT_TOKENS, config.cross_attention_dim, generator=g)
+    return sample.to(device), torch.tensor(999.0, device=device), context.to(device)
+
+
+def graph_inputs(sample, timestep, encoder_hidden_states, extra: dict) -> dict[str, torch.Tensor]:
+    """The pipeline's UNet call turned into the graph's named float32 inputs."""
+    if extra:
+        raise ValueError(f"this engine's graph takes only {', '.join(INPUTS)}; got extra UNet arguments "
+                         f"{', '.join(sorted(extra))}")
+    t = torch.as_tensor(timestep, device=sample.device).to(torch.float32).reshape(())
+    return {"sample": sample.float().contiguous(), "timestep": t,
+            "encoder_hidden_states": encoder_hidden_states.float().contiguous()}
+
+
+class EngineUNet:
+    """Stands in for `pipe.unet`: the same call and config, the graph run by an engine.
+
+    `run` maps the named graph inputs to the output tensor. `facts` says how the engine was made (exporter,
+    export and build seconds, precision actually used); `keep` holds objects the engine's memory depends on."""
+
+    dtype = torch.float32
+
+    def __init__(self, run: Callable[[dict], torch.Tensor], config, device: str = "cpu", facts: dict | None = None,
+                 keep: tuple = ()):
+        self._run = run
+        self.config = config
+        self.device = torch.device(device)
+        self.facts = dict(facts or {})
+        self._keep = keep
+
+    def __call__(self, sample, timestep, encoder_hidden_states=None, return_dict: bool = False, **extra):
+        out = self._run(graph_inputs(sample, timestep, encoder_hidden_states, extra))
+        if return_dict:
+            from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
+
+            return UNet2DConditionOutput(sample=out)
+        return (out,)
+
+    def __repr__(self) -> str:
+        return f"EngineUNet({self.facts.get('engine', '?')}, device={self.device})"
+
+
+@contextlib.contextmanager
+def scratch_dir(root: Path | str | None = None):
+    """A fresh folder for exported files, deleted on exit whatever happens (SD 1.5's fp32 UNet is 3.4 GB).
+    A dot-prefixed name keeps it out of git when it lives under reports/."""
+    if root is not None:
+        Path(root).mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=".engine-export-", dir=root))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def folder_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) / 2**20
+
+
+def export_onnx(unet: torch.nn.Module, example: tuple, path: Path, exporter: str = "dynamo") -> dict:
+    """torch.onnx.export of the UNet with a dynamic batch axis, weights as external data next to `path`.
+
+    'dynamo' is torch's default exporter since 2.9 (torch.export + onnxscript); 'torchscript' is the legacy
+    tracer (deprecated, but faster to run). If the dynamic batch axis cannot be exported, the graph is
+    exported at the example's batch only and `dynamic_batch` says so. `path` must sit in a folder of its own
+    (scratch_dir): the external weight files land beside it and a failed attempt's files are removed."""
+    if exporter not in EXPORTERS:
+        raise ValueError(f"exporter {exporter!r} is not valid; choose one of: {', '.join(EXPORTERS)}")
+    graph = UNetGraph(unet).eval()
+    facts = {"exporter": exporter, "dynamic_batch": True}
+    t0 = time.perf_counter()
+    try:
+        _export(graph, example, path, exporter, dynamic=True)
+    except Exception as exc:  # any exporter failure on the dynamic axis: recorded, then a static export
+        facts.update(dynamic_batch=False, dynamic_batch_error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        for f in Path(path).parent.iterdir():
+            if f.is_file():
+                f.unlink()
+        _export(graph, example, path, exporter, dynamic=False)
+    facts["export_s"] = time.perf_counter() - t0
+    facts["export_mib"] = folder_mib(Path(path).parent)
+    facts["export_batch"] = int(example[0].shape[0])
+    return facts
+
+
+def _export(graph, example, path, exporter: str, dynamic: bool) -> None:
+    kw = dict(input_names=list(INPUTS), output_names=[OUTPUT])
+    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+        if exporter == "dynamo":  # both inputs share one batch Dim, which torch.onnx reports as a rename
+            warnings.filterwarnings("ignore", message=".*will not be used, since it shares the same shape")
+            batch = torch.export.Dim("batch", min=1, max=MAX_GRAPH_BATCH)
+            shapes = {"sample": {0: batch}, "timestep": None, "encoder_hidden_states": {0: batch}}
+            torch.onnx.export(graph, example, str(path), dynamo=True, external_data=True, verbose=False,
+                              dynamic_shapes=shapes if dynamic else None, **kw)
+        else:  # the tracer warns about channel-count checks frozen into the trace: expected, they are fixed
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            axes = {n: {0: "batch"} for n in ("sample", "encoder_hidden_states", OUTPUT)}
+            torch.onnx.export(graph, example, str(path), dynamo=False, opset_version=17,
+                              dynamic_axes=axes if dynamic else None, **kw)
