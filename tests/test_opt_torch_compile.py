@@ -74,8 +74,6 @@ def test_cuda_graph_mode_on_cpu_runs_and_the_skip_is_counted():
     assert relative_error(out, ref) < TOLERANCE
     # torch accepts the mode on a CPU, compiles the kernels and skips the graph capture without a warning
     assert wrapped.log.cudagraph_skips == 1
-    ok, reason = tc.availability("cpu", "reduce-overhead")
-    assert ok and "not applicable on cpu" in reason
 
 
 def test_recompile_counter_counts_a_planted_new_shape():
@@ -94,9 +92,12 @@ def test_recompile_counter_counts_a_planted_new_shape():
 def test_availability_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert tc.availability("cpu", "default")[0]
-    for mode in tc.CUDA_GRAPH_MODES:  # runs, and says that its CUDA-graph part does not apply
+    assert set(tc.CUDA_GRAPH_MODES) == {"reduce-overhead", "max-autotune"}
+    for mode in tc.CUDA_GRAPH_MODES:  # not applicable, and the reason names what runs on the CPU instead
         ok, reason = tc.availability("cpu", mode)
-        assert ok and "CUDA graphs are not applicable on cpu" in reason
+        assert not ok and "CUDA graphs need a CUDA device" in reason
+        assert f"{tc.CPU_COUNTERPART[mode]!r} is its cpu counterpart" in reason
+    assert tc.CPU_COUNTERPART == {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
     ok, reason = tc.availability("cpu", "freezing")
     assert ok and "inference only" in reason
     assert tc.availability("cpu", "channels_last") == (True, "eager PyTorch with channels_last tensors")
@@ -140,3 +141,15 @@ def test_apply_wraps_the_unet_lazily_with_the_engine_contract(smoke):
     pipe = tc.apply(build_pipeline(smoke), "channels_last")  # eager: the weights change layout, nothing compiles
     weight = pipe.unet.conv_in.weight
     assert not isinstance(pipe.unet, tc.CompiledUNet) and weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_only_the_first_compiled_variant_compiles_into_an_empty_cache(scratch_reports):
+    from sdperf.experiments import torch_compile as experiment
+    from sdperf.study import open_study
+
+    study = open_study("smoke", notebook="04_torch_compile")
+    specs = ["channels_last", "reduce-overhead", "default", "freezing"]  # eager, not applicable, then compiled
+    fresh = [v.apply.keywords["fresh"] for v in experiment.make_variants(study, specs, False, {})]
+    assert fresh == [False, False, True, False]
+    fresh = [v.apply.keywords["fresh"] for v in experiment.make_variants(study, specs, True, {})]
+    assert fresh == [False, False, True, True]

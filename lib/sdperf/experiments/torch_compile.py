@@ -3,9 +3,11 @@ fp32 eager; what compiling costs with a cold and a warm cache; how many recompil
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,8 +19,10 @@ import torch
 from torch._inductor.utils import clear_caches
 
 from sdperf import published
+from sdperf.architectures import get as get_arch
 from sdperf.architectures import vae_scale_factor
 from sdperf.comparison import BASELINE, Comparison, Variant, published_row, release, run_variants
+from sdperf.drift import relative_error
 from sdperf.generation import Workload, encode, generate
 from sdperf.optimizations import half_precision
 from sdperf.optimizations import torch_compile as tc
@@ -38,6 +42,7 @@ def empty_cache() -> str:
     setting has to outlive the call that makes it.)"""
     clear_caches()
     os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="sdperf-inductor-")
+    atexit.register(shutil.rmtree, os.environ[CACHE_ENV], ignore_errors=True)  # gone with the notebook's kernel
     return os.environ[CACHE_ENV]
 
 
@@ -53,6 +58,34 @@ def prepared(pipe, spec: str, dtype: str):
     if dtype != "float32":
         pipe = half_precision.apply(pipe, dtype)
     return tc.apply(pipe, spec)
+
+
+def cuda_graph_modes_here(study: Study) -> pd.DataFrame:
+    """What torch does with each CUDA-graph mode on this device, shown on the UNet's timestep embedding (a real
+    piece of the profile's architecture that compiles in seconds): does it run, how often did inductor skip
+    CUDA graphs, and does the output match eager."""
+    from diffusers.models.embeddings import TimestepEmbedding
+
+    width = get_arch(study.profile.arch).unet["block_out_channels"][0]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(study.profile.seed)
+        module = TimestepEmbedding(width, 4 * width).eval().to(study.device)
+        x = torch.randn(2, width, device=study.device)
+    rows = []
+    for mode in tc.CUDA_GRAPH_MODES:
+        forget_compiled()
+        log, row = tc.CompileLog(), {"mode": mode, "device": study.device}
+        try:
+            with torch.inference_mode(), tc.compile_log(log):
+                ref = module(x)
+                compiled = torch.compile(module, mode=mode)
+                outs = [compiled(x).clone() for _ in range(3)]  # CUDA graphs record on the first calls, then replay
+            row.update(ran=True, matches_eager=all(relative_error(o.cpu(), ref.cpu()) < 1e-4 for o in outs))
+        except Exception as exc:  # what torch does includes refusing
+            row.update(ran=False, error=f"{type(exc).__name__}: {exc}"[:200])
+        rows.append({**row, "cudagraph_skips": log.cudagraph_skips})
+    forget_compiled()
+    return pd.DataFrame(rows)
 
 
 # --- availability and the variants -------------------------------------------------------------------------

@@ -32,6 +32,16 @@ OPENVINO = "openvino"
 # Inductor's own list of modes (the set changes between torch releases).
 MODES = tuple(torch._inductor.list_mode_options())
 CUDA_GRAPH_MODES = tuple(m for m, opts in torch._inductor.list_mode_options().items() if opts.get("triton.cudagraphs"))
+
+
+def _without_cuda_graphs(mode: str) -> str:
+    """The mode whose options are `mode`'s minus CUDA graphs: what a CUDA-graph mode runs as without them."""
+    options = torch._inductor.list_mode_options()
+    rest = {k: v for k, v in options[mode].items() if k != "triton.cudagraphs"}
+    return next(m for m, o in options.items() if o == rest)
+
+
+CPU_COUNTERPART = {m: _without_cuda_graphs(m) for m in CUDA_GRAPH_MODES}
 FLAGS = ("freezing", "fullgraph", "regional", "channels_last")
 INDUCTOR_ONLY_FLAGS = ("freezing", "regional")
 # How the recompile experiment sets Dynamo's shape handling.
@@ -124,15 +134,21 @@ def availability(device: str, spec: str) -> tuple[bool, str]:
         return False, "inductor's CPU kernels need a C++ compiler (g++/clang++), and none is on PATH"
     if device == "cuda" and not has_triton():
         return False, "inductor's GPU kernels need Triton, and it is not installed for this GPU"
+    if s.uses_cuda_graphs and device != "cuda":
+        return False, (f"CUDA graphs need a CUDA device. torch.compile accepts mode {s.mode!r} on {device} anyway: "
+                       f"it compiles the kernels of {CPU_COUNTERPART[s.mode]!r} and skips the graph capture "
+                       "silently (no warning, only counters['inductor']['cudagraph_skips']), so "
+                       f"{CPU_COUNTERPART[s.mode]!r} is its {device} counterpart")
     notes = []
+    if s.regional:
+        notes.append("diffusers' compile_repeated_blocks: only the UNet's transformer blocks are compiled (one graph "
+                     "serves every block of the same shape), the rest stays eager")
     if s.freezing:
         notes.append("freezing treats weights as constants: inference only, weights must not change afterwards")
+    if s.channels_last:
+        notes.append("UNet weights in channels_last layout")
     if s.uses_cuda_graphs:
-        if device == "cuda":
-            notes.append("CUDA graphs replay each step's kernels in one launch")
-        else:
-            notes.append("CUDA graphs are not applicable on cpu (no CUDA device): inductor compiles the same "
-                         "kernels and skips the graph capture, so this runs as its non-graph equivalent")
+        notes.append("CUDA graphs replay each step's kernels in one launch")
     if s.mode.startswith("max-autotune") and device == "cpu":
         notes.append("on cpu, GEMM autotuning (C++ templates) only considers weights that freezing made constant"
                      + ("" if s.freezing else ", so without freezing it autotunes nothing"))
