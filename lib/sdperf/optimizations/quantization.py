@@ -86,7 +86,7 @@ def availability(device: str, scheme: str) -> tuple[bool, str]:
         return True, f"quantized engine {engine!r}; {_cpu_int8_words()}"
     if scheme == "torchao-int8-dynamic":
         if not installed("torchao"):
-            return False, "torchao is not installed (it is not in requirements.lock)"
+            return False, "torchao is not installed"
         if device == "cuda":
             return True, "int8 tensor-core matmuls through torch._int_mm (cuBLASLt)"
         if native_int_mm(device):
@@ -97,7 +97,7 @@ def availability(device: str, scheme: str) -> tuple[bool, str]:
         return False, f"OpenVINO runs on CPUs (and Intel GPUs); this profile's device is {device}"
     for module in ("openvino", "nncf"):
         if not installed(module):
-            return False, f"{module} is not installed (it is not in requirements.lock)"
+            return False, f"{module} is not installed"
     return True, f"OpenVINO CPU plugin int8 kernels; {_cpu_int8_words()}"
 
 
