@@ -131,3 +131,10 @@ def test_bad_profile_fails_fast_without_building_anything():
     assert "ERR unknown profile 'nope'" in out
     assert out.strip().endswith("False False"), out  # neither diffusers nor torch was imported
     assert time.perf_counter() - t0 < 10
+
+
+@pytest.mark.parametrize("section", ["training", "quality", "serving"])
+def test_a_study_section_must_be_a_mapping(params_dir, section):
+    with pytest.raises(ConfigError, match=rf"{section} must be a mapping.*\[1, 2\]"):
+        load_profile(params_dir(**{section: [1, 2]}))
+    assert getattr(load_profile(params_dir(**{section: {"x": 1}}), check_runtime=False), section) == {"x": 1}

@@ -1,4 +1,4 @@
-"""Study profiles: flat YAML files in params/, validated before any model is built.
+"""Study profiles: YAML files in params/, validated before any model is built.
 
 Validation lives here, apart from torch, so that a bad profile fails in well under a second.
 """
@@ -21,6 +21,7 @@ SCHEDULERS = ("plms", "ddim", "euler", "dpmpp-2m")
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
 AUTO = "auto"
+SECTIONS = ("training", "quality", "serving")
 PROFILE_ENV = "SDPERF_PROFILE"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -48,6 +49,11 @@ class Profile:
     variant_budget_s: int
     weights: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Settings of the studies beyond the inference ladder, one mapping each; the package that owns a section
+    # validates its keys (sdperf.training / sdperf.quality / sdperf.serving), before any model is built.
+    training: dict = field(default_factory=dict)
+    quality: dict = field(default_factory=dict)
+    serving: dict = field(default_factory=dict)
 
     @property
     def latent_size(self) -> int:
@@ -57,6 +63,8 @@ class Profile:
         d = dataclasses.asdict(self)
         d["batch_sizes"] = list(self.batch_sizes)
         d.pop("notes")
+        for key in SECTIONS:
+            d.pop(key)
         return d
 
 
@@ -157,7 +165,7 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
     except yaml.YAMLError as exc:
         raise ConfigError(f"profile {name!r}: {path} is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
-        raise ConfigError(f"profile {name!r}: {path} must be a flat mapping of key: value")
+        raise ConfigError(f"profile {name!r}: {path} must be a mapping of key: value")
     allowed = [k for k in _FIELDS if k != "name"]
     for key in raw:
         if key not in _FIELDS or key == "name":
@@ -183,6 +191,9 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
         raise ConfigError(f"profile {name!r}: resolution {raw['resolution']} must be a multiple of {multiple} "
                           f"for arch {raw['arch']!r}")
     _check_weights(name, raw.get("weights"))
+    for key in SECTIONS:
+        if not isinstance(raw.get(key, {}), dict):
+            raise ConfigError(f"profile {name!r}: {key} must be a mapping of key: value, got {raw[key]!r}")
     if check_runtime:
         check_device(name, raw["device"], raw["dtype"])
     values = dict(raw, name=name, batch_sizes=tuple(sizes), guidance_scale=float(raw["guidance_scale"]),
