@@ -1,4 +1,4 @@
-"""The `sdperf` command: run the study, list profiles, show the environment, rebuild the report.
+"""The `sdperf` command: run the study, list profiles, show the environment, rebuild the report, generate images.
 
 Heavy modules (torch, papermill, pandas) are imported by the command that needs them, so a mistyped profile
 is answered in well under a second.
@@ -72,6 +72,32 @@ def _report(args) -> int:
     return 0
 
 
+def _generate(args) -> int:
+    """Validate everything first (profile, prompts file, guidance, seeds, out dir), then generate this rank's share."""
+    from sdperf import prompts
+
+    load_profile(args.profile, check_runtime=False)  # a bad name or prompts file fails before torch is imported
+    captions = prompts.load_captions(args.prompts)
+    if args.num_prompts is not None:
+        captions = prompts.select(captions, args.num_prompts, args.selection_seed)
+    seeds = None if args.seeds is None else [_int("seed", s) for s in args.seeds]
+    from sdperf.imagegen import generate_folder
+
+    summary = generate_folder(load_profile(args.profile), captions, args.out, guidance_scales=args.guidance,
+                              seeds=seeds, progress=not args.no_progress, batch_size=args.batch_size,
+                              dtype=args.dtype, steps=args.steps)
+    if summary.reports_here:
+        print(summary)
+    return 0
+
+
+def _int(what: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{what} {text!r} is not valid; choose integers >= 0") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sdperf", description="Stable Diffusion inference speed study.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -91,6 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
     add("profiles", _profiles, "list the profiles and what 'auto' picks here", profile=False)
     add("env", _env, "print the environment record stored beside every number")
     add("report", _report, "rebuild reports/<profile>/index.html from what is on disk")
+    gen = add("generate", _generate, "generate one image per (prompt id, guidance, seed) into a folder, resumably; "
+              "under torchrun each rank makes its share")
+    gen.add_argument("--prompts", required=True, metavar="FILE",
+                     help="captions: COCO annotations .json, MLPerf .tsv (id, caption) or .txt (one per line)")
+    gen.add_argument("--out", required=True, metavar="DIR", help="folder for the images, manifest.csv, summary.json")
+    gen.add_argument("--guidance", nargs="+", metavar="G", help="guidance scales (default: the profile's); "
+                     "NeMo's curve: 1.5 2 3 4 5 6 7 8")
+    gen.add_argument("--seeds", nargs="+", metavar="S", help="latent seeds given to every prompt, one image each "
+                     "(default: prompt i gets the profile's seed + i)")
+    gen.add_argument("--num-prompts", type=int, metavar="N", help="a random selection of N captions (NeMo: 30000, "
+                     "MLPerf: 5000); default all")
+    gen.add_argument("--selection-seed", type=int, default=0, metavar="S", help="seed of that selection (default 0)")
+    gen.add_argument("--batch-size", type=int, default=1, metavar="B",
+                     help="prompts per batch, within one guidance scale (default 1)")
+    gen.add_argument("--steps", type=int, metavar="N", help="denoising steps (default: the profile's; NeMo: 50)")
+    gen.add_argument("--dtype", help="pipeline precision (default: the profile's dtype)")
+    gen.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
 

@@ -1,0 +1,13 @@
+"""Sharded, resumable image generation for evaluation at scale (NeMo's 30,000 images per guidance scale).
+
+    summary = generate_folder("smoke", prompts.smoke_captions(), "out/", guidance_scales=[1.5, 7.5])
+    table = read_manifest("out/")          # one row per image: prompt id, caption, guidance, seed, file, ...
+
+Launched by torchrun, each process generates its share; `sdperf generate` is the same from the shell.
+"""
+from sdperf.imagegen.folder import RankStats, Summary, generate_folder, plan
+from sdperf.imagegen.keys import NEMO_GUIDANCE, ImageKey, plan_keys, shard, work_units
+from sdperf.imagegen.store import read_manifest, rebuild_manifest
+
+__all__ = ["NEMO_GUIDANCE", "ImageKey", "RankStats", "Summary", "generate_folder", "plan", "plan_keys",
+           "read_manifest", "rebuild_manifest", "shard", "work_units"]

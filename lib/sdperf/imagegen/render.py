@@ -1,0 +1,65 @@
+"""Images for a batch of keys through sdperf.generation's loop: each image's noise from its own seed.
+
+generation.generate() takes one prompt per call; evaluation batches different prompts of one guidance scale, so
+the prompts are encoded one by one with generation.encode() and stacked (all unconditional rows first, as the
+loop's guidance split expects), then generation.denoise() and decode() run on the batch unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from sdperf import generation
+from sdperf.generation import Workload
+from sdperf.profiles import Profile
+
+
+def workload(profile: Profile, caption: str, guidance: float, seed: int, steps: int | None = None) -> Workload:
+    """The profile's workload (resolution, steps, scheduler) for one image; `steps` overrides the profile's."""
+    return replace(Workload.from_profile(profile, steps=steps), prompt=caption, guidance_scale=float(guidance),
+                   seed=int(seed))
+
+
+def _stack_cfg(parts: list[torch.Tensor], do_cfg: bool) -> torch.Tensor:
+    """Per-prompt [uncond, cond] pairs -> [all uncond, all cond]; without guidance a plain concatenation."""
+    if not do_cfg:
+        return torch.cat(parts)
+    return torch.cat([torch.cat([p[:1] for p in parts]), torch.cat([p[1:] for p in parts])])
+
+
+def _stack_extra(extras: list[dict], do_cfg: bool) -> dict:
+    """SDXL's added_cond_kwargs (pooled text embeddings, size ids) stacked like the embeddings."""
+    if not extras[0]:
+        return {}
+    added = [e["added_cond_kwargs"] for e in extras]
+    return {"added_cond_kwargs": {k: _stack_cfg([a[k] for a in added], do_cfg) for k in added[0]}}
+
+
+def render(pipe, profile: Profile, items: list[tuple[str, float, int]], steps: int | None = None) -> np.ndarray:
+    """uint8 NHWC images for (caption, guidance, seed) items sharing one guidance scale."""
+    guidance = {g for _, g, _ in items}
+    if len(guidance) != 1:
+        raise ValueError(f"a batch must share one guidance scale, got {sorted(guidance)}")
+    with torch.inference_mode():
+        return _render(pipe, [workload(profile, caption, g, seed, steps) for caption, g, seed in items])
+
+
+def _render(pipe, singles: list[Workload]) -> np.ndarray:
+    device = generation._module_device(pipe.unet)
+    dtype = generation._module_dtype(pipe.unet)
+    batch = replace(singles[0], batch_size=len(singles))
+    do_cfg = batch.guidance_scale > 1.0
+    latents = torch.cat([generation.initial_latents(pipe, w) for w in singles])
+    encoded = [generation.encode(pipe, w, device) for w in singles]
+    embeds = _stack_cfg([e for e, _ in encoded], do_cfg)
+    extra = _stack_extra([x for _, x in encoded], do_cfg)
+    latents = generation.denoise(pipe, batch, latents.to(device, dtype), embeds, extra)
+    images = generation.decode(pipe, latents).float().cpu()
+    return to_uint8(images)
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """[0, 1] NCHW floats -> uint8 NHWC, rounded as diffusers' numpy_to_pil does."""
+    return (images.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)

@@ -1,0 +1,210 @@
+"""The generated folder on disk: images written once (temp + rename), per-rank manifest parts, the manifest.
+
+    DIR/run.json               settings the pixels depend on; a restart with other settings fails, naming them
+    DIR/g<guidance>/<id>_s<seed>.png
+    DIR/parts/rank-<r>.jsonl   one row per finished image, appended by its rank after the image's rename
+    DIR/manifest.csv           one row per image in the folder (any run into it), sorted by key, rebuilt from the
+                               parts at the end of every run
+    DIR/summary.json           images/s per rank and in total, of the last run
+    DIR/scores/                per-shard scoring states (sdperf.imagegen.scoring)
+
+An image exists only once complete (it appears by rename), so "done" is "the file exists". A kill between the
+rename and the row leaves an image without a row; the next run of its owner writes the row (from the file's
+time) before generating, so the manifest has neither holes nor duplicates.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import io
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sdperf.errors import ConfigError
+from sdperf.imagegen.keys import ImageKey
+from sdperf.results import atomic_write_bytes, atomic_write_text, locked
+
+RUN_FILE = "run.json"
+PARTS_DIR = "parts"
+MANIFEST = "manifest.csv"
+SUMMARY = "summary.json"
+KEY_COLUMNS = ["guidance", "prompt_id", "seed"]
+COLUMNS = ["key", "prompt_id", "caption", "guidance", "seed", "file", "steps", "resolution", "profile", "dtype",
+           "commit", "time_utc", "rank"]
+# results.atomic_write_bytes names its temp file ".<name>.<random>.tmp" beside the target
+_TEMP = re.compile(r"^\.(?P<name>.+\.png)\.[^.]+\.tmp$")
+
+
+def check_out_dir(out_dir) -> Path:
+    """An existing folder or one that can be made; a file there fails before any model is built."""
+    path = Path(out_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"out dir {str(path)!r} is a file, not a folder; give a new or existing folder")
+    parent = next((p for p in (path, *path.parents) if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"out dir {str(path)!r} cannot be created: {str(parent)!r} is not a writable folder")
+    return path
+
+
+def check_run_settings(out_dir: Path, settings: dict) -> None:
+    """Record what the pixels depend on; a folder made with other settings is not resumed into."""
+    path = out_dir / RUN_FILE
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); it records the settings the images of "
+                              f"{str(out_dir)!r} were made with: restore it or give a new --out") from exc
+        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        if diff:
+            said = "; ".join(f"{k}: folder has {a!r}, this run {b!r}" for k, (a, b) in diff.items())
+            raise ConfigError(f"out dir {str(out_dir)!r} holds images made with other settings ({said}); "
+                              "rerun with the same profile or give a new --out")
+        return
+    atomic_write_text(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_image(out_dir: Path, key: ImageKey, image: np.ndarray) -> Path:
+    path = out_dir / key.relpath
+    atomic_write_bytes(path, png_bytes(image))
+    return path
+
+
+def existing(out_dir: Path, keys) -> set[ImageKey]:
+    """Keys whose image is on disk (complete: images only appear by rename); one listing per guidance folder."""
+    by_dir: dict[str, set[str]] = {}
+    done = set()
+    for key in keys:
+        folder, _, name = key.relpath.partition("/")
+        if folder not in by_dir:
+            with contextlib.suppress(FileNotFoundError):
+                by_dir[folder] = set(os.listdir(out_dir / folder))
+            by_dir.setdefault(folder, set())
+        if name in by_dir[folder]:
+            done.add(key)
+    return done
+
+
+def remove_stale_temps(out_dir: Path, keys) -> int:
+    """Delete half-written temp files a killed run left for these keys (only its own: other ranks write theirs)."""
+    mine = {key.relpath for key in keys}
+    removed = 0
+    for folder in {rel.partition("/")[0] for rel in mine}:
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(out_dir / folder):
+                m = _TEMP.match(name)
+                if m and f"{folder}/{m['name']}" in mine:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(out_dir / folder / name)
+                        removed += 1
+    return removed
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def utc_from_unix(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class ManifestPart:
+    """This rank's append-only rows, under an exclusive lock: two launches into one folder fail, not interleave."""
+
+    def __init__(self, out_dir: Path, rank: int):
+        self.path = out_dir / PARTS_DIR / f"rank-{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._fh.close()
+            raise ConfigError(f"{str(self.path)!r} is locked by another process: a launch with rank {rank} is "
+                              f"already writing into {str(out_dir)!r}; wait for it or give another --out") from None
+        self._end_torn_line()
+
+    def _end_torn_line(self) -> None:
+        """A row cut short by a kill gets its line ended, so the next row is not glued onto it (and lost)."""
+        with open(self.path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() == 0:
+                return
+            fh.seek(-1, os.SEEK_END)
+            torn = fh.read(1) != b"\n"
+        if torn:
+            self._fh.write("\n")
+            self._fh.flush()
+
+    def append(self, row: dict) -> None:
+        """One line, flushed to the OS at once: a killed process loses no finished row."""
+        self._fh.write(json.dumps(row, sort_keys=True) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def part_files(out_dir: Path) -> list[Path]:
+    return sorted((Path(out_dir) / PARTS_DIR).glob("rank-*.jsonl"))
+
+
+def read_parts(out_dir: Path) -> list[dict]:
+    """Every row of every part; a torn last line (a kill mid-write) is skipped, its image gets a row later."""
+    rows = []
+    for path in part_files(out_dir):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                row = json.loads(line)
+                if isinstance(row, dict) and set(COLUMNS) <= set(row):
+                    rows.append(row)
+    return rows
+
+
+def row_key(row: dict) -> ImageKey:
+    return ImageKey(float(row["guidance"]), str(row["prompt_id"]), int(row["seed"]))
+
+
+def rebuild_manifest(out_dir) -> pd.DataFrame:
+    """manifest.csv from the parts: rows whose image exists, one per key (the first written), sorted by key."""
+    out_dir = Path(out_dir)
+    with locked(out_dir / MANIFEST):  # independent shards may finish together: the last rebuild sees all rows
+        first: dict[ImageKey, dict] = {}
+        for row in sorted(read_parts(out_dir), key=lambda r: r["time_utc"]):
+            key = row_key(row)
+            if key not in first and (out_dir / row["file"]).is_file():
+                first[key] = row
+        table = pd.DataFrame([first[k] for k in sorted(first)], columns=COLUMNS)
+        atomic_write_text(out_dir / MANIFEST, table.to_csv(index=False))
+    return table
+
+
+def read_manifest(out_dir) -> pd.DataFrame:
+    """The manifest of a generated folder: one row per image (prompt id, caption, guidance, seed, file, ...)."""
+    path = Path(out_dir).expanduser() / MANIFEST
+    if not path.is_file():
+        raise ConfigError(f"{str(path)!r} does not exist: generate into {str(path.parent)!r} first "
+                          "(sdperf generate --out ...), or rebuild it with sdperf.imagegen.rebuild_manifest")
+    return pd.read_csv(path, dtype={"key": str, "prompt_id": str, "caption": str, "seed": int, "guidance": float},
+                       keep_default_na=False)

@@ -1,0 +1,193 @@
+"""The FID-vs-CLIP curve over guidance scales (NeMo's protocol) for this profile, beside stored curves of others.
+
+Each point: `n_images` captions drawn at random (seeded) from the captions file, one image each at that guidance
+scale, the same caption and noise at every scale; FID against the reference statistics, CLIP score against the
+image's own caption, both on images resized to `score_resolution`.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from sdperf import prompts
+from sdperf.paths import profile_reports
+from sdperf.quality import images, score
+from sdperf.quality.settings import QualitySettings
+from sdperf.results import read_results
+from sdperf.study import Study
+
+NOTEBOOK = "12_fid_clip"
+SMALL_N = 2048  # below the Inception feature count the covariance is rank-deficient: FID is biased and noisy
+
+
+def images_root(study: Study) -> Path:
+    """Where 12_fid_clip writes its images: under the profile's reports, one folder per image set."""
+    return profile_reports(study.profile.name) / "images" / study.notebook
+
+
+def fresh_folder(path: Path) -> Path:
+    """Each run regenerates its images: a folder left by an older run (other code, other weights) is removed."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def choose_captions(s: QualitySettings, n: int, seed: int) -> list[prompts.Caption]:
+    """NeMo's draw: `n` captions at random from the file (or the repo's smoke set when none is given)."""
+    pool = prompts.load_captions(s.captions) if s.captions else prompts.smoke_captions()
+    return prompts.select(pool, n, seed)
+
+
+def captions_source(s: QualitySettings) -> str:
+    return str(s.captions) if s.captions else "the repo's smoke captions (lib/sdperf/data/captions_smoke.txt)"
+
+
+def protocol(study: Study, s: QualitySettings) -> pd.DataFrame:
+    """NeMo's and MLPerf's evaluation settings beside this run's, row by row."""
+    p = study.profile
+    here_ref = str(s.reference) if s.reference else f"{s.n_images} seeded stand-in images (machinery only)"
+    rows = [
+        ("captions", "COCO2014 val, drawn at random", "COCO2014 val, 5,000 (one per image)", captions_source(s)),
+        ("images per guidance scale", "30,000", "5,000", str(s.n_images)),
+        ("guidance scales", "1.5, 2, 3, 4, 5, 6, 7, 8", "8", ", ".join(f"{g:g}" for g in s.guidance_scales)),
+        ("sampler, steps", "PLMS, 50", "Euler, 20", f"{p.scheduler}, {s.steps}"),
+        ("model, generated size", "SD 1.x / 2.0, 512", "SDXL, 1024", f"{p.arch}, {p.resolution}"),
+        ("scored at", "256x256", "1024 (Inception resizes)", f"{s.score_resolution or p.resolution} (PIL bicubic)"),
+        ("FID reference", "COCO2014 val images", "val2014.npz (mu, sigma)", here_ref),
+        ("FID features", "Inception-v3 pool, 2048", "Inception-v3 pool, 2048", f"Inception-v3, {s.fid_features}"),
+        ("CLIP model", "ViT-L/14", "ViT-B/32 (x100)", s.clip_arch),
+        ("weights", "trained", "trained", _weights(s)),
+    ]
+    return pd.DataFrame(rows, columns=["setting", "NeMo (seed)", "MLPerf SDXL", "this run"])
+
+
+def _weights(s: QualitySettings) -> str:
+    def one(name, path):
+        return f"{name} {'random init' if path is None else path}"
+    return "; ".join([one("SD", s.pipeline_weights), one("Inception", s.inception_weights),
+                      one("CLIP", s.clip_weights)])
+
+
+@dataclass
+class Curve:
+    table: pd.DataFrame
+    folder: Path
+    reference: score.Reference
+
+
+def generate(study: Study, s: QualitySettings, say: Callable[[str], None] = print) -> Path:
+    """The images of every guidance scale, in the profile's precision (NeMo evaluated its fp16 framework)."""
+    p = study.profile
+    caps = choose_captions(s, s.n_images, p.seed)
+    folder = fresh_folder(images_root(study) / "guidance")
+    say(f"generating {len(caps)} images x {len(s.guidance_scales)} guidance scales ({p.dtype}, {s.steps} steps, "
+        f"captions from {captions_source(s)})")
+    images.generate_images(study, caps, s.guidance_scales, folder, steps=s.steps, dtype=p.dtype, say=say)
+    return folder
+
+
+def score_curve(study: Study, s: QualitySettings, scorers: score.Scorers, folder: Path) -> Curve:
+    """One point per guidance scale: FID against the reference, mean CLIP score; stored as results rows."""
+    p = study.profile
+    ref = score.reference(scorers, s, n_standin=s.n_images, seed=p.seed + 10_000)
+    scored = score.score_folder(scorers, folder)
+    table = pd.DataFrame([_row(s, g, sc, ref) for g, sc in scored.items()])
+    _record(study, s, table, ref)
+    return Curve(table, folder, ref)
+
+
+def _row(s: QualitySettings, guidance: float, sc: score.SetScore, ref: score.Reference) -> dict:
+    return {"guidance": guidance, "n_images": sc.n, s.label("fid"): score.fid_against(ref, sc),
+            s.label("clip"): float(np.mean(sc.clip)), "clip_p10": float(np.percentile(sc.clip, 10)),
+            "clip_p90": float(np.percentile(sc.clip, 90))}
+
+
+def metric_name(s: QualitySettings, metric: str) -> str:
+    """The results.csv metric: machinery-only numbers carry it in their name, never only in a note."""
+    base = {"fid": "fid", "fid_vs_baseline": "fid_vs_fp32_images", "clip": "clip_score"}[metric]
+    return f"{base} [machinery only]" if s.machinery_reasons(metric) else base
+
+
+def _record(study: Study, s: QualitySettings, table: pd.DataFrame, ref: score.Reference) -> None:
+    p, n = study.profile, int(table["n_images"].min())
+    small = f"; n={n} < {SMALL_N}: FID is biased upward and noisy at this N" if n < SMALL_N else ""
+    why_fid = "; ".join(s.machinery_reasons("fid")) or "real weights and real reference"
+    why_clip = "; ".join(s.machinery_reasons("clip")) or f"real {s.clip_arch} weights"
+    rows = []
+    for vals in table.to_dict("records"):
+        scenario = f"guidance {vals['guidance']:g}, {s.steps} {p.scheduler} steps, {p.resolution}px, {p.dtype}"
+        rows += [
+            dict(scenario=scenario, metric=metric_name(s, "fid"), value=vals[s.label("fid")], unit="", n=n,
+                 dtype=p.dtype, note=f"vs {ref.what}; Inception pool {s.fid_features}, scored at "
+                 f"{s.score_resolution or p.resolution}px; {why_fid}{small}"),
+            dict(scenario=scenario, metric=metric_name(s, "clip"), value=vals[s.label("clip")], unit="x100 cos",
+                 p10=vals["clip_p10"], p90=vals["clip_p90"], n=n, dtype=p.dtype,
+                 note=f"mean of max(100 cos, 0) over images, p10/p90 across images; {s.clip_arch}; {why_clip}"),
+        ]
+    study.recorder.add_many(rows)
+
+
+def stored_curves(profiles: list[str]) -> pd.DataFrame:
+    """Curves other profiles stored (one line per profile or checkpoint), from their results.csv."""
+    rows = []
+    for name in profiles:
+        df = read_results(name)
+        df = df[(df.notebook == NOTEBOOK) & df.scenario.astype(str).str.startswith("guidance ") & (df.status == "ok")]
+        for scenario, g in df.groupby("scenario"):
+            vals = dict(zip(g.metric, g.value))
+            fid_key = next((k for k in vals if str(k).startswith("fid") and "fp32" not in str(k)), None)
+            clip_key = next((k for k in vals if str(k).startswith("clip_score")), None)
+            if fid_key and clip_key:
+                rows.append({"model": name, "guidance": float(str(scenario).split()[1].rstrip(",")),
+                             "fid": float(vals[fid_key]), "clip": float(vals[clip_key]),
+                             "machinery": "machinery" in fid_key or "machinery" in clip_key})
+    return pd.DataFrame(rows, columns=["model", "guidance", "fid", "clip", "machinery"])
+
+
+def plot(study: Study, s: QualitySettings, curve: Curve, others: pd.DataFrame | None = None):
+    """FID (x) against CLIP score (y), one line per profile, each point marked with its guidance scale."""
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    t = curve.table.sort_values("guidance")
+    fx, cy = s.label("fid"), s.label("clip")
+    lines = [(f"{study.profile.name} (this run, n={int(t.n_images.min())})", t[fx], t[cy], t.guidance)]
+    if others is not None and len(others):
+        for model, g in others[others.model != study.profile.name].groupby("model"):
+            g = g.sort_values("guidance")
+            tag = " [machinery only]" if g.machinery.any() else ""
+            lines.append((f"{model} (stored){tag}", g.fid, g.clip, g.guidance))
+    for label, x, y, gs in lines:
+        ax.plot(x, y, marker="o", label=label)
+        for xi, yi, gi in zip(x, y, gs):
+            ax.annotate(f"{gi:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set(xlabel=f"{fx} (lower is better)", ylabel=f"{cy} (higher is better)",
+           title=f"FID vs CLIP over guidance scales ({s.clip_arch}, scored at {s.score_resolution or 'native'} px)")
+    ax.legend(fontsize=8)
+    study.save_figure(fig, "fid_vs_clip")
+    return fig
+
+
+def sample_grid(study: Study, folder: Path, n_captions: int = 4):
+    """The first captions' images at every guidance scale, to look at what was scored."""
+    m = images.read_manifest(folder)
+    ids = list(dict.fromkeys(m.prompt_id))[:n_captions]
+    scales = sorted(m.guidance.unique())
+    fig, axes = plt.subplots(len(ids), len(scales), figsize=(1.9 * len(scales), 1.9 * len(ids)), squeeze=False)
+    for i, pid in enumerate(ids):
+        for j, g in enumerate(scales):
+            row = m[(m.prompt_id == pid) & (m.guidance == g)].iloc[0]
+            ax = axes[i][j]
+            ax.imshow(plt.imread(row.path))
+            ax.set_xticks([]), ax.set_yticks([])
+            if i == 0:
+                ax.set_title(f"guidance {g:g}", fontsize=9)
+            if j == 0:
+                ax.set_ylabel(row.caption[:28], fontsize=7)
+    study.save_figure(fig, "samples")
+    return fig

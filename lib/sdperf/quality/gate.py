@@ -1,0 +1,79 @@
+"""The MLPerf SDXL quality gate, and the published quality figures beside what was measured here.
+
+MLPerf's closed division accepts an SDXL submission when, on its 5,000 COCO2014 captions (one per image, Euler,
+20 steps, guidance 8), FID lies in [23.01085758, 23.95007626] and CLIP score (ViT-B/32, x100) in
+[31.68631873, 31.81331801]. The verdict here is given only when the run matches those conditions with real
+weights; otherwise it says "not applicable" and why, never a pass or fail of a random network.
+"""
+from __future__ import annotations
+
+from importlib import resources
+
+import pandas as pd
+
+from sdperf.quality.settings import QualitySettings
+from sdperf.study import Study
+
+MLPERF = "MLPerf Inference SDXL"
+MLPERF_N, MLPERF_GUIDANCE, MLPERF_STEPS, MLPERF_SCHEDULER = 5000, 8.0, 20, "euler"
+RESIZE_CAVEAT = ("MLPerf's reference scores the 1024px images with pytorch-fid (bilinear resize to 299 without "
+                 "antialiasing); this harness resizes with PIL bicubic to score_resolution, then torchmetrics' "
+                 "antialiased bilinear: treat a result within a few tenths of a bound as indicative")
+
+
+def published() -> pd.DataFrame:
+    with resources.files("sdperf.data").joinpath("published_quality.csv").open() as fh:
+        return pd.read_csv(fh, dtype={"guidance": str, "n_images": "Int64", "steps": "Int64", "resolution": "Int64",
+                                      "scored_at": "Int64"})
+
+
+def bounds(metric: str) -> tuple[float, float]:
+    t = published()
+    t = t[(t.source == MLPERF) & (t.metric == metric)].sort_values("value")
+    return float(t.value.iloc[0]), float(t.value.iloc[-1])
+
+
+def why_not_applicable(study: Study, s: QualitySettings) -> list[str]:
+    """Every way this run differs from the conditions the gate is defined for (empty: the gate applies)."""
+    p, out = study.profile, []
+    if p.arch != "sdxl":
+        out.append(f"the profile's model is {p.arch}, the gate is defined for SDXL")
+    out += list(dict.fromkeys(s.machinery_reasons("fid") + s.machinery_reasons("clip")))
+    if not s.clip_arch.startswith("ViT-B-32"):
+        out.append(f"CLIP model {s.clip_arch}, the gate's is ViT-B/32")
+    if MLPERF_GUIDANCE not in s.guidance_scales:
+        out.append(f"guidance {MLPERF_GUIDANCE:g} is not among the scales measured")
+    if s.n_images != MLPERF_N:
+        out.append(f"n_images={s.n_images}, the gate's bounds hold for exactly {MLPERF_N:,} captions")
+    if (p.scheduler, s.steps) != (MLPERF_SCHEDULER, MLPERF_STEPS):
+        out.append(f"{s.steps} {p.scheduler} steps, the gate's are {MLPERF_STEPS} {MLPERF_SCHEDULER}")
+    return out
+
+
+def verdict(study: Study, s: QualitySettings, curve_table: pd.DataFrame) -> dict:
+    """{'verdict', 'fid', 'clip', bounds, 'note'}; recorded as one results row."""
+    fid_lo, fid_hi = bounds("fid")
+    clip_lo, clip_hi = bounds("clip_score")
+    out = {"fid_bounds": (fid_lo, fid_hi), "clip_bounds": (clip_lo, clip_hi), "fid": None, "clip": None}
+    reasons = why_not_applicable(study, s)
+    scenario = "MLPerf SDXL closed-division quality gate"
+    if reasons:
+        why = "; ".join(reasons)
+        study.recorder.not_applicable(scenario, why, metric="mlperf_gate_pass")
+        return {**out, "verdict": f"not applicable: {why}", "note": ""}
+    row = curve_table[curve_table.guidance == MLPERF_GUIDANCE].iloc[0]
+    f, c = float(row[s.label("fid")]), float(row[s.label("clip")])
+    ok = fid_lo <= f <= fid_hi and clip_lo <= c <= clip_hi
+    text = (f"{'pass' if ok else 'fail'}: FID {f:.4f} (bounds {fid_lo}-{fid_hi}), CLIP {c:.4f} "
+            f"(bounds {clip_lo}-{clip_hi})")
+    study.recorder.add(scenario, "mlperf_gate_pass", 1.0 if ok else 0.0, "bool", n=s.n_images,
+                       note=f"{text}; {RESIZE_CAVEAT}")
+    return {**out, "fid": f, "clip": c, "verdict": text, "note": RESIZE_CAVEAT}
+
+
+def published_table() -> pd.DataFrame:
+    """The published figures with their conditions; measured-here numbers stay in their own tables, because a
+    figure from a random network or a few images must never sit beside a published FID as if comparable."""
+    cols = ["source", "model", "config", "metric", "value", "unit", "n_images", "steps", "scheduler", "guidance",
+            "resolution", "scored_at", "hardware", "note", "source_url"]
+    return published()[cols]

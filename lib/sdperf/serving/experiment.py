@@ -1,0 +1,286 @@
+"""13_serving: what the notebook calls. Single-request calibration, the LoadGen sweep of both designs, image
+parity between them, the sync audit, and the GPU-sharing paper estimate."""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+import torch
+
+from sdperf import comparison
+from sdperf.measurements import GenerationRun, timed_generation
+from sdperf.paths import profile_reports
+from sdperf.serving import loadgen_run, sharing, sync_audit
+from sdperf.serving.settings import ServingSettings
+from sdperf.serving.stages import SDStages, build_design
+from sdperf.study import Study
+from sdperf.timing import Timing, _time_once_cpu, _time_once_cuda, ratio, synchronize
+
+CUDA_ONLY = "torch.cuda.set_sync_debug_mode needs a CUDA device; the function-mode count stands alone here"
+
+
+def describe(cfg: ServingSettings) -> str:
+    return (f"designs {list(cfg.designs)} in LoadGen {list(cfg.scenarios)}; concurrency {list(cfg.concurrency)} "
+            f"x batch {list(cfg.batch_sizes)}; queues of {cfg.queue_depth}; each run at least "
+            f"{cfg.min_duration_ms} ms and {cfg.min_query_count} queries (Offline: samples, at least c x b); "
+            f"Server offers {cfg.server_load:g} x the single-request rate, target latency "
+            f"{cfg.server_latency_factor:g} x its latency; sync audit of {list(cfg.sync_schedulers)}")
+
+
+# --- single request ---------------------------------------------------------------------------------------------
+@dataclass
+class Calibration:
+    """generate() timed alone at batch 1 (and at the largest batch): the rates LoadGen's settings derive from."""
+
+    runs: dict[int, GenerationRun]
+
+    @property
+    def single(self) -> GenerationRun:
+        return self.runs[1]
+
+    @property
+    def latency_s(self) -> float:
+        return self.single.timing.median
+
+    @property
+    def rate(self) -> float:
+        return 1.0 / self.latency_s
+
+    def stages(self) -> pd.DataFrame:
+        """The three serving stages' share of one request, from the same timed calls."""
+        s = self.single.stages.set_index("stage")["seconds_per_image_call"]
+        parts = {"text_encoder": s.get("text_encoder", 0.0), "denoise": s.get("unet", 0.0) + s.get("scheduler", 0.0),
+                 "vae_decode": s.get("vae_decode", 0.0)}
+        total = sum(parts.values())
+        return pd.DataFrame([{"stage": k, "seconds": v, "share_percent": 100 * v / total} for k, v in parts.items()])
+
+
+def calibrate(study: Study, pipe, cfg: ServingSettings) -> Calibration:
+    runs = {}
+    for b in sorted({1, max(cfg.batch_sizes)}):
+        run = timed_generation(pipe, study.workload(b), device=study.device, warmup=1, repeats=cfg.repeats,
+                               label=f"one request, batch {b}")
+        comparison.record_run(study.recorder, run, f"one request (generate), batch {b}", dtype=study.profile.dtype)
+        runs[b] = run
+    return Calibration(runs)
+
+
+# --- the LoadGen sweep ------------------------------------------------------------------------------------------
+def summary_path(study: Study, design: str, scenario: str, c: int, b: int):
+    return profile_reports(study.profile.name) / "loadgen" / f"{study.notebook}__{design}-{scenario}-c{c}-b{b}.txt"
+
+
+def sweep(study: Study, pipe, cfg: ServingSettings, cal: Calibration) -> tuple[pd.DataFrame, dict]:
+    """Every (scenario, batch, concurrency), the designs interleaved so drift hits them alike."""
+    stages = SDStages(pipe, study.workload(1))
+    rows, images = [], {}
+    for scenario in cfg.scenarios:
+        for b in cfg.batch_sizes:
+            for c in cfg.concurrency:
+                for design in cfg.designs:
+                    row, served = _one_run(study, stages, cfg, cal, design, scenario, c, b)
+                    rows.append(row)
+                    images[(design, scenario, c, b)] = served
+    return pd.DataFrame(rows), images
+
+
+def _one_run(study, stages, cfg, cal, design, scenario, c, b):
+    settings = loadgen_run.loadgen_settings(
+        scenario, min_duration_ms=cfg.min_duration_ms, min_query_count=max(cfg.min_query_count, c * b),
+        single_rate=cal.rate, single_latency_s=cal.latency_s, server_load=cfg.server_load,
+        latency_factor=cfg.server_latency_factor)
+    with build_design(design, stages, c, cfg.queue_depth) as server:
+        figs, sut = loadgen_run.run(server, settings, batch_size=b, seed_base=study.profile.seed,
+                                    performance_samples=cfg.performance_samples,
+                                    summary_to=summary_path(study, design, scenario, c, b))
+    row = {"design": design, "scenario": scenario, "concurrency": c, "batch_size": b, **figs,
+           "threads": torch.get_num_threads()}
+    _record_run(study, row)
+    return row, sut.images
+
+
+def _record_run(study: Study, r: dict) -> None:
+    scen = f"{r['design']}, LoadGen {r['scenario']}, concurrency {r['concurrency']}, batch {r['batch_size']}"
+    flags = (f"LoadGen result {r['validity']} (short run by design: min duration met {r['min_duration_met']}, "
+             f"min queries met {r['min_queries_met']}, early stopping met {r['early_stopping_met']}); "
+             f"{r['requests']} requests; {r['threads']} torch threads per worker")
+    if r["failed_requests"]:
+        study.recorder.failed(scen, f"{r['failed_requests']} of {r['requests']} requests failed", metric="throughput")
+        return
+    figure = "samples per second" if r["scenario"] == "Offline" else "completed samples per second"
+    rows = [dict(scenario=scen, metric="throughput", value=r["throughput_img_s"], unit="img/s", n=r["samples"],
+                 note=f"LoadGen {figure}; {flags}")]
+    if r["scenario"] == "Server":
+        rows += [dict(scenario=scen, metric=f"latency_{p}", value=r[f"latency_{p}_s"], unit="s", n=r["queries"],
+                      note=f"LoadGen, scheduled arrival to completion, {r['target_qps']:.3g} queries/s offered")
+                 for p in ("p50", "p95", "p99")]
+    study.recorder.add_many(rows)
+
+
+def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Images/s per design and concurrency, one column per (scenario, batch), and staged over stacked."""
+    t = runs.pivot_table(index=["scenario", "batch_size", "concurrency"], columns="design", values="throughput_img_s")
+    if {"stacked", "staged"} <= set(t.columns):
+        t["staged_over_stacked"] = t["staged"] / t["stacked"]
+    return t.reset_index()
+
+
+def image_parity(images: dict) -> pd.DataFrame:
+    """Every request served (grouped by its seeds) against the stacked design's first image of the same seeds:
+    for `staged` the claim under test, for `stacked` its reproducibility across runs and concurrency."""
+    by_seeds = collections.defaultdict(list)
+    for (design, scenario, c, b), served in images.items():
+        for seeds, img in served.items():
+            by_seeds[seeds].append((design, img))
+    rows = []
+    for seeds, served in by_seeds.items():
+        ref = next((img for d, img in served if d == "stacked"), None)
+        if ref is None:
+            continue
+        for design, img in served:
+            if img is ref:
+                continue
+            rows.append({"design": design, "seeds": seeds, "identical": torch.equal(img, ref),
+                         "max_abs_diff": float((img - ref).abs().max())})
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    return df.groupby("design").agg(requests=("identical", "size"), identical=("identical", "sum"),
+                                    max_abs_diff=("max_abs_diff", "max")).reset_index()
+
+
+def record_parity(study: Study, parity: pd.DataFrame) -> None:
+    for r in parity.itertuples():
+        study.recorder.add(f"{r.design} vs stacked, same seeds", "identical_images", r.identical / r.requests, "",
+                           n=r.requests, note=f"torch.equal on the decoded images; max abs diff {r.max_abs_diff:g}")
+
+
+def plot(study: Study, runs: pd.DataFrame):
+    """Left: throughput against concurrency. Right: throughput (Offline) against latency under load (Server)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
+    palette = dict(zip(("stacked", "staged"), sns.color_palette(n_colors=2)))
+    cap = runs[runs.scenario == "Offline"] if (runs.scenario == "Offline").any() else runs
+    sns.lineplot(cap, x="concurrency", y="throughput_img_s", hue="design", style="batch_size", markers=True,
+                 palette=palette, ax=left)
+    ticks = sorted(runs.concurrency.unique())
+    left.set_xscale("log", base=2)
+    left.set(xticks=ticks, xticklabels=[str(t) for t in ticks], ylabel="images/s (LoadGen)",
+             xlabel="concurrency (requests in flight)", title=f"throughput, LoadGen {cap.scenario.iloc[0]}")
+    left.minorticks_off()
+    left.legend(fontsize=8, loc="best")
+    lat = runs[runs.scenario == "Server"]
+    if not lat.empty:
+        pts = lat.merge(cap[["design", "concurrency", "batch_size", "throughput_img_s"]],
+                        on=["design", "concurrency", "batch_size"], suffixes=("_server", ""))
+        for (design, b), g in pts.groupby(["design", "batch_size"]):
+            g = g.sort_values("throughput_img_s")
+            right.errorbar(g.throughput_img_s, g.latency_p50_s, yerr=[g.latency_p50_s * 0,
+                           g.latency_p99_s - g.latency_p50_s], marker="o", capsize=3, color=palette[design],
+                           label=f"{design}, batch {b}", ls="-" if b == min(runs.batch_size) else "--")
+            for x, y, c in zip(g.throughput_img_s, g.latency_p50_s, g.concurrency):
+                right.annotate(f"c={c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        right.set(xlabel=f"images/s (LoadGen {cap.scenario.iloc[0]})", ylabel="latency p50, bar to p99 (s)",
+                  title=f"latency under load (LoadGen Server, {lat.target_qps.iloc[0]:.3g} queries/s offered)")
+        right.legend(fontsize=8)
+    study.save_figure(fig, "throughput_latency")
+    return fig
+
+
+# --- sync audit -------------------------------------------------------------------------------------------------
+def sync_counts(study: Study, pipe, cfg: ServingSettings) -> pd.DataFrame:
+    """Read-backs per denoising step for each scheduler, in the study's loop and with host values."""
+    inputs = sync_audit.LoopInputs.make(pipe, study.workload(1))
+    rows = []
+    for sched in cfg.sync_schedulers:
+        for variant in sync_audit.VARIANTS:
+            counter = sync_audit.count(pipe, inputs, variant, sched)
+            rows.append(_count_row(study, sched, variant, counter))
+    return pd.DataFrame(rows)
+
+
+def _count_row(study: Study, sched: str, variant: str, counter: sync_audit.SyncCounter) -> dict:
+    per_step = counter.per_step()
+    ops = collections.Counter(f"{e.op} @ {e.site}" for e in counter.events if e.step >= 0)
+    what = "; ".join(f"{k} x{v}" for k, v in ops.most_common()) or "none"
+    typical = max(set(per_step), key=per_step.count) if per_step else 0
+    scen = f"sync audit, {sched}, {variant}"
+    note = f"most common count over {len(per_step)} steps {per_step}; torch function mode; {what}"
+    study.recorder.add(scen, "syncs_per_step", typical, "syncs", n=len(per_step), note=note[:500])
+    cuda = None
+    if counter.cuda_counts:
+        cuda = counter.cuda_counts[(-1, "total")]
+        study.recorder.add(scen, "cuda_sync_debug_warnings", cuda, "syncs", n=1,
+                           note="torch.cuda.set_sync_debug_mode('warn'), whole loop")
+    else:
+        study.recorder.not_applicable(scen, CUDA_ONLY, metric="cuda_sync_debug_warnings")
+    return {"scheduler": sched, "variant": variant, "steps": len(per_step), "syncs_per_step": per_step,
+            "set_up_syncs": sum(e.step < 0 for e in counter.events), "total": len(counter.events),
+            "cuda_debug_mode_total": cuda, "what": what}
+
+
+def interleaved(calls: dict, *, device: str, repeats: int) -> dict[str, Timing]:
+    """Each call's first call timed apart, then the calls timed in turn, `repeats` rounds: a drift in the
+    machine's speed (another process, the allocator) hits every call alike instead of whichever ran last."""
+    once = _time_once_cuda if device == "cuda" else _time_once_cpu
+    synchronize(device)
+    first = {k: once(fn) for k, fn in calls.items()}
+    times = {k: [] for k in calls}
+    for _ in range(repeats):
+        for k, fn in calls.items():
+            times[k].append(once(fn))
+    return {k: Timing(times=times[k], first_call=first[k]) for k in calls}
+
+
+def sync_time(study: Study, pipe, cfg: ServingSettings) -> pd.DataFrame:
+    """The profile's scheduler: the loop as written vs with host values, timed in turn, and whether they agree."""
+    inputs = sync_audit.LoopInputs.make(pipe, study.workload(1))
+    sched, out = study.profile.scheduler, {}
+
+    def loop(variant):
+        def call():
+            out[variant] = sync_audit.run_loop(pipe, inputs, variant, sched)
+        return call
+
+    timings = interleaved({v: loop(v) for v in sync_audit.VARIANTS}, device=study.device, repeats=cfg.repeats)
+    for variant, t in timings.items():
+        study.recorder.timing(f"sync audit, {sched}, {variant}", t, metric="loop_latency")
+    before, after = (timings[v] for v in sync_audit.VARIANTS)
+    r = ratio(before, after)
+    verdict = ("within noise: the range straddles 1.0" if r["speedup_lo"] <= 1.0 <= r["speedup_hi"] else
+               f"measurable: the whole range is {'above' if r['speedup_lo'] > 1 else 'below'} 1.0")
+    same = torch.equal(*(out[v] for v in sync_audit.VARIANTS))
+    study.recorder.add_many([
+        dict(scenario=f"sync audit, {sched}", metric="speedup_host_values", value=r["speedup"], unit="x",
+             p10=r["speedup_lo"], p90=r["speedup_hi"], n=len(after.times),
+             note=f"denoising loop, {study.device}, timed in turn; latents identical: {same}; {verdict}"),
+        dict(scenario=f"sync audit, {sched}", metric="time_saved_per_loop", value=before.median - after.median,
+             unit="s", p10=before.p10 - after.p90, p90=before.p90 - after.p10, n=len(after.times),
+             note="median difference; range from p10/p90 of both")])
+    return pd.DataFrame([{"variant": v, "median_s": t.median, "p10_s": t.p10, "p90_s": t.p90, "n": len(t.times),
+                          "first_call_s": t.first_call} for v, t in timings.items()]).assign(
+        speedup=[1.0, r["speedup"]], speedup_lo=[1.0, r["speedup_lo"]], speedup_hi=[1.0, r["speedup_hi"]],
+        latents_identical=same, verdict=["", verdict])
+
+
+# --- GPU sharing ---------------------------------------------------------------------------------------------------
+def sharing_estimate(study: Study, cal: Calibration) -> pd.DataFrame:
+    """The paper estimate from the measured single-request figures; shown, never stored as a measurement."""
+    for strategy in ("MIG", "GPU time-sharing", "MPS"):
+        study.recorder.not_applicable(f"GPU sharing: {strategy}", _sharing_reason(study.device), metric="throughput")
+    big = max(cal.runs)
+    t = cal.single.timing
+    device_mib = torch.cuda.get_device_properties(0).total_memory / 2**20 if study.device == "cuda" else None
+    return sharing.estimate(cal.latency_s, batch_latency_s=cal.runs[big].timing.median if big > 1 else None,
+                            batch_size=big, device_memory_mib=device_mib,
+                            peak_memory_mib=None if t.peak_memory_bytes is None or study.device != "cuda"
+                            else t.peak_memory_bytes / 2**20)
+
+
+def _sharing_reason(device: str) -> str:
+    if device != "cuda":
+        return "needs an NVIDIA GPU (MIG on A100/H100); this run has none; a paper estimate is shown instead"
+    return ("needs the GPU partitioned by an administrator (MIG), an MPS control daemon or a time-sharing device "
+            "plugin, none of which a notebook can set up; a paper estimate is shown instead")

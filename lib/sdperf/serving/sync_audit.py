@@ -1,0 +1,249 @@
+"""Count the device-to-host syncs of each denoising step, before and after keeping scheduler values on the host.
+
+Every `.item()`, `.tolist()`, `bool(tensor)`, `int(tensor)`, `.cpu()`, `.nonzero()`, or index by a 0-d tensor on
+a device tensor makes the host wait until the device has finished everything queued before it: the CPU stops
+queueing the next kernels and the GPU idles while it catches up (the seed's "comparing tensors and Python floats").
+
+`SyncCounter` is a torch function mode, so it sees those calls on any device. Which tensors "live on the device"
+is exact on an accelerator (their `.device`). On a CPU there is no second device, so the counter follows what the
+loop puts on the device (latents, text embeddings and, in diffusers' loop, the timesteps) through every op computed
+from them, and counts a read-back of any of those: the count is what the same code does on a GPU, where it would
+sync; on the CPU the read-back itself is nearly free. Tensors a model makes from Python numbers inside its forward
+are not followed on a CPU (on a GPU they are, by their device). On CUDA, `torch.cuda.set_sync_debug_mode("warn")`
+counts the syncs the driver-level code sees, as a second opinion.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+import types
+import warnings
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+from sdperf.generation import Workload, _module_dtype, _nullclock, denoise, encode, initial_latents
+from sdperf.pipelines import make_scheduler
+
+# Calls that return a host value computed from a tensor's contents (or a shape that depends on them).
+READ_BACK = {"item": ".item()", "tolist": ".tolist()", "__bool__": "bool(tensor)", "__int__": "int(tensor)",
+             "__float__": "float(tensor)", "__index__": "tensor as index", "__complex__": "complex(tensor)",
+             "numpy": ".numpy()", "__array__": "np.asarray(tensor)", "nonzero": ".nonzero()",
+             "argwhere": "argwhere", "masked_select": "masked_select", "unique": "unique", "equal": "torch.equal",
+             "allclose": "allclose", "is_nonzero": "is_nonzero", "cpu": ".cpu()"}
+_TO_CPU = ".to('cpu')"
+_TO_HOST = (READ_BACK["cpu"], _TO_CPU)  # read-backs whose result is a host tensor
+VARIANTS = ("diffusers loop", "host values")
+_SKIP_FRAMES = ("/torch/", "sync_audit.py", "contextlib.py")
+
+
+def _is_host_target(args, kwargs) -> bool:
+    """`.to(...)` towards the CPU."""
+    for a in list(args[1:]) + [kwargs.get("device")]:
+        if isinstance(a, (str, torch.device)) and torch.device(a).type == "cpu":
+            return True
+    return False
+
+
+def _call_site() -> str:
+    """file:function of the first frame outside torch and this module: where the read-back is written."""
+    frame = sys._getframe(2)
+    while frame is not None and any(s in frame.f_code.co_filename for s in _SKIP_FRAMES):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"
+
+
+@dataclass
+class SyncEvent:
+    step: int  # -1 before the first step (set-up)
+    stage: str  # "setup" (before the first step), "unet", "scheduler" or "loop" (between them)
+    op: str
+    site: str
+
+
+class SyncCounter(TorchFunctionMode):
+    """Counts read-backs of device tensors; use `clock` as generation.denoise's clock to attribute them to steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[SyncEvent] = []
+        self.cuda_counts: collections.Counter = collections.Counter()  # (step, stage) -> syncs torch warned about
+        self._resident: dict[int, weakref.ref] = {}
+        self._step, self._stage = -1, "setup"
+        self._cuda_caught: list | None = None
+
+    # --- residency -----------------------------------------------------------------------------------------
+    def place(self, *tensors) -> None:
+        """Mark tensors as living on the device (needed on a CPU only; on an accelerator `.device` says it)."""
+        for t in tree_leaves(tensors):
+            if isinstance(t, torch.Tensor):
+                key = id(t)
+                self._resident[key] = weakref.ref(t, lambda _, k=key: self._resident.pop(k, None))
+
+    def resident(self, t) -> bool:
+        if not isinstance(t, torch.Tensor):
+            return False
+        if t.device.type != "cpu":
+            return True
+        ref = self._resident.get(id(t))
+        return ref is not None and ref() is t
+
+    # --- the mode ------------------------------------------------------------------------------------------
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op = self._read_back(func, args, kwargs)
+        if op is not None:
+            self.events.append(SyncEvent(self._step, self._stage, op, _call_site()))
+        out = func(*args, **kwargs)
+        if op not in _TO_HOST and any(self.resident(t) for t in tree_leaves((args, kwargs))):
+            self.place(out)  # computed from device tensors: on the device too
+        return out
+
+    def _read_back(self, func, args, kwargs) -> str | None:
+        name = getattr(func, "__name__", "")
+        if not args:
+            return None
+        if name == "__getitem__":
+            for idx in tree_leaves(args[1:]):
+                if self.resident(idx) and (idx.dtype == torch.bool or idx.dim() == 0):
+                    return "index by a device scalar/mask"
+            return None
+        if not self.resident(args[0]):
+            return None
+        if name == "to":  # on a CPU `.to(x.device)` names the CPU too: only a real device -> host copy counts
+            return _TO_CPU if args[0].device.type != "cpu" and _is_host_target(args, kwargs) else None
+        return READ_BACK.get(name)
+
+    # --- step attribution -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def clock(self, stage: str):
+        """generation.denoise's per-stage clock: each 'unet' opens a new step."""
+        if stage == "unet":
+            self._step += 1
+        self._stage = stage
+        n0 = len(self._cuda_caught) if self._cuda_caught is not None else 0
+        try:
+            yield
+        finally:
+            if self._cuda_caught is not None:
+                self.cuda_counts[(self._step, stage)] += len(self._cuda_caught) - n0
+            self._stage = "loop"  # between the clocked parts of a step
+
+    @contextlib.contextmanager
+    def cuda_debug_mode(self):
+        """CUDA only: torch's own sync detector ('warn' mode) alongside the function mode."""
+        previous = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self._cuda_caught = caught
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+                self.cuda_counts[(-1, "total")] = sum("synchroniz" in str(w.message) for w in caught)
+
+    @property
+    def steps(self) -> int:
+        """Steps the loop ran (PLMS runs one more than asked: its first step is taken twice)."""
+        return self._step + 1
+
+    def per_step(self) -> list[int]:
+        counts = collections.Counter(e.step for e in self.events)
+        return [counts.get(i, 0) for i in range(self.steps)]
+
+
+def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device without a sync: a blocking copy from pageable memory waits for the stream, so pin first."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def denoise_host_values(pipe, workload: Workload, latents: torch.Tensor, embeds, extra: dict, clock=_nullclock):
+    """generation.denoise with the scheduler's values kept on the host, as diffusers recommends: timesteps are set
+    on the CPU and the scheduler gets Python numbers, so it reads nothing back from the device. The UNet still
+    gets its timestep as a device tensor, uploaded once before the loop (a blocking upload inside each step, such
+    as the UNet making a tensor from a Python number, would wait for the device just the same)."""
+    sched = pipe.scheduler
+    sched.set_timesteps(workload.steps, device="cpu")
+    on_device = upload(sched.timesteps, latents.device)
+    latents = latents * sched.init_noise_sigma
+    do_cfg = workload.guidance_scale > 1.0
+    unet_dtype = _module_dtype(pipe.unet)
+    for i, t in enumerate(sched.timesteps.tolist()):
+        with clock("unet"):
+            x = torch.cat([latents] * 2) if do_cfg else latents
+            x = sched.scale_model_input(x, t)
+            eps = pipe.unet(x.to(unet_dtype), on_device[i], encoder_hidden_states=embeds, return_dict=False,
+                            **extra)[0]
+            if do_cfg:
+                uncond, cond = eps.chunk(2)
+                eps = uncond + workload.guidance_scale * (cond - uncond)
+        with clock("scheduler"):
+            latents = sched.step(eps.to(latents.dtype), t, latents, return_dict=False)[0]
+    return latents
+
+
+@dataclass
+class LoopInputs:
+    """What the loop starts from, made once so every variant denoises the same noise with the same text."""
+
+    workload: Workload
+    latents: torch.Tensor
+    embeds: torch.Tensor
+    extra: dict
+
+    @classmethod
+    def make(cls, pipe, workload: Workload) -> "LoopInputs":
+        device = next(pipe.unet.parameters()).device
+        with torch.inference_mode():
+            embeds, extra = encode(pipe, workload, device)
+            latents = initial_latents(pipe, workload).to(device, _module_dtype(pipe.unet))
+        return cls(workload, latents, embeds, extra)
+
+
+def _view(pipe, scheduler: str, counter: SyncCounter | None):
+    """The UNet with a private scheduler of the given kind; in diffusers' loop its timesteps go to the device."""
+    sched = make_scheduler(scheduler, dict(pipe.scheduler.config))
+    if counter is not None:
+        original = sched.set_timesteps
+
+        def set_timesteps(*args, **kwargs):
+            original(*args, **kwargs)
+            if kwargs.get("device", args[1] if len(args) > 1 else None) not in (None, "cpu"):
+                counter.place(sched.timesteps)  # where diffusers' loop puts them: the device
+
+        sched.set_timesteps = set_timesteps
+    return types.SimpleNamespace(unet=pipe.unet, scheduler=sched)
+
+
+def run_loop(pipe, inputs: LoopInputs, variant: str, scheduler: str, counter: SyncCounter | None = None):
+    """One denoising loop, the study's own (`generation.denoise`, as diffusers' pipelines run it) or with host
+    values; under `counter` when given (which then also marks what the loop puts on the device)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r} is not valid; choose one of: {', '.join(VARIANTS)}")
+    view = _view(pipe, scheduler, counter)
+    loop = denoise if variant == VARIANTS[0] else denoise_host_values
+    clock = counter.clock if counter is not None else _nullclock
+    with torch.inference_mode():
+        if counter is None:
+            return loop(view, inputs.workload, inputs.latents, inputs.embeds, inputs.extra)
+        counter.place(inputs.latents, inputs.embeds, inputs.extra)
+        with counter:
+            return loop(view, inputs.workload, inputs.latents, inputs.embeds, inputs.extra, clock=clock)
+
+
+def count(pipe, inputs: LoopInputs, variant: str, scheduler: str) -> SyncCounter:
+    """The sync events of one loop (and on CUDA the debug mode's count beside them)."""
+    counter = SyncCounter()
+    cuda = inputs.latents.is_cuda
+    with counter.cuda_debug_mode() if cuda else contextlib.nullcontext():
+        run_loop(pipe, inputs, variant, scheduler, counter)
+    return counter

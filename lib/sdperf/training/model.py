@@ -1,0 +1,53 @@
+"""The UNet a training run updates, and the noise schedule its loss uses.
+
+Width 1.0 is the architecture's real UNet (from the profile's weights when it names them, else the same seeded
+random init the inference notebooks use). A smaller width scales every block's channels and keeps everything
+else (depth, attention layout, cross-attention to the same text encoder): the same architecture code, fewer
+FLOPs and a fraction of the optimizer memory, for machines where the real UNet's ~14 GB of fp32 weights,
+gradients and AdamW moments per rank do not fit twice.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from sdperf import architectures
+
+
+def unet_config(arch: str, width: float) -> dict:
+    cfg = dict(architectures.get(arch).unet)
+    cfg["block_out_channels"] = [int(round(c * width)) for c in cfg["block_out_channels"]]
+    return cfg
+
+
+def build_unet(arch: str, width: float, seed: int, weights: str | None = None):
+    """A trainable fp32 UNet on the CPU; identical on every rank (seeded), as DDP requires."""
+    from diffusers import UNet2DConditionModel
+
+    if weights and width == 1.0:
+        local = Path(weights).expanduser().is_dir()
+        unet = UNet2DConditionModel.from_pretrained(str(Path(weights).expanduser()) if local else weights,
+                                                    subfolder="unet", local_files_only=local)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            unet = UNet2DConditionModel(**unet_config(arch, width))
+    return unet.float().train().requires_grad_(True)
+
+
+def noise_scheduler(arch: str, weights: str | None = None):
+    """The DDPM training schedule of the architecture (1000 steps, scaled-linear betas, epsilon prediction)."""
+    from diffusers import DDPMScheduler
+
+    if weights:
+        local = Path(weights).expanduser().is_dir()
+        return DDPMScheduler.from_pretrained(str(Path(weights).expanduser()) if local else weights,
+                                             subfolder="scheduler", local_files_only=local)
+    return DDPMScheduler(**{k: v for k, v in architectures.get(arch).scheduler.items() if k != "steps_offset"})
+
+
+def describe(arch: str, width: float, unet) -> str:
+    n = architectures.count_parameters(unet)
+    what = f"the real {arch} UNet" if width == 1.0 else f"{arch} UNet at {width:g}x channel width"
+    return f"{what}: channels {list(unet.config.block_out_channels)}, {n / 1e6:.1f}M parameters"

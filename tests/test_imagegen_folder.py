@@ -1,0 +1,125 @@
+"""generate_folder on the tiny pipeline: the same pixels as generation.generate, the same files from 1 or 2 shards,
+a lost row recovered and nothing rewritten, no model built when nothing is missing."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from sdperf.errors import ConfigError
+from sdperf.generation import generate
+from sdperf.imagegen import generate_folder, plan_keys, read_manifest
+from sdperf.imagegen import store
+from sdperf.imagegen.render import render, to_uint8, workload
+from sdperf.prompts import Caption
+
+CAPTIONS = [Caption("7", "a red bicycle against a wall"), Caption("12", "two dogs on a beach"),
+            Caption("3", "a bowl of oranges")]
+GUIDANCE = [1.0, 7.5]
+KEYS = plan_keys([c.id for c in CAPTIONS], GUIDANCE, base_seed=0)  # smoke: seed 0, caption i gets seed i
+
+
+def _files(folder) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.glob("g*/*.png"))}
+
+
+def _stamps(folder) -> dict[str, tuple[int, int]]:
+    return {p.relative_to(folder).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.glob("g*/*.png")}
+
+
+def _no_model(monkeypatch):
+    import sdperf.imagegen.folder as folder
+
+    monkeypatch.setattr(folder, "_build", lambda p: pytest.fail("a model was built with nothing to generate"))
+
+
+@pytest.fixture(scope="module")
+def one_rank(smoke, tiny_pipe, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one_rank")
+    summary = generate_folder(smoke, CAPTIONS, out, GUIDANCE, pipe=tiny_pipe, progress=False)
+    return out, summary
+
+
+def test_one_image_is_exactly_generation_generate(smoke, tiny_pipe):
+    caption = "a red bicycle against a wall"
+    expected = to_uint8(generate(tiny_pipe, workload(smoke, caption, 7.5, 3)).images)
+    np.testing.assert_array_equal(render(tiny_pipe, smoke, [(caption, 7.5, 3)]), expected)
+
+
+@pytest.mark.parametrize("guidance", [1.0, 7.5])
+def test_a_batch_of_prompts_matches_each_prompt_alone(smoke, tiny_pipe, guidance):
+    items = [("a red bicycle", guidance, 0), ("two dogs on a beach", guidance, 5)]
+    batched = render(tiny_pipe, smoke, items).astype(int)
+    alone = np.concatenate([render(tiny_pipe, smoke, [item]) for item in items]).astype(int)
+    assert np.abs(batched - alone).max() <= 1  # float rounding of a batched matmul, at most one 8-bit level
+    assert (batched == alone).mean() > 0.99
+    assert np.abs(alone[0] - alone[1]).max() > 10  # two prompts and seeds: two different images
+
+
+def test_the_folder_has_every_key_once_with_its_manifest_row(one_rank):
+    out, summary = one_rank
+    assert set(_files(out)) == {k.relpath for k in KEYS}
+    table = read_manifest(out)
+    assert len(table) == len(KEYS) and not table.duplicated(["prompt_id", "guidance", "seed"]).any()
+    assert list(table["file"]) == [k.relpath for k in KEYS]  # sorted by key
+    assert dict(zip(table["prompt_id"], table["caption"])) == {c.id: c.text for c in CAPTIONS}
+    assert set(table["profile"]) == {"smoke"} and table["time_utc"].str.endswith("+00:00").all()
+    assert summary.generated == len(KEYS) and summary.images_per_s > 0
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["generated"] == len(KEYS) and saved["ranks"][0]["images_per_s"] == summary.ranks[0].images_per_s
+
+
+def test_two_shards_write_the_same_files_and_pixels_as_one_rank(smoke, tiny_pipe, one_rank, tmp_path):
+    out, _ = one_rank
+    shards = [generate_folder(smoke, CAPTIONS, tmp_path, GUIDANCE, rank=r, world_size=2, pipe=tiny_pipe,
+                              progress=False) for r in (0, 1)]
+    assert [s.generated for s in shards] == [3, 3]  # 6 single-image units, round robin
+    assert _files(tmp_path) == _files(out)
+    cols = ["prompt_id", "caption", "guidance", "seed", "file"]
+    assert read_manifest(tmp_path)[cols].equals(read_manifest(out)[cols])
+    assert sorted(read_manifest(tmp_path)["rank"]) == [0, 0, 0, 1, 1, 1]
+
+
+def test_a_row_lost_to_a_kill_is_recovered_and_only_the_missing_image_is_made(smoke, tiny_pipe, one_rank, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(one_rank[0], out)
+    part = out / "parts" / "rank-0.jsonl"
+    lines = part.read_text().splitlines()
+    part.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:25])  # killed mid-row: a torn last line
+    lost_row = json.loads(lines[-1])["file"]
+    missing = KEYS[0].relpath
+    (out / missing).unlink()
+    stale = out / (missing.replace("/", "/.") + ".abc123.tmp")  # a half-written image of the killed run
+    stale.write_bytes(b"\x89PNG half")
+    before = _stamps(out)
+    summary = generate_folder(smoke, CAPTIONS, out, GUIDANCE, pipe=tiny_pipe, progress=False)
+    assert (summary.generated, summary.ranks[0].rows_recovered) == (1, 1)
+    assert not stale.exists()
+    after = _stamps(out)
+    assert {k: after[k] for k in before} == before, "an existing image was rewritten"
+    assert _files(out) == _files(one_rank[0])
+    table = read_manifest(out)
+    assert sorted(table["file"]) == sorted(k.relpath for k in KEYS) and lost_row in set(table["file"])
+
+
+def test_a_finished_folder_builds_no_model(smoke, one_rank, tmp_path, monkeypatch):
+    out = tmp_path / "copy"
+    shutil.copytree(one_rank[0], out)
+    _no_model(monkeypatch)
+    summary = generate_folder(smoke, CAPTIONS, out, GUIDANCE, progress=False)
+    assert summary.generated == 0 and summary.ranks[0].already_done == len(KEYS)
+    assert summary.images_per_s is None and "generated 0 images (6 planned)" in str(summary)
+
+
+def test_two_launches_of_one_rank_into_one_folder_fail(smoke, tmp_path, monkeypatch):
+    _no_model(monkeypatch)
+    with store.ManifestPart(tmp_path, 0):
+        with pytest.raises(ConfigError, match="locked by another process: a launch with rank 0"):
+            generate_folder(smoke, CAPTIONS, tmp_path, GUIDANCE, progress=False)
+
+
+def test_reading_a_folder_without_manifest_says_what_to_do(tmp_path):
+    with pytest.raises(ConfigError, match="manifest.csv' does not exist: generate into"):
+        read_manifest(tmp_path)

@@ -1,0 +1,102 @@
+"""Generated-image folders and their scoring: manifest, per-guidance grouping, one resize method, stand-in
+reference, and the rung comparison on the tiny pipeline (a bit-identical rung scores FID 0 and PSNR inf)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from sdperf.errors import ConfigError
+from sdperf.prompts import smoke_captions
+from sdperf.quality import fid, images, rungs, score
+from sdperf.quality.settings import settings
+
+
+@pytest.fixture(scope="module")
+def scorers():
+    """Inception at random init (64 features: fast); CLIP left out where a test does not need it."""
+    return score.Scorers(fid.inception(None, 64, seed=0), None, 256, 4, 64)
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_pipe, smoke, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gen")
+    rows = images.plan(smoke_captions()[:3], [1.5, 8.0], seed=5)
+    images.generate_with(tiny_pipe, rows, out, steps=2, resolution=smoke.resolution)
+    return out
+
+
+def test_plan_reuses_each_captions_noise_at_every_guidance_scale():
+    rows = images.plan(smoke_captions()[:2], [1.5, 8.0], seed=5)
+    assert [(r["prompt_id"], r["guidance"], r["seed"]) for r in rows] == [
+        ("1", 1.5, 5), ("2", 1.5, 6), ("1", 8.0, 5), ("2", 8.0, 6)]
+    assert len({r["file"] for r in rows}) == 4 and rows[0]["file"] == "p1_g1.5_s5.png"
+
+
+def test_folder_has_a_manifest_naming_every_png(folder, smoke):
+    m = images.read_manifest(folder)
+    assert list(m.columns[:6]) == ["key", "prompt_id", "caption", "guidance", "seed", "file"]
+    assert len(m) == 6 and sorted(m.guidance.unique()) == [1.5, 8.0]
+    u8, pil = images.load_for_scoring(list(m.path[:2]), None)
+    assert u8.dtype == torch.uint8 and u8.shape == (2, 3, smoke.resolution, smoke.resolution)
+    big, pil = images.load_for_scoring(list(m.path[:2]), 256)
+    assert big.shape[-2:] == (256, 256) and pil[0].size == (256, 256)
+
+
+def test_scoring_a_folder_groups_by_guidance_and_merges_like_the_whole(folder, scorers):
+    per_g = score.score_folder(scorers, folder)
+    assert sorted(per_g) == [1.5, 8.0] and all(v.n == 3 for v in per_g.values())
+    whole = score.score_files(scorers, list(images.read_manifest(folder).path))
+    merged = fid.merge(v.stats for v in per_g.values())
+    for a, b in zip(fid.mu_sigma(merged), fid.mu_sigma(whole.stats)):
+        torch.testing.assert_close(a, b)
+    assert fid.fid(per_g[1.5].stats, per_g[1.5].stats) == pytest.approx(0, abs=1e-6)
+
+
+def test_manifest_problems_are_named(folder, tmp_path):
+    with pytest.raises(ConfigError, match="has no manifest.csv"):
+        images.read_manifest(tmp_path)
+    (tmp_path / "manifest.csv").write_text((folder / "manifest.csv").read_text())
+    with pytest.raises(ConfigError, match="names 6 image\\(s\\) that are not in the folder"):
+        images.read_manifest(tmp_path)
+
+
+def test_standin_reference_is_seeded_and_labelled(scorers, smoke):
+    a, b = images.standin_images(3, 32, seed=1), images.standin_images(3, 32, seed=1)
+    assert torch.equal(a, b) and a.dtype == torch.uint8 and not torch.equal(a, images.standin_images(3, 32, 2))
+    ref = score.reference(scorers, settings(smoke), n_standin=3, seed=1)
+    assert ref.n == 3 and "machinery only" in ref.what and ref.mu.shape == (64,)
+
+
+def test_reference_npz_path(scorers, smoke, tmp_path):
+    stats = fid.stats_of(torch.randn(10, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+    path = fid.save_stats(stats, tmp_path / "ref.npz")
+    s = dataclasses.replace(settings(smoke), reference=path)
+    ref = score.reference(scorers, s, n_standin=3, seed=1)
+    assert ref.n == 10 and torch.allclose(ref.mu, fid.mu_sigma(stats)[0])
+
+
+def test_rungs_compare_with_the_fp32_images(smoke, scorers, scratch_reports):
+    from sdperf.study import open_study
+
+    study = open_study("smoke", notebook="12_fid_clip")
+    s = dataclasses.replace(settings(smoke), ladder_n_images=2, steps=2)
+    out = rungs.generate(study, s, ["inference_mode", "cuda_graphs"], say=lambda _: None)
+    assert [r.status for r in out] == ["ok", "ok", "not_applicable"]
+    table = rungs.score_rungs(study, s, dataclasses.replace(scorers, clip=_FakeClip()), out)
+    same = table[table.key == "inference_mode"].iloc[0]
+    assert same[s.label("fid_vs_baseline")] == 0 and same.psnr_db_median == np.inf and same.clip_change == 0
+    assert "CUDA" in table[table.key == "cuda_graphs"].iloc[0].note
+    stored = study.recorder.table()
+    assert set(stored.status) == {"ok", "not_applicable"} and stored.metric.str.contains("machinery only").any()
+    with pytest.raises(ConfigError, match="unknown ladder rung\\(s\\) 'warp-drive'; valid: no_grad"):
+        rungs.check_keys(study, ["warp-drive"])
+
+
+class _FakeClip:
+    """CLIP stand-in for the rung test: a score per image from its mean brightness (deterministic, cheap)."""
+
+    def scores(self, pil, texts, batch=16):
+        return torch.tensor([float(np.asarray(im).mean()) / 2.55 for im in pil], dtype=torch.float64)

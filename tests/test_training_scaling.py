@@ -1,0 +1,76 @@
+"""The efficiency math, on tables with a known answer and against NeMo's own Speedup / Perfect Linear rows."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from sdperf.training import published, scaling
+
+
+def test_scaling_on_a_table_with_a_known_answer():
+    t = pd.DataFrame({"n": [4, 1, 2], "x": [320.0, 100.0, 180.0]})  # unsorted on purpose
+    out = scaling.scaling(t, "n", "x").set_index("n")
+    assert out.loc[[1, 2, 4], "speedup"].tolist() == pytest.approx([1.0, 1.8, 3.2])
+    assert out.loc[[1, 2, 4], "efficiency"].tolist() == pytest.approx([1.0, 0.9, 0.8])
+    assert out.loc[[1, 2, 4], "perfect_linear"].tolist() == pytest.approx([100.0, 200.0, 400.0])
+    assert (out["base_size"] == 1).all()
+
+
+def test_each_group_is_normalized_to_its_own_smallest_size():
+    t = pd.DataFrame({"curve": ["a", "a", "b", "b"], "n": [8, 16, 2, 4], "x": [10.0, 15.0, 7.0, 14.0]})
+    out = scaling.scaling(t, "n", "x", ["curve"]).set_index(["curve", "n"])
+    assert out.loc[("a", 16), "efficiency"] == pytest.approx(0.75)
+    assert out.loc[("b", 4), "efficiency"] == pytest.approx(1.0)
+    assert out.loc[("a", 16), "scale"] == 2 and out.loc[("b", 4), "base_size"] == 2
+
+
+@pytest.mark.parametrize("metric,column,tolerance", [("speedup", "speedup", 0.01),
+                                                     ("perfect_linear", "perfect_linear", 1e-4)])
+def test_published_curves_reproduce_nemos_own_rows(metric, column, tolerance):
+    """NeMo printed its Speedup (2 decimals) and Perfect Linear Scaling rows from an unrounded 1-node figure,
+    so the match is within that rounding: 0.01x absolute, 1e-4 relative."""
+    curves = published.curves()
+    stated = published.stated(metric)
+    assert len(stated) == 14
+    for row in stated.itertuples():
+        ours = curves[(curves.hardware == row.hardware) & (curves.nodes == row.nodes)][column].item()
+        if metric == "speedup":
+            assert ours == pytest.approx(row.value, abs=tolerance), (row.hardware, row.nodes)
+        else:
+            assert ours == pytest.approx(row.value, rel=tolerance), (row.hardware, row.nodes)
+
+
+def _measured(rows):
+    cols = ["engine", "world_size", "per_rank_batch", "threads_per_rank", "samples_per_s", "status", "control"]
+    df = pd.DataFrame(rows, columns=cols)
+    return df.assign(global_batch=df.world_size * df.per_rank_batch)
+
+
+def test_weak_strong_and_equal_threads_on_a_known_sweep():
+    m = _measured([
+        ("ddp", 1, 1, 2, 10.0, "ok", False), ("ddp", 1, 2, 2, 16.0, "ok", False),
+        ("ddp", 2, 1, 1, 12.0, "ok", False), ("ddp", 2, 2, 1, 20.0, "ok", False),
+        ("ddp", 1, 1, 1, 8.0, "ok", True), ("ddp", 1, 2, 1, 9.0, "ok", True),   # equal-threads controls
+        ("zero1", 2, 1, 1, None, "failed", False),
+    ])
+    weak = scaling.weak(m).set_index(["per_rank_batch", "world_size"])
+    assert weak.loc[(1, 2), "speedup"] == pytest.approx(1.2) and weak.loc[(1, 2), "efficiency"] == pytest.approx(0.6)
+    assert weak.loc[(2, 2), "efficiency"] == pytest.approx(20 / 16 / 2)
+    assert len(weak) == 4  # controls and failures are not points of a curve
+    strong = scaling.strong(m)
+    assert strong.global_batch.unique().tolist() == [2]  # only global batch 2 exists at two world sizes
+    s = strong.set_index("world_size")
+    assert s.loc[2, "per_rank_batch"] == 1 and s.loc[2, "speedup"] == pytest.approx(12 / 16)
+    eq = scaling.equal_threads(m).set_index("per_rank_batch")
+    assert eq.loc[1, "efficiency"] == pytest.approx(12 / (2 * 8))
+    assert eq.loc[2, "efficiency"] == pytest.approx(20 / (2 * 9))
+
+
+def test_ratio_and_the_nemo_a100_to_h100_figure():
+    t = pd.DataFrame({"k": [1, 1, 2, 2, 3], "chip": ["A", "B", "A", "B", "A"], "value": [2.0, 5.0, 4.0, 6.0, 9.0]})
+    r = scaling.ratio(t, "k", "chip", "B", "A")
+    assert r.k.tolist() == [1, 2] and r.ratio.tolist() == pytest.approx([2.5, 1.5])
+    table = published.a100_to_h100()
+    comp = table[~table.table.str.startswith("node sweep")].iloc[0]
+    assert comp.ratio == pytest.approx(1.972 / 1.056) and round(comp.ratio, 1) == comp.stated == 1.9
+    assert len(table[table.table.str.startswith("node sweep")]) == 7
