@@ -201,8 +201,9 @@ def published_scaling() -> pd.DataFrame:
 # ---------------------------------------------------------------- figures and the side-by-side table
 
 def _where(study: Study) -> str:
-    env = study.env
-    return "here" if study.device == "cuda" else f"here ({env['usable_cpus']} CPU cores shared by the ranks)"
+    if study.device == "cuda":
+        return "here"
+    return f"here ({launch.usable_cores()} CPU cores, a budget of {launch.thread_budget()} thread(s) split by the ranks)"
 
 
 def save_figures(study: Study, measured: pd.DataFrame, tables: dict[str, pd.DataFrame]) -> dict:
@@ -252,17 +253,26 @@ def published_vs_measured(study: Study, measured: pd.DataFrame, tables: dict[str
 
 
 def limits(study: Study, prep: Prepared) -> str:
-    """What this machine's sweep can and cannot show, from its device and sizes (printed beside the results)."""
+    """What this machine's sweep can and cannot show, from its device, sizes and thread budget."""
     worlds = sorted({c.world_size for c in prep.configs})
     if study.device == "cuda":
         return (f"One machine, world sizes {worlds} on {launch.available_devices('cuda')} GPU(s) with NCCL: this "
                 "shows intra-node scaling (NVLink/PCIe all-reduce). Inter-node scaling (the NeMo and MosaicML "
                 "curves beyond 8 GPUs) needs torchrun on several machines (README) and `extra_runs`.")
-    cores = launch.usable_cores()
-    return (f"CPU only: world sizes {worlds} share {cores} core(s), each rank getting cores // world size threads. "
-            "So a larger world size adds no compute: perfect linear scaling is out of reach by construction, and "
-            "the fair ceiling here is the one-rank speed with all cores (speed-up 1.0). What the sweep does show: "
-            "that the DDP/ZeRO code path is right (ranks end bit-identical), what gradient all-reduce over gloo "
-            "and a process per rank cost (the equal-threads control), how threads-within-a-rank compare with "
-            "ranks-across-cores, and per-rank memory of DDP vs ZeRO. What it cannot show: GPU kernels, "
-            "NVLink/InfiniBand all-reduce, multi-node behaviour, or anything about the published curves' slopes.")
+    cores, budget, top = launch.usable_cores(), launch.thread_budget(), max(worlds)
+    one, most = launch.threads_per_rank("cpu", 1), top * launch.threads_per_rank("cpu", top)
+    if most <= one:
+        setting = (f"CPU only: world sizes {worlds} share a budget of {budget} thread(s) on {cores} core(s), each "
+                   "rank getting budget // world size threads, so a larger world size adds no compute: perfect "
+                   "linear scaling is out of reach by construction and the fair ceiling is the one-rank speed "
+                   "(speed-up 1.0). ")
+    else:
+        setting = (f"CPU only, thread budget {budget} ($OMP_NUM_THREADS) on {cores} core(s): one rank runs "
+                   f"{one} thread(s) and {top} ranks run {most} in all, so the larger world size does bring more "
+                   "cores, as each GPU does in the published sweeps; but the ranks share one memory bus, caches "
+                   "and the all-reduce goes through shared memory, not a network. ")
+    return setting + ("What the sweep does show: that the DDP/ZeRO code path is right (ranks end bit-identical), "
+                      "what gradient all-reduce over gloo and a process per rank cost, how threads within a rank "
+                      "compare with ranks across cores, and per-rank memory of DDP vs ZeRO. What it cannot show: "
+                      "GPU kernels, NVLink/InfiniBand all-reduce, multi-node behaviour, or why the published "
+                      "curves bend where they do.")
