@@ -203,7 +203,7 @@ def published_scaling() -> pd.DataFrame:
 def _where(study: Study) -> str:
     if study.device == "cuda":
         return "here"
-    return f"here ({launch.usable_cores()} CPU cores, a budget of {launch.thread_budget()} thread(s) split by the ranks)"
+    return f"here ({launch.usable_cores()} CPU cores, {launch.thread_budget()} thread(s) split between the ranks)"
 
 
 def save_figures(study: Study, measured: pd.DataFrame, tables: dict[str, pd.DataFrame]) -> dict:
