@@ -95,8 +95,9 @@ def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repe
                          output=last[0])
 
 
-def unet_flops(pipe, workload: Workload) -> int:
-    """FLOPs of one UNet forward on the classifier-free-guidance batch of this workload."""
+def unet_call_inputs(pipe, workload: Workload) -> tuple[tuple, dict]:
+    """(args, kwargs) of one UNet forward as the loop makes it: the classifier-free-guidance batch of this
+    workload's latents in the UNet's dtype and device, its text embeddings, a first-step timestep."""
     device = next(pipe.unet.parameters()).device
     dtype = next(pipe.unet.parameters()).dtype
     with torch.inference_mode():
@@ -104,7 +105,13 @@ def unet_flops(pipe, workload: Workload) -> int:
         latents = initial_latents(pipe, workload).to(device, dtype)
         x = torch.cat([latents] * 2) if workload.guidance_scale > 1.0 else latents
         t = torch.tensor(999, device=device)
-    return count_flops(pipe.unet, x, t, encoder_hidden_states=embeds, return_dict=False, **extra)
+    return (x, t), {"encoder_hidden_states": embeds, "return_dict": False, **extra}
+
+
+def unet_flops(pipe, workload: Workload) -> int:
+    """FLOPs of one UNet forward on the classifier-free-guidance batch of this workload."""
+    args, kwargs = unet_call_inputs(pipe, workload)
+    return count_flops(pipe.unet, *args, **kwargs)
 
 
 def compare_runs(baseline: GenerationRun, variant: GenerationRun) -> dict:

@@ -17,7 +17,7 @@ from sdperf import published
 from sdperf.architectures import get as get_arch
 from sdperf.comparison import BASELINE, Comparison, Variant, published_row, release, run_variants
 from sdperf.experiments.common import at_dtype, speedup_and_memory
-from sdperf.generation import encode, initial_latents
+from sdperf.measurements import unet_call_inputs
 from sdperf.optimizations import attention as opt
 from sdperf.study import Study
 from sdperf.timing import synchronize
@@ -102,14 +102,10 @@ def facts_table(cmp: Comparison) -> pd.DataFrame:
     return pd.DataFrame([{"variant": k, **v} for k, v in cmp.facts.items()])
 
 
-def _unet_call(pipe, workload, device: str):
+def _unet_call(pipe, workload):
     """One UNet forward on the guidance batch of this workload, ready to call (as measurements.unet_flops)."""
-    dtype = next(pipe.unet.parameters()).dtype
-    embeds, extra = encode(pipe, workload, device)
-    latents = initial_latents(pipe, workload).to(device, dtype)
-    x = torch.cat([latents] * 2) if workload.guidance_scale > 1.0 else latents
-    t = torch.tensor(999, device=device)
-    return lambda: pipe.unet(x, t, encoder_hidden_states=embeds, return_dict=False, **extra)
+    args, kwargs = unet_call_inputs(pipe, workload)
+    return lambda: pipe.unet(*args, **kwargs)
 
 
 def sdpa_share(study: Study) -> pd.DataFrame:
@@ -119,7 +115,7 @@ def sdpa_share(study: Study) -> pd.DataFrame:
     pipe = at_dtype(study.pipeline("float32"), dtype)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with torch.inference_mode():
-        call = _unet_call(pipe, study.workload(1), device)
+        call = _unet_call(pipe, study.workload(1))
         call()
         synchronize(device)
         with profile(activities=activities) as prof:

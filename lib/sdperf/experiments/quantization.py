@@ -10,8 +10,7 @@ import torch
 
 from sdperf import published
 from sdperf.comparison import BASELINE, Comparison, Variant, published_row, release, run_variants
-from sdperf.generation import encode, initial_latents
-from sdperf.measurements import unet_flops
+from sdperf.measurements import unet_call_inputs, unet_flops
 from sdperf.optimizations import quantization as opt
 from sdperf.optimizations.fewer_steps import unet_calls
 from sdperf.plots import speedup_bars
@@ -70,12 +69,8 @@ def linear_share(study: Study) -> dict:
     Linear-only scheme can speed up (Amdahl)."""
     pipe = study.pipeline("float32")
     workload = study.workload(1)
-    with torch.inference_mode():
-        embeds, extra = encode(pipe, workload, study.device)
-        latents = initial_latents(pipe, workload).to(study.device)
-        x = torch.cat([latents] * 2) if workload.guidance_scale > 1.0 else latents
-    t = torch.tensor(999, device=study.device)
-    linear, n_linear = _linear_flops(pipe.unet, x, t, encoder_hidden_states=embeds, return_dict=False, **extra)
+    args, kwargs = unet_call_inputs(pipe, workload)
+    linear, n_linear = _linear_flops(pipe.unet, *args, **kwargs)
     total = unet_flops(pipe, workload)
     counts = opt.module_counts(pipe.unet)
     out = {"unet_flops": total, "linear_flops": linear, "linear_share_percent": 100.0 * linear / total,
