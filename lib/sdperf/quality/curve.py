@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from sdperf import prompts
+from sdperf.imagegen import scoring
 from sdperf.paths import profile_reports
 from sdperf.quality import images, score
 from sdperf.quality.settings import QualitySettings
@@ -94,10 +95,13 @@ def generate(study: Study, s: QualitySettings, say: Callable[[str], None] = prin
 
 
 def score_curve(study: Study, s: QualitySettings, scorers: score.Scorers, folder: Path) -> Curve:
-    """One point per guidance scale: FID against the reference, mean CLIP score; stored as results rows."""
+    """One point per guidance scale: FID against the reference, mean CLIP score; stored as results rows.
+
+    Scored the way `sdperf generate` folders scale out (sdperf.imagegen.scoring): each rank's Inception sums and
+    CLIP scores saved per shard, then merged; in the notebook there is one shard, under torchrun there are N."""
     p = study.profile
     ref = score.reference(scorers, s, n_standin=s.n_images, seed=p.seed + 10_000)
-    scored = score.score_folder(scorers, folder)
+    scored = scoring.score_folder(folder, scorers, name="guidance")  # per-shard statistics, merged
     table = pd.DataFrame([_row(s, g, sc, ref) for g, sc in scored.items()])
     _record(study, s, table, ref)
     return Curve(table, folder, ref)

@@ -128,28 +128,41 @@ def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
     return t.reset_index()
 
 
-def image_parity(images: dict) -> pd.DataFrame:
-    """Every request served (grouped by its seeds) against the stacked design's first image of the same seeds:
-    for `staged` the claim under test, for `stacked` its reproducibility across runs and concurrency."""
+def _parity_rows(images: dict) -> pd.DataFrame:
+    """One row per served request: the run that served it and whether it equals the stacked design's first
+    image of the same seeds."""
     by_seeds = collections.defaultdict(list)
     for (design, scenario, c, b), served in images.items():
         for seeds, img in served.items():
-            by_seeds[seeds].append((design, img))
+            by_seeds[seeds].append(((design, scenario, c, b), img))
     rows = []
     for seeds, served in by_seeds.items():
-        ref = next((img for d, img in served if d == "stacked"), None)
+        ref = next((img for (d, *_), img in served if d == "stacked"), None)
         if ref is None:
             continue
-        for design, img in served:
+        for (design, scenario, c, b), img in served:
             if img is ref:
                 continue
-            rows.append({"design": design, "seeds": seeds, "identical": torch.equal(img, ref),
-                         "max_abs_diff": float((img - ref).abs().max())})
-    df = pd.DataFrame(rows)
+            rows.append({"design": design, "scenario": scenario, "concurrency": c, "batch_size": b, "seeds": seeds,
+                         "identical": torch.equal(img, ref), "max_abs_diff": float((img - ref).abs().max())})
+    return pd.DataFrame(rows, columns=["design", "scenario", "concurrency", "batch_size", "seeds", "identical",
+                                       "max_abs_diff"])
+
+
+def image_parity(images: dict) -> pd.DataFrame:
+    """Every request served (grouped by its seeds) against the stacked design's first image of the same seeds:
+    for `staged` the claim under test, for `stacked` its reproducibility across runs and concurrency."""
+    df = _parity_rows(images)
     if df.empty:
         return df
     return df.groupby("design").agg(requests=("identical", "size"), identical=("identical", "sum"),
                                     max_abs_diff=("max_abs_diff", "max")).reset_index()
+
+
+def parity_failures(images: dict) -> pd.DataFrame:
+    """The requests whose images differ from the stacked design's, with the run that served each."""
+    df = _parity_rows(images)
+    return df[~df.identical].reset_index(drop=True)
 
 
 def record_parity(study: Study, parity: pd.DataFrame) -> None:

@@ -67,15 +67,24 @@ def summarize(records: list[dict]) -> dict:
 
 
 def read_run(folder: Path) -> dict:
-    return summarize(read_records(folder))
+    records = read_records(folder)
+    if not records:
+        raise ValueError(f"{str(folder)!r} holds no rank*.json records; expected the --out folder of a "
+                         "`torchrun ... -m sdperf.training.train` run")
+    return summarize(records)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        print("usage: python -m sdperf.training.collect DIR [DIR ...]", file=sys.stderr)
-        return 2
-    table = pd.DataFrame([read_run(Path(d)) for d in argv])
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m sdperf.training.collect",
+                                     description="one row per hand-launched training run (its --out folder)")
+    parser.add_argument("folders", nargs="+", metavar="DIR")
+    args = parser.parse_args(argv)
+    try:
+        table = pd.DataFrame([read_run(Path(d)) for d in args.folders])
+    except ValueError as err:
+        parser.error(str(err))
     cols = ["engine", "world_size", "per_rank_batch", "global_batch", "samples_per_s", "samples_per_s_p10",
             "samples_per_s_p90", "step_time_s", "peak_memory_mib", "params_identical"]
     print(table[cols].to_string(index=False))
