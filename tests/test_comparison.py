@@ -60,6 +60,17 @@ def test_identity_is_bit_identical_and_a_changed_output_is_reported(comparison):
     assert lo <= mid <= hi
 
 
+def test_ratios_divide_the_baseline_timed_in_turn_not_the_first_one(comparison):
+    comp, rows = comparison
+    t = comp.table.set_index("variant")
+    for variant in ("same network", "scaled eps"):
+        beside, latency = t.loc[variant, ["fp32_in_turn_s", "latency_s"]]
+        assert beside > 0 and t.loc[variant, "speedup"] == pytest.approx(beside / latency)
+        stored = rows[(rows.scenario == f"{variant}, batch 1") & (rows.metric == "fp32_in_turn")]
+        assert stored.value.tolist() == [pytest.approx(beside)]
+    assert comp.runs["same network"].timing.peak_memory_bytes > 0  # from its own untimed call
+
+
 def test_not_measured_rows_carry_the_reason_and_no_number(comparison):
     comp, rows = comparison
     t = comp.table.set_index("variant")

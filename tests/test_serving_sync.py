@@ -72,15 +72,3 @@ def test_planted_item_in_the_scheduler_step_is_counted_every_step(tiny_pipe, inp
 def test_unknown_variant_names_the_choices(tiny_pipe, inputs):
     with pytest.raises(ValueError, match=r"'fast'.*diffusers loop, host values"):
         sync_audit.run_loop(tiny_pipe, inputs, "fast", "plms")
-
-
-def test_interleaved_timing_times_every_call_each_round():
-    import time
-
-    from sdperf.serving.experiment import interleaved
-
-    calls = []
-    out = interleaved({"slow": lambda: (calls.append("slow"), time.sleep(0.02)),
-                       "fast": lambda: calls.append("fast")}, device="cpu", repeats=3)
-    assert calls == ["slow", "fast"] * 4  # first calls, then three rounds in turn
-    assert len(out["slow"].times) == 3 and out["slow"].median > out["fast"].median

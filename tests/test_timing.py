@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from sdperf.timing import StageClock, Timing, measure, peak_memory, ratio, reset_peak_memory
+from sdperf.timing import (StageClock, Timing, interleaved, measure, peak_memory, peak_of, ratio,
+                           reset_peak_memory)
 
 
 def test_statistics_match_numpy():
@@ -53,6 +54,48 @@ def test_peak_memory_sees_a_large_allocation():
     t = measure(allocate, device="cpu", warmup=1, repeats=1)
     assert "RSS" in kind and t.memory_kind == kind
     assert t.peak_memory_bytes - idle > 200 * 2**20
+
+
+def test_interleaved_times_every_call_each_round_after_their_first_calls():
+    calls = []
+    out = interleaved({"slow": lambda: (calls.append("slow"), time.sleep(0.02)),
+                       "fast": lambda: calls.append("fast")}, device="cpu", warmup=2, repeats=3)
+    # first calls, one untimed warm-up round, then three rounds in turn, every other one reversed
+    assert calls == ["slow", "fast"] * 3 + ["fast", "slow"] + ["slow", "fast"]
+    assert len(out["slow"].times) == 3 and out["slow"].median > out["fast"].median
+
+
+def test_interleaved_shares_a_drift_between_the_calls():
+    """A machine that speeds up as it goes: timed one after the other, the later call looks faster than it is;
+    timed in turn, two identical calls come out equal."""
+    speed = [1.0]
+
+    def work():
+        time.sleep(0.02 * speed[0])
+        speed[0] *= 0.85
+
+    a = measure(work, device="cpu", warmup=1, repeats=3)
+    b = measure(work, device="cpu", warmup=1, repeats=3)
+    assert ratio(a, b)["speedup"] > 1.5  # the drift, read as a speed-up
+    speed[0] = 1.0
+    out = interleaved({"a": work, "b": work}, device="cpu", warmup=1, repeats=3)
+    assert 0.75 < ratio(out["a"], out["b"])["speedup"] < 1.35
+
+
+def test_interleaved_rejects_zero_repeats():
+    with pytest.raises(ValueError, match="repeats"):
+        interleaved({"a": lambda: None}, device="cpu", repeats=0)
+
+
+def test_peak_of_reads_one_call_alone():
+    def allocate():
+        x = torch.ones(64, 2**20)  # 256 MiB, touched
+        return float(x.sum())
+
+    reset_peak_memory("cpu")
+    idle, _ = peak_memory("cpu")
+    peak, kind = peak_of(allocate, "cpu")
+    assert "RSS" in kind and peak - idle > 200 * 2**20
 
 
 def test_ratio_is_baseline_over_variant_with_conservative_range():

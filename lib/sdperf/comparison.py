@@ -2,9 +2,12 @@
 cost, how fast is it once warm, and did the picture move.
 
 Every optimization notebook asks those four questions of each variant; asking them in one place keeps the rows
-of different notebooks comparable. The baseline is timed first and again after the variants, because on a CPU
-the allocator state left by one variant can speed up or slow down the next (see the half-precision notebook),
-and the two baseline medians say how much the conditions drifted during the run.
+of different notebooks comparable. A process runs faster as it ages (allocator growth, page faults: in the cpu
+run of commit b70e048 the fp32 baseline re-timed at the end of each notebook took 0.78-0.83x the time it took at
+the start), so a speed-up that divides an early baseline by a late variant is inflated. Hence: one untimed warm
+generation before the baseline is timed, each variant timed in turn with the baseline (A B, B A, ...), and its
+ratios taken against that in-turn baseline. The baseline timed again at the end still says how far the
+conditions moved.
 """
 from __future__ import annotations
 
@@ -16,15 +19,17 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from sdperf.measurements import GenerationRun, compare_runs, timed_generation, unet_flops
+from sdperf.measurements import GenerationRun, compare_runs, timed_generation, timed_in_turn, unet_flops
 from sdperf.roofline import achieved, matmul_peak
 from sdperf.study import Study
 
 BASELINE = "fp32 eager"
+IN_TURN = "fp32 eager, in turn"  # the baseline's calls interleaved with one variant's
+WARM_GENERATIONS = 1  # untimed, after the baseline's (timed) first call and before its repeats
 DRIFT_METRICS = (("latent_rel_error", ""), ("latent_max_abs_error", ""), ("image_max_abs_error", ""),
                  ("image_psnr_db", "dB"))
 COLUMNS = ["variant", "status", "setup_s", "first_call_s", "latency_s", "p10_s", "p90_s", "s_per_image",
-           "it_per_s", "unet_step_s", "speedup", "speedup_lo", "speedup_hi", "unet_step_speedup",
+           "it_per_s", "unet_step_s", "fp32_in_turn_s", "speedup", "speedup_lo", "speedup_hi", "unet_step_speedup",
            "percent_of_fp32_peak", "peak_memory_mib", "latent_rel_error", "image_psnr_db", "verdict", "note"]
 
 
@@ -123,8 +128,10 @@ class Bench:
         self.study, self.say, self.suffix = study, say, f", batch {batch_size}"
         self.workload = study.workload(batch_size)
         self._base_pipe = study.pipeline("float32")
-        self.baseline = timed_generation(self._base_pipe, self.workload, device=study.device, warmup=p.warmup,
-                                         repeats=p.repeats, label=BASELINE)
+        # the first call stays timed alone (cold); WARM_GENERATIONS more run untimed before the repeats
+        self.baseline = timed_generation(self._base_pipe, self.workload, device=study.device,
+                                         warmup=max(p.warmup, 1) + WARM_GENERATIONS, repeats=p.repeats,
+                                         label=BASELINE)
         record_run(study.recorder, self.baseline, BASELINE + self.suffix, dtype="float32")
         self.flops = self.peak = None
         if roof:
@@ -137,7 +144,8 @@ class Bench:
         return achieved(self.flops, run.unet_step_seconds, self.peak)["percent_of_peak"]
 
     def baseline_row(self) -> dict:
-        return _row(self.baseline, note="the reference every ratio divides", speedup=1.0, unet_step_speedup=1.0,
+        return _row(self.baseline, note="timed alone at the start; each variant's ratios divide the baseline timed "
+                                        "in turn with it (fp32_in_turn_s)", speedup=1.0, unet_step_speedup=1.0,
                     percent_of_fp32_peak=self.percent_of_peak(self.baseline))
 
     def measure(self, v: Variant) -> tuple[dict, GenerationRun | None, dict]:
@@ -156,8 +164,10 @@ class Bench:
             pipe = v.apply(pipe)
             setup = time.perf_counter() - t0
             facts = v.facts(pipe) if v.facts else {}
-            run = timed_generation(pipe, self.workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
-                                   label=v.label, grad_mode=v.grad_mode)
+            runs = timed_in_turn({IN_TURN: (self._base_pipe, "inference_mode"), v.label: (pipe, v.grad_mode)},
+                                 self.workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
+                                 memory_of=(v.label,))
+            run, beside = runs[v.label], runs[IN_TURN]
         except Exception as exc:  # a technique this stack cannot run: recorded with its error, the rest go on
             text = str(exc).strip()
             msg = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
@@ -170,17 +180,21 @@ class Bench:
         record_run(rec, run, scenario, dtype=v.dtype)
         rec.add(scenario, "setup", setup, "s", n=1, dtype=v.dtype,
                 note="apply/export/build before the first call (compile lands in the first call)")
-        cmp = compare(self.baseline, run)
+        t = beside.timing
+        rec.add(scenario, "fp32_in_turn", t.median, "s", p10=t.p10, p90=t.p90, n=len(t.times), dtype="float32",
+                note=f"{BASELINE} timed in turn with this variant (A B, B A, ...): the speed-ups divide this")
+        cmp = compare(beside, run)
         record_comparison(rec, scenario, cmp, len(run.timing.times), dtype=v.dtype)
         pct = self.percent_of_peak(run)
         if pct is not None:
             rec.add(scenario, "percent_of_peak", pct, "%", dtype=v.dtype,
                     note=f"UNet FLOPs / median UNet call, of the measured float32 matmul roof "
                          f"{self.peak / 1e9:.1f} GFLOP/s")
-        row = _row(run, setup_s=setup, speedup=cmp["speedup"], speedup_lo=cmp["speedup_lo"],
-                   speedup_hi=cmp["speedup_hi"], unet_step_speedup=cmp["unet_step_speedup"],
-                   percent_of_fp32_peak=pct, latent_rel_error=cmp["latent_rel_error"],
-                   image_psnr_db=cmp["image_psnr_db"], verdict=cmp["verdict"], note=v.note)
+        row = _row(run, setup_s=setup, fp32_in_turn_s=t.median, speedup=cmp["speedup"],
+                   speedup_lo=cmp["speedup_lo"], speedup_hi=cmp["speedup_hi"],
+                   unet_step_speedup=cmp["unet_step_speedup"], percent_of_fp32_peak=pct,
+                   latent_rel_error=cmp["latent_rel_error"], image_psnr_db=cmp["image_psnr_db"], verdict=cmp["verdict"],
+                   note=v.note)
         return row, run, facts
 
     def retime(self) -> dict:
@@ -192,8 +206,9 @@ class Bench:
         record_run(rec, again, again.label + self.suffix, dtype="float32")
         rec.add(again.label + self.suffix, "baseline_retime_ratio", moved, "x", n=len(again.timing.times),
                 note="median after / median before the variants: how much the conditions moved during the run")
-        return _row(again, note=f"baseline after / before = {moved:.3f}: ratios above carry at least this much "
-                                "uncertainty", speedup=self.baseline.timing.median / again.timing.median,
+        return _row(again, note=f"baseline after / before = {moved:.3f}: how far the conditions moved; the "
+                                "ratios above are taken in turn, so this drift does not enter them",
+                    speedup=self.baseline.timing.median / again.timing.median,
                     unet_step_speedup=self.baseline.unet_step_seconds / again.unet_step_seconds)
 
     def close(self) -> None:
@@ -203,9 +218,9 @@ class Bench:
 
 def run_variants(study: Study, variants: list[Variant], *, batch_size: int = 1, retime_baseline: bool = True,
                  roof: bool = True, say: Callable[[str], None] = print) -> Comparison:
-    """Baseline, then each variant on a fresh copy of the same network and the same latents, then (optionally)
-    the baseline again. A variant that cannot run here is recorded as not applicable with its reason; one that
-    raises is recorded as failed with its error, and the rest still run."""
+    """Baseline, then each variant on a fresh copy of the same network and the same latents, timed in turn with
+    the baseline, then (optionally) the baseline again. A variant that cannot run here is recorded as not
+    applicable with its reason; one that raises is recorded as failed with its error, and the rest still run."""
     bench = Bench(study, batch_size=batch_size, roof=roof, say=say)
     rows, runs, facts = [bench.baseline_row()], {BASELINE: bench.baseline}, {}
     for v in variants:

@@ -51,17 +51,17 @@ def initial_latents(pipe, workload: Workload) -> torch.Tensor:
                         for i in range(workload.batch_size)])
 
 
-def _nullclock(_stage):
+def no_clock(_stage):
     return contextlib.nullcontext()
 
 
-def _module_dtype(module) -> torch.dtype:
+def module_dtype(module) -> torch.dtype:
     """The dtype inputs must have; engine wrappers (ONNX Runtime, OpenVINO, TensorRT) say it themselves."""
     dtype = getattr(module, "dtype", None)
     return dtype if isinstance(dtype, torch.dtype) else next(module.parameters()).dtype
 
 
-def _module_device(module) -> torch.device:
+def module_device(module) -> torch.device:
     device = getattr(module, "device", None)
     return device if isinstance(device, torch.device) else next(module.parameters()).device
 
@@ -84,19 +84,38 @@ def encode(pipe, workload: Workload, device):
     return embeds, {"added_cond_kwargs": {"text_embeds": pooled, "time_ids": time_ids}}
 
 
-def denoise(pipe, workload: Workload, latents: torch.Tensor, embeds, extra: dict, clock=_nullclock):
-    """The loop: scale input, UNet on the CFG batch, guidance, scheduler step."""
+def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device without a sync: a blocking copy from pageable memory waits for the stream, so pin first."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def denoise(pipe, workload: Workload, latents: torch.Tensor, embeds, extra: dict, clock=no_clock,
+            host_values: bool = False):
+    """The loop: scale input, UNet on the CFG batch, guidance, scheduler step.
+
+    As diffusers' pipelines run it, the scheduler's timesteps live on the device, so its Python-side decisions
+    read values back (device-to-host syncs, counted in 13_serving). `host_values` keeps them on the host, as
+    diffusers recommends: the scheduler gets Python numbers and reads nothing back; the UNet still gets its
+    timestep as a device tensor, uploaded once before the loop (a blocking upload inside each step would wait
+    for the device just the same)."""
     sched = pipe.scheduler
     device = latents.device
-    sched.set_timesteps(workload.steps, device=device)
+    if host_values:
+        sched.set_timesteps(workload.steps, device="cpu")
+        timesteps, unet_timesteps = sched.timesteps.tolist(), upload(sched.timesteps, device)
+    else:
+        sched.set_timesteps(workload.steps, device=device)
+        timesteps = unet_timesteps = sched.timesteps
     latents = latents * sched.init_noise_sigma
     do_cfg = workload.guidance_scale > 1.0
-    unet_dtype = _module_dtype(pipe.unet)
-    for t in sched.timesteps:
+    unet_dtype = module_dtype(pipe.unet)
+    for t, unet_t in zip(timesteps, unet_timesteps):
         with clock("unet"):
             x = torch.cat([latents] * 2) if do_cfg else latents
             x = sched.scale_model_input(x, t)
-            eps = pipe.unet(x.to(unet_dtype), t, encoder_hidden_states=embeds, return_dict=False, **extra)[0]
+            eps = pipe.unet(x.to(unet_dtype), unet_t, encoder_hidden_states=embeds, return_dict=False, **extra)[0]
             if do_cfg:
                 uncond, cond = eps.chunk(2)
                 eps = uncond + workload.guidance_scale * (cond - uncond)
@@ -108,7 +127,7 @@ def denoise(pipe, workload: Workload, latents: torch.Tensor, embeds, extra: dict
 def decode(pipe, latents: torch.Tensor) -> torch.Tensor:
     """VAE decode to [0, 1] images; SDXL's fp16 VAE decodes in float32 (force_upcast), as diffusers' SDXL does."""
     vae = pipe.vae
-    dtype = _module_dtype(vae)
+    dtype = module_dtype(vae)
     if dtype == torch.float16 and is_sdxl(pipe) and getattr(vae.config, "force_upcast", False):
         vae = vae.to(torch.float32)
         try:
@@ -119,7 +138,7 @@ def decode(pipe, latents: torch.Tensor) -> torch.Tensor:
     return (images.float() / 2 + 0.5).clamp(0, 1)
 
 
-def generate(pipe, workload: Workload, latents: torch.Tensor | None = None, clock=_nullclock,
+def generate(pipe, workload: Workload, latents: torch.Tensor | None = None, clock=no_clock,
              grad_mode: str = "inference_mode") -> Output:
     """One full text-to-image call; `clock` (a StageClock) times each stage if given; `grad_mode` is one of
     GRAD_MODES (inference_mode unless a notebook measures what autograd costs)."""
@@ -130,13 +149,13 @@ def generate(pipe, workload: Workload, latents: torch.Tensor | None = None, cloc
 
 
 def _generate(pipe, workload: Workload, latents: torch.Tensor | None, clock) -> Output:
-    device = _module_device(pipe.unet)
+    device = module_device(pipe.unet)
     if latents is None:
         latents = initial_latents(pipe, workload)
     with clock("text_encoder"):
         embeds, extra = encode(pipe, workload, device)
     # the loop keeps latents in the UNet's dtype, as diffusers does
-    latents = latents.to(device, _module_dtype(pipe.unet))
+    latents = latents.to(device, module_dtype(pipe.unet))
     latents = denoise(pipe, workload, latents, embeds, extra, clock)
     with clock("vae_decode"):
         images = decode(pipe, latents)

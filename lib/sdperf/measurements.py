@@ -11,7 +11,7 @@ import torch
 from sdperf import drift
 from sdperf.generation import STAGES, Output, Workload, encode, generate, initial_latents
 from sdperf.roofline import count_flops
-from sdperf.timing import StageClock, Timing, measure, ratio
+from sdperf.timing import StageClock, Timing, interleaved, measure, peak_of, ratio
 
 
 @dataclass
@@ -75,10 +75,8 @@ def _stage_table(clocks: list[StageClock], steps: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repeats: int, label: str = "",
-                     latents: torch.Tensor | None = None, grad_mode: str = "inference_mode") -> GenerationRun:
-    """Time whole generations (first call apart) and, from the same calls, each stage's share."""
-    latents = initial_latents(pipe, workload) if latents is None else latents
+def _generation_call(pipe, workload: Workload, latents: torch.Tensor, device: str, grad_mode: str):
+    """A call that runs one generation, and the stage clocks and last output it leaves behind."""
     clocks: list[StageClock] = []
     last: list[Output] = []
 
@@ -87,12 +85,43 @@ def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repe
         last[:] = [generate(pipe, workload, latents, clock=clock, grad_mode=grad_mode)]
         clocks.append(clock)
 
-    timing = measure(call, device=device, warmup=warmup, repeats=repeats)
-    steady = [c for c in clocks[-repeats:]]
+    return call, clocks, last
+
+
+def _generation_run(label: str, workload: Workload, timing: Timing, clocks: list[StageClock], last: list[Output],
+                    repeats: int) -> GenerationRun:
+    steady = clocks[-repeats:]
     for c in steady:
         c.collect()
     return GenerationRun(label=label, workload=workload, timing=timing, stages=_stage_table(steady, workload.steps),
                          output=last[0])
+
+
+def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repeats: int, label: str = "",
+                     latents: torch.Tensor | None = None, grad_mode: str = "inference_mode") -> GenerationRun:
+    """Time whole generations (first call apart) and, from the same calls, each stage's share."""
+    latents = initial_latents(pipe, workload) if latents is None else latents
+    call, clocks, last = _generation_call(pipe, workload, latents, device, grad_mode)
+    timing = measure(call, device=device, warmup=warmup, repeats=repeats)
+    return _generation_run(label, workload, timing, clocks, last, repeats)
+
+
+def timed_in_turn(pipes: dict[str, tuple], workload: Workload, *, device: str, warmup: int, repeats: int,
+                  memory_of: tuple[str, ...] = ()) -> dict[str, GenerationRun]:
+    """Several pipelines, {label: (pipe, grad_mode)}, timed in turn on the same latents (timing.interleaved):
+    the machine's drift during the run hits each alike, so their ratios compare like with like. The labels in
+    `memory_of` get their peak memory from one more, untimed, call on its own."""
+    first_pipe = next(iter(pipes.values()))[0]
+    latents = initial_latents(first_pipe, workload)
+    calls = {label: _generation_call(pipe, workload, latents, device, grad_mode)
+             for label, (pipe, grad_mode) in pipes.items()}
+    timings = interleaved({label: c[0] for label, c in calls.items()}, device=device, warmup=warmup,
+                          repeats=repeats)
+    runs = {label: _generation_run(label, workload, timings[label], clocks, last, repeats)
+            for label, (_, clocks, last) in calls.items()}
+    for label in memory_of:
+        timings[label].peak_memory_bytes, timings[label].memory_kind = peak_of(calls[label][0], device)
+    return runs
 
 
 def unet_call_inputs(pipe, workload: Workload) -> tuple[tuple, dict]:

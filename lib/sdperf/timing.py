@@ -105,6 +105,39 @@ def _time_once_cuda(fn: Callable[[], object]) -> float:
     return start.elapsed_time(end) / 1000.0
 
 
+def time_once(fn: Callable[[], object], device: str) -> float:
+    """Seconds of one call: CUDA events on a GPU, a monotonic clock on the CPU."""
+    return (_time_once_cuda if device == "cuda" else _time_once_cpu)(fn)
+
+
+def interleaved(calls: dict[str, Callable[[], object]], *, device: str, warmup: int = 1,
+                repeats: int = 3) -> dict[str, Timing]:
+    """Each call's first call timed alone, `warmup - 1` untimed calls each, then `repeats` rounds that call each
+    in turn (A B, B A, A B, ...). A process gets faster as it ages (allocator, page faults) and a neighbour may
+    come and go: in turn, such drift hits every call alike instead of whichever ran last, so ratios stay honest.
+    Peak memory is not read here (the calls share the process): see `peak_of`."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    synchronize(device)
+    first = {k: time_once(fn, device) for k, fn in calls.items()}
+    for _ in range(max(warmup - 1, 0)):
+        for fn in calls.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for r in range(repeats):
+        for k in (list(calls) if r % 2 == 0 else list(reversed(calls))):  # ABBA: no call is always the later one
+            times[k].append(time_once(calls[k], device))
+    return {k: Timing(times=times[k], first_call=first[k]) for k in calls}
+
+
+def peak_of(fn: Callable[[], object], device: str) -> tuple[int | None, str]:
+    """(bytes, what was measured) at the peak of one more, untimed, call: a warm call's memory on its own."""
+    reset_peak_memory(device)
+    fn()
+    synchronize(device)
+    return peak_memory(device)
+
+
 def measure(fn: Callable[[], object], *, device: str, warmup: int = 1, repeats: int = 3) -> Timing:
     """First call timed alone (it carries compile/build/allocator warm-up), then `warmup` untimed calls,
     then `repeats` timed calls; peak memory covers the steady-state calls."""

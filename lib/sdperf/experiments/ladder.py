@@ -2,8 +2,8 @@
 
 Stand-alone speed-ups do not multiply: two techniques that attack the same overhead share one gain, and an
 engine that replaces the UNet makes every UNet-level trick before it moot. So every rung is measured as the
-whole stack up to it, on a fresh copy of the same network and the same latents, against the fp32 eager baseline
-of the same run and against the rung below.
+whole stack up to it, on a fresh copy of the same network and the same latents, timed in turn with the fp32
+eager baseline (comparison.Bench), and against the rung below through the two rungs' speed-ups.
 
 Rules (stated in the notebook too):
 - A rung that cannot run here (not applicable), that fails, or whose whole generations would overrun the
@@ -29,7 +29,6 @@ from sdperf.comparison import BASELINE, Bench, Variant, published_row
 from sdperf.measurements import block_comparison
 from sdperf.results import read_results
 from sdperf.study import Study
-from sdperf.timing import ratio
 
 PSNR_THRESHOLD_DB = 40.0
 EXECUTOR = "executor"  # the family of techniques that replace how the UNet runs; only one can be stacked
@@ -158,7 +157,7 @@ def climb(study: Study, bench: Bench, name: str, keys: list[str], *, keep_only_f
         raise ValueError(f"unknown ladder rung(s) {', '.join(unknown)}; valid: {', '.join(known)}")
     rec = study.recorder
     stack: list[Technique] = []
-    below = bench.baseline
+    below = {"label": BASELINE, "speedup": 1.0, "speedup_lo": 1.0, "speedup_hi": 1.0}
     rows = [{"ladder": name, "rung": 0, "technique": BASELINE, "in_stack": True, "status": "ok",
              **_numbers(bench.baseline_row()), "vs_rung_below": 1.0, "vs_lo": None, "vs_hi": None, "note": ""}]
     for i, key in enumerate(keys, start=1):
@@ -182,10 +181,11 @@ def climb(study: Study, bench: Bench, name: str, keys: list[str], *, keep_only_f
         if run is None:
             rows.append({**base, "status": row["status"], "note": row["note"]})
             continue
-        step = ratio(below.timing, run.timing)
+        step = over_rung_below(row, below)
         rec.add(scenario, "speedup_vs_rung_below", step["speedup"], "x", p10=step["speedup_lo"],
                 p90=step["speedup_hi"], n=len(run.timing.times), dtype=variant.dtype,
-                note=f"vs {below.label}: ratio of medians; range from the p10/p90 of both")
+                note=f"vs {below['label']}: ratio of the two rungs' speed-ups over {BASELINE}, each timed in turn "
+                     "with it; range from both ranges")
         lossy = not (row["image_psnr_db"] >= PSNR_THRESHOLD_DB)
         keep = True
         note = ""
@@ -197,8 +197,15 @@ def climb(study: Study, bench: Bench, name: str, keys: list[str], *, keep_only_f
                      "vs_lo": step["speedup_lo"], "vs_hi": step["speedup_hi"], "note": note or row.get("verdict", "")})
         if keep:
             stack.append(tech)
-            below = run
+            below = {"label": variant.label, **{k: row[k] for k in ("speedup", "speedup_lo", "speedup_hi")}}
     return Ladder(name, pd.DataFrame(rows))
+
+
+def over_rung_below(row: dict, below: dict) -> dict:
+    """A rung's speed-up over the rung below, from both rungs' speed-ups over fp32 eager: each of those was timed
+    in turn with the baseline, so the machine's drift between the two rungs cancels (their latencies would not)."""
+    return {"speedup": row["speedup"] / below["speedup"], "speedup_lo": row["speedup_lo"] / below["speedup_hi"],
+            "speedup_hi": row["speedup_hi"] / below["speedup_lo"]}
 
 
 def _numbers(row: dict) -> dict:

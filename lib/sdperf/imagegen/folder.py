@@ -122,9 +122,9 @@ def _settings(p: "Plan") -> dict:
 
 
 def _pipe_dtype(pipe) -> str:
-    from sdperf.generation import _module_dtype
+    from sdperf.generation import module_dtype
 
-    return str(_module_dtype(pipe.unet)).removeprefix("torch.")
+    return str(module_dtype(pipe.unet)).removeprefix("torch.")
 
 
 @dataclass

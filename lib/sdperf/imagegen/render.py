@@ -47,8 +47,8 @@ def render(pipe, profile: Profile, items: list[tuple[str, float, int]], steps: i
 
 
 def _render(pipe, singles: list[Workload]) -> np.ndarray:
-    device = generation._module_device(pipe.unet)
-    dtype = generation._module_dtype(pipe.unet)
+    device = generation.module_device(pipe.unet)
+    dtype = generation.module_dtype(pipe.unet)
     batch = replace(singles[0], batch_size=len(singles))
     do_cfg = batch.guidance_scale > 1.0
     latents = torch.cat([generation.initial_latents(pipe, w) for w in singles])

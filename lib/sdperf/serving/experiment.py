@@ -17,7 +17,7 @@ from sdperf.serving import loadgen_run, sharing, sync_audit
 from sdperf.serving.settings import ServingSettings
 from sdperf.serving.stages import SDStages, build_design
 from sdperf.study import Study
-from sdperf.timing import Timing, _time_once_cpu, _time_once_cuda, ratio, synchronize
+from sdperf.timing import interleaved, ratio
 
 CUDA_ONLY = "torch.cuda.set_sync_debug_mode needs a CUDA device; the function-mode count stands alone here"
 
@@ -232,19 +232,6 @@ def _count_row(study: Study, sched: str, variant: str, counter: sync_audit.SyncC
     return {"scheduler": sched, "variant": variant, "steps": len(per_step), "syncs_per_step": per_step,
             "set_up_syncs": sum(e.step < 0 for e in counter.events), "total": len(counter.events),
             "cuda_debug_mode_total": cuda, "what": what}
-
-
-def interleaved(calls: dict, *, device: str, repeats: int) -> dict[str, Timing]:
-    """Each call's first call timed apart, then the calls timed in turn, `repeats` rounds: a drift in the
-    machine's speed (another process, the allocator) hits every call alike instead of whichever ran last."""
-    once = _time_once_cuda if device == "cuda" else _time_once_cpu
-    synchronize(device)
-    first = {k: once(fn) for k, fn in calls.items()}
-    times = {k: [] for k in calls}
-    for _ in range(repeats):
-        for k, fn in calls.items():
-            times[k].append(once(fn))
-    return {k: Timing(times=times[k], first_call=first[k]) for k in calls}
 
 
 def sync_time(study: Study, pipe, cfg: ServingSettings) -> pd.DataFrame:

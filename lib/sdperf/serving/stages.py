@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sdperf.generation import Workload, _module_device, _module_dtype, decode, denoise, encode, initial_latents
+from sdperf.generation import Workload, decode, denoise, encode, initial_latents, module_device, module_dtype
 from sdperf.pipelines import is_sdxl
 from sdperf.serving.pipeline import Stage, StagePipeline
 from sdperf.serving.settings import DESIGNS
@@ -48,9 +48,9 @@ class SDStages:
 
     def __init__(self, pipe, template: Workload):
         self.pipe, self.template = pipe, template
-        self.device, self.dtype = _module_device(pipe.unet), _module_dtype(pipe.unet)
+        self.device, self.dtype = module_device(pipe.unet), module_dtype(pipe.unet)
         # SDXL's fp16 VAE is cast to fp32 and back around each decode: concurrent decodes must not interleave
-        upcast = (is_sdxl(pipe) and _module_dtype(pipe.vae) == torch.float16
+        upcast = (is_sdxl(pipe) and module_dtype(pipe.vae) == torch.float16
                   and getattr(pipe.vae.config, "force_upcast", False))
         self._decode_guard = threading.Lock() if upcast else contextlib.nullcontext()
 

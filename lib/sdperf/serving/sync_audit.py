@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import sys
 import types
 import warnings
@@ -26,7 +27,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
-from sdperf.generation import Workload, _module_dtype, _nullclock, denoise, encode, initial_latents
+from sdperf.generation import Workload, denoise, encode, initial_latents, module_dtype, no_clock
 from sdperf.pipelines import make_scheduler
 
 # Calls that return a host value computed from a tensor's contents (or a shape that depends on them).
@@ -159,38 +160,6 @@ class SyncCounter(TorchFunctionMode):
         return [counts.get(i, 0) for i in range(self.steps)]
 
 
-def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host -> device without a sync: a blocking copy from pageable memory waits for the stream, so pin first."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
-def denoise_host_values(pipe, workload: Workload, latents: torch.Tensor, embeds, extra: dict, clock=_nullclock):
-    """generation.denoise with the scheduler's values kept on the host, as diffusers recommends: timesteps are set
-    on the CPU and the scheduler gets Python numbers, so it reads nothing back from the device. The UNet still
-    gets its timestep as a device tensor, uploaded once before the loop (a blocking upload inside each step, such
-    as the UNet making a tensor from a Python number, would wait for the device just the same)."""
-    sched = pipe.scheduler
-    sched.set_timesteps(workload.steps, device="cpu")
-    on_device = upload(sched.timesteps, latents.device)
-    latents = latents * sched.init_noise_sigma
-    do_cfg = workload.guidance_scale > 1.0
-    unet_dtype = _module_dtype(pipe.unet)
-    for i, t in enumerate(sched.timesteps.tolist()):
-        with clock("unet"):
-            x = torch.cat([latents] * 2) if do_cfg else latents
-            x = sched.scale_model_input(x, t)
-            eps = pipe.unet(x.to(unet_dtype), on_device[i], encoder_hidden_states=embeds, return_dict=False,
-                            **extra)[0]
-            if do_cfg:
-                uncond, cond = eps.chunk(2)
-                eps = uncond + workload.guidance_scale * (cond - uncond)
-        with clock("scheduler"):
-            latents = sched.step(eps.to(latents.dtype), t, latents, return_dict=False)[0]
-    return latents
-
-
 @dataclass
 class LoopInputs:
     """What the loop starts from, made once so every variant denoises the same noise with the same text."""
@@ -205,7 +174,7 @@ class LoopInputs:
         device = next(pipe.unet.parameters()).device
         with torch.inference_mode():
             embeds, extra = encode(pipe, workload, device)
-            latents = initial_latents(pipe, workload).to(device, _module_dtype(pipe.unet))
+            latents = initial_latents(pipe, workload).to(device, module_dtype(pipe.unet))
         return cls(workload, latents, embeds, extra)
 
 
@@ -230,8 +199,8 @@ def run_loop(pipe, inputs: LoopInputs, variant: str, scheduler: str, counter: Sy
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r} is not valid; choose one of: {', '.join(VARIANTS)}")
     view = _view(pipe, scheduler, counter)
-    loop = denoise if variant == VARIANTS[0] else denoise_host_values
-    clock = counter.clock if counter is not None else _nullclock
+    loop = functools.partial(denoise, host_values=variant != VARIANTS[0])
+    clock = counter.clock if counter is not None else no_clock
     with torch.inference_mode():
         if counter is None:
             return loop(view, inputs.workload, inputs.latents, inputs.embeds, inputs.extra)
