@@ -48,6 +48,19 @@ def test_timing_rows_and_replace_on_rerun(env):
     assert len(df[df.metric == "peak_memory"]) == 1  # untouched row of the same scenario stays
 
 
+def test_a_rerun_drops_the_scenarios_it_no_longer_produces(env):
+    old = Recorder("00_prune", "smoke", {**env, "time_utc": "2026-01-01T00:00:00Z"})
+    old.add("engine A, batch 1", "latency", 1.0, "s")
+    old.add("engine B, batch 1", "latency", 2.0, "s")
+    Recorder("00_other", "smoke", {**env, "time_utc": "2026-01-01T00:00:00Z"}).add("x", "latency", 3.0, "s")
+    new = Recorder("00_prune", "smoke", {**env, "time_utc": "2026-06-01T00:00:05Z"})
+    new.add("engine B, batch 1", "latency", 2.5, "s")
+    assert results.prune_stale_rows("smoke", "00_prune", "2026-06-01T00:00:00Z") == 1
+    left = read_results("smoke")
+    assert left[left.notebook == "00_prune"][["scenario", "value"]].values.tolist() == [["engine B, batch 1", 2.5]]
+    assert left[left.notebook == "00_other"].value.tolist() == [3.0]  # other notebooks' rows are not touched
+
+
 def test_non_measured_rows_carry_reason_not_number(env):
     rec = Recorder("05_test", "smoke", env)
     rec.not_applicable("CUDA graphs", "needs an NVIDIA GPU")

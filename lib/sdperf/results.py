@@ -83,6 +83,20 @@ def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
     return table
 
 
+def prune_stale_rows(profile: str, notebook: str, since_utc: str) -> int:
+    """Drop a notebook's rows written before `since_utc` (its latest successful run's start): a scenario the
+    re-run no longer produces (another engine swept, a variant renamed) must not linger as if current."""
+    path = results_path(profile)
+    if not path.is_file():
+        return 0
+    with locked(path):
+        old = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        stale = (old["notebook"] == notebook) & (old["time_utc"].astype(str) < since_utc)
+        if stale.any():
+            atomic_write_text(path, old[~stale].to_csv(index=False))
+    return int(stale.sum())
+
+
 @dataclass
 class Recorder:
     """What a notebook uses to store its measurements; every row carries the environment it was taken in."""

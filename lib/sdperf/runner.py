@@ -227,6 +227,10 @@ def run_one(notebook: Path, profile: Profile, commit: str, force: bool, say) -> 
     write_stamp(profile.name, name, current, FAILED if failure else OK, started, finished, failure)
     if failure:
         say(failure_line(name, failure))
+    else:
+        from sdperf.results import prune_stale_rows
+
+        prune_stale_rows(profile.name, name, _utc(started))
     return Outcome(name, FAILED if failure else OK, finished - started, failure)
 
 
