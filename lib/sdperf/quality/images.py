@@ -54,13 +54,11 @@ def plan(captions: list[Caption], guidance_scales, seed: int) -> list[dict]:
 
 
 def to_png_bytes(image: torch.Tensor) -> bytes:
-    """A [0, 1] CHW float image as 8-bit PNG bytes (rounded, as diffusers' numpy_to_pil does)."""
-    import io
+    """A [0, 1] CHW float image as 8-bit PNG bytes, converted and encoded as `sdperf generate` writes its images."""
+    from sdperf.imagegen.render import to_uint8
+    from sdperf.imagegen.store import png_bytes
 
-    arr = (image.clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return buf.getvalue()
+    return png_bytes(to_uint8(image.clamp(0, 1)[None])[0])
 
 
 def generate_with(pipe, rows: list[dict], out_dir: Path, *, steps: int, resolution: int,
