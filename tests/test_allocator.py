@@ -1,12 +1,10 @@
-"""The allocator rung: which settings can run here, the environment a fresh process gets, and that a fresh
-process measures the same picture."""
+"""The allocator rung: which settings can run here, the environment a fresh process gets, and the catalog keys
+that make sdperf.rounds start a configuration's processes under a setting."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from sdperf import fresh_process
-from sdperf.optimizations import allocator
+from sdperf.optimizations import allocator, catalog
 
 
 def test_bad_setting_names_the_valid_ones():
@@ -33,15 +31,8 @@ def test_environment_replaces_inherited_allocator_settings(tmp_path, monkeypatch
     assert allocator.environment("jemalloc", base)["LD_PRELOAD"] == str(lib)
 
 
-def test_fresh_processes_measure_the_same_picture_under_each_allocator():
-    default = fresh_process.measure("smoke", "default", timeout_s=600)
-    tuned = fresh_process.measure("smoke", "glibc-tuned", timeout_s=600)
-    assert torch.equal(default.latents, tuned.latents) and torch.equal(default.images, tuned.images)
-    for run in (default, tuned):
-        assert run.summary["latency_s"] > 0 and run.summary["p10_s"] <= run.summary["p90_s"]
-        assert run.faults_per_generation is not None and run.faults_per_generation >= 0
-
-
-def test_a_failing_child_reports_its_error():
-    with pytest.raises(RuntimeError, match=r"fresh process \(default\) exited 1: .*unknown profile 'nope'"):
-        fresh_process.measure("nope", "default", timeout_s=120)
+def test_allocator_keys_set_the_process_setting_of_a_stack():
+    assert catalog.keys(family=catalog.ALLOCATOR) == ["allocator:glibc-tuned", "allocator:jemalloc",
+                                                       "allocator:tcmalloc"]
+    assert catalog.Stack.of("grad:no_grad+allocator:jemalloc").allocator == "jemalloc"
+    assert catalog.Stack.of("grad:no_grad").allocator == "default"

@@ -1,100 +1,208 @@
-"""The ladder: how the best order is chosen, what a rung that cannot run or does not help leaves behind."""
+"""The ladder: stand-alone rows found by catalog key (this machine and commit only), how the best order is chosen,
+how the stacks are planned, and the gain over the rung below taken round by round."""
 from __future__ import annotations
 
-import time
+import dataclasses
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
-from sdperf.comparison import Bench
+from sdperf import rounds, standalone
+from sdperf.comparison import BASELINE
+from sdperf.errors import ConfigError
 from sdperf.experiments import ladder
+from sdperf.optimizations import catalog
+from sdperf.results import Recorder
 from sdperf.study import open_study
 
 
+def _env(machine="this-cpu", commit="abc123", time_utc="2025-01-01T00:00:00"):
+    return {"device": "cpu", "device_name": "cpu", "cpu_model": "x", "machine": machine, "threads": 2,
+            "commit": commit, "run_id": "r", "packages": {"torch": "2"}, "python": "3.11",
+            "time_utc": time_utc}
+
+
+def _store(rec: Recorder, key: str, speedup: float, verdict: str, *, name: str | None = None, psnr=None):
+    """The rows comparison.record writes for one stand-alone configuration (display name free, key exact)."""
+    scenario = f"{name or 'anything ' + key}, batch 1"
+    rows = [dict(scenario=scenario, metric="latency", value=1.0 / speedup, unit="s", key=key, method="m"),
+            dict(scenario=scenario, metric="speedup_vs_fp32", value=speedup, unit="x", lo=speedup * 0.98,
+                 hi=speedup * 1.02, key=key, method="m",
+                 note=f"per image at the profile's steps; {verdict} (noise band 0.970-1.030x)"),
+            dict(scenario=scenario, metric="unet_step_speedup_vs_fp32", value=speedup, unit="x", lo=speedup,
+                 hi=speedup, key=key, method="m", note=f"per UNet step; {verdict} (noise band 0.970-1.030x)")]
+    if psnr is not None:
+        rows.append(dict(scenario=scenario, metric="image_psnr_db", value=psnr, unit="dB", key=key, method="m"))
+    rec.add_many(rows)
+
+
+def test_standalone_finds_every_catalog_technique_by_key_on_this_machine_and_commit_only(scratch_reports):
+    here = _env()
+    keys = catalog.keys()
+    assert {"grad:inference_mode", "deepspeed:inject", "cuda_graphs"} <= set(keys)
+    for i, key in enumerate(keys):
+        tech = catalog.get(key)
+        _store(Recorder(tech.notebook, "smoke", here), key, 1.1 + i / 100, "faster")
+    # the same keys measured later on another CPU, or at another commit, must not be read
+    for env in (_env(machine="other-cpu", time_utc="2026"), _env(commit="older", time_utc="2026")):
+        for key in ("grad:inference_mode", "deepspeed:inject", "cuda_graphs"):
+            _store(Recorder(catalog.get(key).notebook, "smoke", env), key, 9.0, "faster", name="elsewhere")
+    # a row of the right key in another notebook (a ladder rung, say) is not the stand-alone row
+    _store(Recorder("10_ladder", "smoke", here), "cuda_graphs", 7.0, "faster", name="Cerebrium order 5")
+    study = SimpleNamespace(recorder=Recorder("10_ladder", "smoke", here))
+    t = standalone.standalone(study).set_index("key")
+    assert list(t.index) == keys and (t.status == "ok").all()
+    for i, key in enumerate(keys):
+        assert t.loc[key, "speedup"] == pytest.approx(1.1 + i / 100), key
+        assert t.loc[key, "speedup_verdict"] == "faster"
+        assert t.loc[key, "speedup_lo"] < t.loc[key, "speedup"] < t.loc[key, "speedup_hi"]
+        assert t.loc[key, "notebook"] == catalog.get(key).notebook
+    assert t.loc["deepspeed:inject", "scenario"] == "anything deepspeed:inject, batch 1"
+
+
+def test_standalone_says_not_measured_and_keeps_a_failed_rows_reason(scratch_reports):
+    rec = Recorder("05_cuda_graphs", "smoke", _env())
+    rec.add("CUDA graph, batch 1", "latency", None, "", status="not_applicable", note="not applicable: no GPU",
+            key="cuda_graphs")
+    study = SimpleNamespace(recorder=rec)
+    t = standalone.standalone(study, ["cuda_graphs", "grad:no_grad"]).set_index("key")
+    assert t.loc["cuda_graphs", "status"] == "not_applicable" and "no GPU" in t.loc["cuda_graphs", "note"]
+    assert t.loc["grad:no_grad", "status"] == "not measured" and pd.isna(t.loc["grad:no_grad", "speedup"])
+
+
 def _alone(rows):
-    return pd.DataFrame(rows, columns=["key", "technique", "family", "notebook", "status", "speedup", "image_psnr_db"])
+    """A stand-alone table: (key, status, speedup, verdict, psnr) with the catalog's family and declarations."""
+    out = []
+    for key, status, speedup, verdict, psnr in rows:
+        t = catalog.get(key)
+        out.append({"key": key, "technique": t.label, "family": t.family, "notebook": t.notebook, "status": status,
+                    "speedup": speedup, "speedup_lo": speedup, "speedup_hi": speedup, "speedup_verdict": verdict,
+                    "image_psnr_db": psnr, "changes_output": t.changes_output})
+    return pd.DataFrame(out)
 
 
-def test_best_order_keeps_one_executor_drops_slower_and_lossy_and_sorts_fastest_first():
+def test_best_order_one_per_family_executor_last_fastest_first_faster_only_and_lossless():
     t = _alone([
-        ("compile", "+ compile", ladder.EXECUTOR, "04", "ok", 1.5, 120.0),
-        ("onnx", "+ onnx", ladder.EXECUTOR, "07", "ok", 1.4, float("inf")),
-        ("int8", "+ int8", ladder.EXECUTOR, "08", "ok", 3.0, 25.0),  # fastest, but changes the picture
-        ("sdpa", "+ sdpa", "attention", "03", "ok", 1.05, float("inf")),
-        ("fp16", "+ fp16", "precision", "01", "ok", 0.4, 48.0),
-        ("graphs", "+ graphs", "graphs", "05", "not_applicable", None, None),
+        ("compile:default", "ok", 1.5, "faster", float("inf")),
+        ("engine:openvino-f32", "ok", 1.4, "faster", float("inf")),   # a slower executor
+        ("int8:torch-ao-dynamic", "ok", 3.0, "faster", 25.0),          # fastest, but changes the picture
+        ("attention:sdpa:math", "ok", 1.05, "faster", float("inf")),
+        ("grad:no_grad", "ok", 1.2, "faster", float("inf")),
+        ("grad:inference_mode", "ok", 1.1, "faster", float("inf")),    # a slower one of the same family
+        ("precision:bfloat16", "ok", 1.3, "within noise", 48.0),       # median above 1, range inside the noise
+        ("precision:float16", "ok", 2.0, "faster", 45.0),              # changes the output, but PSNR >= 40 dB
+        ("calibration:unet-twice", "ok", 4.0, "faster", float("inf")),  # a check of the method, never a rung
+        ("cuda_graphs", "not_applicable", None, None, None),
     ])
     order, why = ladder.best_order(t)
-    assert order == ["sdpa", "compile"]
+    assert order == ["precision:float16", "grad:no_grad", "attention:sdpa:math", "compile:default"]
     reasons = dict(zip(why.key, why.why))
-    assert reasons["int8"].startswith("changes the picture")
-    assert reasons["onnx"].startswith("another executor was faster")
-    assert reasons["fp16"].startswith("not faster than fp32 alone")
-    assert reasons["graphs"] == "not_applicable in 05"
+    assert reasons["int8:torch-ao-dynamic"].startswith("changes the picture")
+    assert reasons["engine:openvino-f32"].startswith("a faster technique of its family")
+    assert reasons["grad:inference_mode"].startswith("a faster technique of its family")
+    assert "within noise" in reasons["precision:bfloat16"]
+    assert reasons["cuda_graphs"] == "not_applicable in 05_cuda_graphs"
+    assert reasons["calibration:unet-twice"].startswith("a check of the method")
     lossy, _ = ladder.best_order(t, allow_lossy=True)
-    assert lossy == ["sdpa", "int8"]
-
-
-def _sleepy(pipe):
-    """A rung that makes every UNet call slower: the ladder must measure it and leave it out of the stack."""
-    forward = pipe.unet.forward
-
-    def slow(*args, **kwargs):
-        time.sleep(0.3)  # several times a tiny UNet call: slower beyond any timing noise
-        return forward(*args, **kwargs)
-
-    pipe.unet.forward = slow
-    return pipe
+    assert lossy == ["precision:float16", "grad:no_grad", "attention:sdpa:math", "int8:torch-ao-dynamic"]
+    Stack = catalog.Stack  # every chosen order must be a valid stack (one of a family)
+    assert Stack.of(catalog.join(order)).key == "+".join(order)
 
 
 @pytest.fixture(scope="module")
-def climbed(tmp_path_factory):
+def study(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SDPERF_REPORTS_DIR", str(tmp_path_factory.mktemp("reports")))
-        mp.setattr(ladder, "_registered", lambda study: [ladder.Technique(
-            "sleepy", "+ sleepy", "executor", "zz", "sleepy", (True, "test"), _sleepy)])
-        study = open_study("smoke", notebook="10_ladder")
-        bench = Bench(study, say=lambda _m: None)
-        cere = ladder.climb(study, bench, "Cerebrium order", ["no_grad", "deepspeed", "cuda_graphs"],
-                            keep_only_faster=False, say=lambda _m: None)
-        best = ladder.climb(study, bench, "best order here", ["sleepy"], keep_only_faster=True,
-                            say=lambda _m: None)
-        bench.close()
-        yield study, cere, best, study.recorder.table()
+        yield open_study("smoke", notebook="10_ladder")
 
 
-def test_gpu_rungs_say_why_on_cpu_and_the_stack_goes_on(climbed):
-    _, cere, _, rows = climbed
-    t = cere.table.set_index("technique")
-    assert t.loc["fp32, no_grad (diffusers' pipeline call)", "status"] == "ok"
-    for label in ("+ DeepSpeed kernel injection", "+ CUDA graphs"):
-        assert t.loc[label, "status"] == "not_applicable" and not t.loc[label, "in_stack"]
-        assert t.loc[label, "note"].startswith("not applicable: ")
-    stored = rows[rows.scenario.str.contains("CUDA graphs")]
-    assert stored.status.tolist() == ["not_applicable"] and stored.value.isna().all()
+def test_cerebrium_plan_on_cpu_replaces_the_grad_mode_and_leaves_gpu_rungs_out(study):
+    lad = ladder.plan(study, ladder.CEREBRIUM, ladder.CEREBRIUM_ORDER,
+                      skips={"precision:float16": "too slow here"})
+    r = {x.key: x for x in lad.rungs}
+    assert r["grad:no_grad"].stack == "grad:no_grad" and r["grad:no_grad"].below == BASELINE
+    assert r["precision:float16"].status == "skipped" and r["precision:float16"].note == "skipped: too slow here"
+    # inference_mode replaces no_grad (same family); fp16 was skipped, so it is not under it
+    assert r["grad:inference_mode"].stack == "grad:inference_mode"
+    assert "replaces grad:no_grad" in r["grad:inference_mode"].note
+    assert r["grad:inference_mode"].below == r["grad:no_grad"].name
+    for key in ("deepspeed:inject", "cuda_graphs"):
+        assert r[key].status == "not_applicable" and r[key].note.startswith("not applicable: ")
+    unskipped = {x.key: x for x in ladder.plan(study, "x", ladder.CEREBRIUM_ORDER).rungs}
+    assert unskipped["grad:inference_mode"].stack == "precision:float16+grad:inference_mode"
+    with pytest.raises(ConfigError, match="unknown technique 'warp-drive'"):
+        ladder.plan(study, "x", ["warp-drive"])
 
 
-def test_a_rung_that_is_slower_is_measured_but_not_kept(climbed):
-    _, _, best, rows = climbed
-    t = best.table.set_index("technique")
-    assert t.loc["+ sleepy", "status"] == "ok" and not t.loc["+ sleepy", "in_stack"]
-    assert t.loc["+ sleepy", "vs_rung_below"] < 1.0
-    assert t.loc["+ sleepy", "note"].startswith("not kept")
-    assert ladder.best_recipe(best)["recipe"] == "fp32 eager (nothing beat it)"
-    assert "speedup_vs_rung_below" in set(rows.metric)
+def _fake_comparison(per_round: dict[str, list[float]], band=(0.97, 1.03)):
+    """A Comparison's shape: per-round speed-ups of each config, the summary rows, the noise band."""
+    ratios = pd.DataFrame([{"config": c, "round": r, "speedup": v, "unet_step_speedup": v, "seed_speedup": v}
+                           for c, vs in per_round.items() for r, v in enumerate(vs)])
+    rows = {BASELINE: {"status": "ok", "rounds": 3, "s_per_image": 1.0}}
+    for c, vs in per_round.items():
+        s = pd.Series(vs)
+        rows[c] = {"status": "ok", "rounds": len(vs), "speedup": s.median(), "speedup_lo": s.min(),
+                   "speedup_hi": s.max(), "speedup_verdict": rounds.speed_verdict(s.min(), s.max(), band),
+                   "verdict": "bit-identical"}
+    return SimpleNamespace(measured=SimpleNamespace(ratios=ratios), noise={"speedup": band}, method="m",
+                           row=lambda name: rows.get(name))
 
 
-def test_unknown_rung_is_named_with_the_valid_ones(climbed):
-    study = climbed[0]
-    with pytest.raises(ValueError, match=r"unknown ladder rung\(s\) warp-drive; valid: no_grad"):
-        ladder.climb(study, None, "x", ["warp-drive"], keep_only_faster=True)
+def test_gain_over_the_rung_below_is_taken_round_by_round(study):
+    lad = ladder.plan(study, "L", ["grad:no_grad", "attention:sdpa:math"])
+    one, two = (r.name for r in lad.rungs)
+    # the machine is slower in round 1: both rungs' ratios move together, their quotient does not
+    cmp = _fake_comparison({one: [1.20, 1.50, 1.20], two: [1.32, 1.65, 1.32]})
+    t = ladder.ladder_table(cmp, lad).set_index("rung")
+    assert t.loc[2, "vs_rung_below"] == pytest.approx(1.1)
+    assert t.loc[2, "vs_lo"] == pytest.approx(1.1) and t.loc[2, "vs_hi"] == pytest.approx(1.1)
+    assert t.loc[2, "vs_verdict"] == "faster"  # the ratio of medians' ranges (1.32/1.5 .. 1.65/1.2) would not be
+    assert t.loc[1, "vs_rung_below"] == pytest.approx(1.2) and t.loc[1, "below"] == BASELINE
+    assert t.loc[0, "technique"] == BASELINE and t.loc[0, "speedup"] == 1.0
+    shown = ladder.show_table([dataclasses.replace(lad, table=ladder.ladder_table(cmp, lad))])
+    assert shown.loc[shown.rung == 2, "vs_rung_below"].item() == pytest.approx(1.1)
 
 
-def test_report_shows_the_ladder_first(climbed):
+def test_best_recipe_is_the_fastest_rung_that_clears_the_noise(study):
+    lad = ladder.plan(study, "L", ["grad:no_grad", "attention:sdpa:math"])
+    one, two = (r.name for r in lad.rungs)
+    lad.table = ladder.ladder_table(_fake_comparison({one: [1.2, 1.25, 1.3], two: [0.9, 1.5, 1.1]}), lad)
+    best = ladder.best_recipe(lad)
+    assert best["key"] == "grad:no_grad" and best["per_image_speedup"] == pytest.approx(1.25)
+    lad.table = ladder.ladder_table(_fake_comparison({one: [1.0, 1.01, 0.99], two: [0.9, 1.0, 1.1]}), lad)
+    assert ladder.best_recipe(lad)["recipe"] == "fp32 eager (nothing beat it)"
+
+
+def test_allocator_rung_takes_allocator_keys_only(study):
+    with pytest.raises(ConfigError, match="not allocator settings: grad:no_grad"):
+        ladder.allocator_rung(study, ["allocator:jemalloc", "grad:no_grad"])
+
+
+def test_measure_runs_every_rung_in_one_call_and_stores_rows_the_report_shows(study, monkeypatch):
     from sdperf import report
 
-    study = climbed[0]
+    cere = ladder.plan(study, ladder.CEREBRIUM, ["grad:no_grad", "attention:sdpa:math", "cuda_graphs"])
+    best = ladder.plan(study, ladder.BEST, ["attention:sdpa:math"])
+    calls = []
+
+    def fake_run_variants(_study, items, **_kw):
+        calls.append(items)
+        return _fake_comparison({name: [1.2, 1.3, 1.25] for name, _ in items})
+
+    monkeypatch.setattr(ladder, "run_variants", fake_run_variants)
+    ladder.measure(study, [cere, best], say=lambda _m: None)
+    assert len(calls) == 1 and [k for _, k in calls[0]] == ["grad:no_grad", "grad:no_grad+attention:sdpa:math",
+                                                            "attention:sdpa:math", ladder.METHOD_CHECK]
+    rows = study.recorder.table()
+    graphs = rows[rows.scenario.str.contains("CUDA graph")]
+    assert graphs.status.tolist() == ["not_applicable"]
+    assert graphs.key.tolist() == ["grad:no_grad+attention:sdpa:math+cuda_graphs"]
+    below = rows[rows.metric == "speedup_vs_rung_below"].set_index("key")
+    assert below.loc["grad:no_grad+attention:sdpa:math", "value"] == pytest.approx(1.0)
+    assert "within noise" in below.loc["grad:no_grad+attention:sdpa:math", "note"]
+    assert "faster" in below.loc["grad:no_grad", "note"] and (below.method == "m").all()
     page = report.write_index(study.profile.name).read_text()
     assert "<h2 id='ladder'>The ladder</h2>" in page
     assert page.index("id='ladder'") < page.index("id='environment'")
-    assert "Cerebrium order 3: + CUDA graphs" in page and "not applicable: device" in page
+    assert "Cerebrium order 3: CUDA graph" in page and "not applicable: " in page

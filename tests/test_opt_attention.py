@@ -10,6 +10,7 @@ from diffusers.models.attention_processor import AttnProcessor, SlicedAttnProces
 
 from sdperf.architectures import get as get_arch
 from sdperf.drift import relative_error
+from sdperf.errors import ConfigError
 from sdperf.experiments import attention as ex
 from sdperf.generation import Workload, generate
 from sdperf.optimizations import attention as opt
@@ -58,8 +59,16 @@ def test_bad_names_are_refused_with_the_choices(tiny_pipe):
     with pytest.raises(ValueError, match="'half'.*auto, max"):
         opt.use_slicing(tiny_pipe, "half")
     study = SimpleNamespace(device="cpu", profile=SimpleNamespace(dtype="float32", arch="tiny"))
-    with pytest.raises(ValueError, match="'nope'.*native"):
-        ex.variants(study, ["classic", "dispatcher:nope"])
+    with pytest.raises(ConfigError, match="'nope'.*native"):
+        ex.configs(study, ["attention:classic", "attention:dispatcher:nope"])
+
+
+def test_configs_are_catalog_keys_in_the_profiles_precision():
+    half = SimpleNamespace(profile=SimpleNamespace(dtype="float16"))
+    assert ex.configs(half, ["attention:sdpa:math"]) == [
+        ("SDPA math only, float16", "precision:float16+attention:sdpa:math")]
+    full = SimpleNamespace(profile=SimpleNamespace(dtype="float32"))
+    assert ex.configs(full, ["attention:classic"]) == [("classic (AttnProcessor)", "attention:classic")]
 
 
 def test_head_shapes_come_from_the_real_architecture_without_weights():

@@ -78,3 +78,17 @@ def test_host_overhead_splits_a_real_unet_step(scratch_reports):
     rows = read_results("smoke").set_index("metric")
     assert 0 <= rows.loc["host_share_upper", "value"] <= 100
     assert rows.loc["aten_calls_per_step", "value"] == s.aten_calls > 0
+
+
+def test_the_unet_share_comes_from_the_baseline_row():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from sdperf.rounds import BASELINE
+
+    summary = pd.DataFrame([{"config": BASELINE, "latency_s": 2.0, "unet_step_s": 0.3, "iterations": 5}])
+    measured = SimpleNamespace(row=lambda c: summary.set_index("config").loc[c].to_dict())
+    share = exp.unet_share(SimpleNamespace(measured=measured, method="m")).iloc[0]
+    assert share.unet_s == pytest.approx(1.5) and share.unet_share_percent == pytest.approx(75.0)
+    assert share.ceiling_speedup_if_unet_were_free == pytest.approx(4.0)

@@ -6,6 +6,8 @@ import itertools
 import pytest
 import torch
 
+from sdperf.comparison import run_variants
+from sdperf.errors import ConfigError
 from sdperf.experiments import fewer_steps as fx
 from sdperf.generation import Workload, generate, initial_latents
 from sdperf.optimizations import fewer_steps as opt
@@ -90,36 +92,38 @@ def test_bad_scheduler_or_steps_name_the_choices(pipe):
         opt.apply(pipe, "lms")
     with pytest.raises(ValueError, match="'k-euler'.*dpmpp-2m"):
         opt.availability("cpu", "k-euler")
-    with pytest.raises(ValueError, match="steps must be an integer >= 1, got 0"):
-        fx.parse([["plms", 0]])
-    with pytest.raises(ValueError, match=r"\[scheduler, steps\]"):
-        fx.parse(["plms"])
+    with pytest.raises(ConfigError, match="steps >= 1"):
+        fx.parse("scheduler:plms@0")
+    with pytest.raises(ValueError, match="not a scheduler technique"):
+        fx.check(["scheduler:plms@4", "precision:float16"])
+    assert fx.parse("scheduler:dpmpp-2m@20") == ("dpmpp-2m", 20)
     assert opt.availability("cpu", "euler")[0]
 
 
-def test_plan_cuts_repeats_to_the_budget_but_keeps_one(smoke, scratch_reports):
+def test_compare_times_each_scheduler_against_plms_50_composed(smoke, scratch_reports):
     from sdperf.study import open_study
 
     study = open_study("smoke", notebook="test_fewer_steps")
-    pipe = study.pipeline()
-    configs = [("plms", 4), ("dpmpp-2m", 2)]
-    roomy = fx.plan(study, pipe, configs, budget_s=1e6)
-    tight = fx.plan(study, pipe, configs, budget_s=1e-6)
-    assert list(roomy["repeats"]) == [smoke.repeats] * 2 and list(tight["repeats"]) == [1, 1]
-    assert list(roomy["unet_calls"]) == [5, 2]
-
-
-def test_compare_schedulers_records_calls_speed_and_drift(smoke, scratch_reports):
-    from sdperf.study import open_study
-
-    study = open_study("smoke", notebook="test_fewer_steps")
-    table, _, runs = fx.compare_schedulers(study, ("plms", 4), [("dpmpp-2m", 2), ("plms", 4)], budget_s=1e-6)
-    assert list(table["variant"]) == ["plms 4 steps", "dpmpp-2m 2 steps"]  # the reference is not repeated
-    assert list(table["unet_calls"]) == [5, 2] and list(table["repeats"]) == [1, 1]
-    var = table.iloc[1]
-    assert var["speedup"] > 0 and 0 < var["latent_rel_error"] < float("inf")
-    assert "random weights" in var["verdict"]
+    cmp = run_variants(study, ["scheduler:dpmpp-2m@2"], rounds_=1, overrides={"warmup": 1, "repeats": 1},
+                          say=lambda _: None)
+    timing = fx.timing_table(cmp)
+    assert list(timing["variant"]) == ["fp32 eager", "scheduler:dpmpp-2m@2"]  # the twin is the noise floor only
+    assert list(timing["unet_calls"]) == [51, 2]  # PLMS at the seeds' 50 steps vs the scheduler's own
+    row = timing.iloc[1]
+    # 2 UNet calls against 51: composed per image, the scheduler is many times faster whatever the noise
+    assert row["seed_speedup"] > 5 and row["seed_speedup_verdict"] in ("faster", "within noise")
     rows = read_results("smoke")
-    calls = rows[(rows.notebook == "test_fewer_steps") & (rows.metric == "unet_calls")]
-    assert sorted(calls["value"]) == [2, 5]
+    mine = rows[(rows.notebook == "test_fewer_steps") & (rows.metric == "seed_speedup_vs_fp32")]
+    assert set(mine["key"]) >= {"scheduler:dpmpp-2m@2"} and mine["method"].str.contains("fresh process").all()
+
+
+def test_drift_is_measured_from_the_reference_generation(smoke, scratch_reports):
+    from sdperf.study import open_study
+
+    study = open_study("smoke", notebook="test_fewer_steps")
+    d = fx.drift_from_reference(study, "scheduler:plms@4", ["scheduler:plms@4", "scheduler:dpmpp-2m@2"])
+    same, other = d.iloc[0], d.iloc[1]
+    assert same["latent_rel_error"] == 0 and list(d["unet_calls"]) == [5, 2]
+    assert 0 < other["latent_rel_error"] < float("inf") and "random weights" in other["verdict"]
+    rows = read_results("smoke")
     assert not rows[(rows.notebook == "test_fewer_steps") & (rows.metric == "image_psnr_db")].empty

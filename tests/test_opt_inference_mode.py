@@ -3,15 +3,16 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import torch
 
 from sdperf.drift import relative_error
+from sdperf.errors import ConfigError
 from sdperf.experiments import inference_mode as ex
 from sdperf.generation import GRAD_MODES, Workload, generate
 from sdperf.optimizations import inference_mode as opt
 from sdperf.pipelines import build_pipeline
-from sdperf.timing import Timing
 
 
 @pytest.fixture(scope="module")
@@ -66,23 +67,31 @@ def test_autograd_keeps_activations_only_for_grad_with_trainable_weights(tiny_pi
     assert held["saved_storages"] > 100 and held["saved_for_backward_mib"] > 10 * latents_mib
 
 
-def test_noise_verdict_reads_the_range_not_the_median(smoke, scratch_reports):
-    from sdperf.study import open_study
+def test_the_cerebrium_step_is_the_ratio_of_ratios_per_round():
+    # per round, inference_mode's and no_grad's ratios to the same interpolated baseline
+    ratios = pd.DataFrame({"config": ["no_grad", "im", "no_grad", "im", "no_grad", "im", "other", "other"],
+                           "round": [0, 0, 1, 1, 2, 2, 0, 1], "speedup": [1.0, 1.1, 0.8, 0.84, 0.5, 0.51, 2, 2]})
+    step = ex.step_ratio(ratios, "no_grad", "im")
+    assert step.round(6).tolist() == [1.1, 1.05, 1.02]
+    assert ex.step_ratio(ratios, "no_grad", "missing").empty
 
-    study = open_study("smoke", notebook="test_02")
-    w = Workload.from_profile(smoke)
 
-    def run(times):
-        return SimpleNamespace(timing=Timing(times=times, first_call=times[0]), workload=w)
+def test_the_claim_is_faster_only_when_its_whole_range_clears_the_noise_band():
+    step = pd.Series([1.1, 1.05, 1.02])
+    assert ex._claim_row("c", step, (0.97, 1.03), "")["verdict"] == "within noise"  # 1.02 is inside the band
+    row = ex._claim_row("c", step, (0.98, 1.01), "")
+    assert (row["verdict"], row["speedup"], row["speedup_lo"], row["rounds"]) == ("faster", 1.05, 1.02, 3)
 
-    noisy = ex._pair(study, "noisy", run([1.00, 1.10, 0.95]), run([0.99, 1.08, 0.93]), "")
-    clear = ex._pair(study, "clear", run([1.00, 1.01, 0.99]), run([0.50, 0.51, 0.49]), "")
-    assert noisy["speedup"] > 1 and noisy["verdict"].startswith("within noise")
-    assert clear["verdict"] == "measurable: the whole range is above 1.0"
-    assert set(study.recorder.table()["scenario"]) == {"noisy, batch 1", "clear, batch 1"}
+
+def test_configs_are_catalog_keys_in_the_profiles_precision(smoke):
+    study = SimpleNamespace(profile=smoke)
+    assert ex.configs(study, ["grad:no_grad", "grad:grad+parameters:trainable"]) == [
+        ("no_grad", "grad:no_grad"), ("grad on, parameters trainable", "grad:grad+parameters:trainable")]
+    half = SimpleNamespace(profile=SimpleNamespace(dtype="float16"))
+    assert ex.configs(half, ["grad:no_grad"]) == [("no_grad, float16", "precision:float16+grad:no_grad")]
 
 
 def test_unknown_variant_is_refused_before_anything_runs(smoke):
-    study = SimpleNamespace(device="cpu", profile=smoke)
-    with pytest.raises(ValueError, match="'fp16'.*grad_trainable"):
-        ex.variants(study, ["no_grad", "fp16"])
+    study = SimpleNamespace(profile=smoke)
+    with pytest.raises(ConfigError, match="'grad:fp16'"):
+        ex.configs(study, ["grad:no_grad", "grad:fp16"])

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sdperf import drift
+from sdperf.errors import ConfigError
 from sdperf.experiments import quantization as qx
 from sdperf.generation import Workload, generate, initial_latents
 from sdperf.optimizations import quantization as opt
@@ -74,8 +75,34 @@ def test_bad_scheme_names_the_choices(tiny_pipe):
         opt.apply(tiny_pipe, "fp8")
     with pytest.raises(ValueError, match="needs the workload"):
         opt.apply(tiny_pipe, "openvino-nncf-ptq")
-    with pytest.raises(ValueError, match="'int4'"):
-        qx.check(["torch-ao-dynamic", "int4"])
+    with pytest.raises(ConfigError, match="'int8:int4'"):
+        qx.check(["int8:torch-ao-dynamic", "int8:int4"])
+    with pytest.raises(ValueError, match="not an int8 scheme"):
+        qx.check(["precision:float16"])
+    assert qx.scheme("int8:openvino-nncf-ptq") == "openvino-nncf-ptq"
+
+
+def test_torchao_over_budget_is_a_skipped_row_not_a_run(monkeypatch, scratch_reports):
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from sdperf.comparison import COLUMNS
+    from sdperf.results import read_results
+    from sdperf.study import open_study
+
+    study = open_study("smoke", notebook="test_quantization")
+    ran = []
+    monkeypatch.setattr(qx, "run_variants", lambda _study, keys: ran.extend(keys) or SimpleNamespace(
+        table=pd.DataFrame(columns=COLUMNS)))
+    monkeypatch.setattr(qx, "_torchao_too_slow", lambda *a: "its scalar kernel would take 999 s")
+    monkeypatch.setattr(opt, "availability", lambda device, scheme: (True, "stub"))
+    cmp = qx.compare_schemes(study, ["int8:torch-ao-dynamic", "int8:torchao-int8-dynamic"], {}, pd.DataFrame())
+    assert ran == ["int8:torch-ao-dynamic"]
+    row = cmp.table.set_index("variant").loc["int8:torchao-int8-dynamic"]
+    assert row["status"] == "skipped" and "999 s" in row["note"]
+    rows = read_results("smoke")
+    assert (rows[rows.notebook == "test_quantization"].status == "skipped").any()
 
 
 def test_calibration_inputs_are_every_unet_call_of_one_generation(tiny_pipe, workload):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 import torch
@@ -143,13 +144,22 @@ def test_apply_wraps_the_unet_lazily_with_the_engine_contract(smoke):
     assert not isinstance(pipe.unet, tc.CompiledUNet) and weight.is_contiguous(memory_format=torch.channels_last)
 
 
-def test_only_the_first_compiled_variant_compiles_into_an_empty_cache(scratch_reports):
+def test_compile_technique_puts_the_inductor_cache_in_scratch_and_its_log_in_facts(smoke, tmp_path, monkeypatch):
+    from sdperf.optimizations.catalog import Context, get
+
+    monkeypatch.setenv(tc.CACHE_ENV, str(tmp_path / "elsewhere"))  # e.g. the fork server's default
+    ctx = Context(smoke, scratch=tmp_path / "scratch")
+    pipe = get("compile:default").apply(build_pipeline(smoke), ctx)
+    assert os.environ[tc.CACHE_ENV] == str(tmp_path / "scratch" / "inductor") == ctx.facts["inductor_cache"]
+    assert ctx.facts["compile_log"] is pipe.unet.log  # read by the worker after the timed calls
+
+
+def test_run_accepts_only_compile_keys(scratch_reports):
     from sdperf.experiments import torch_compile as experiment
     from sdperf.study import open_study
 
     study = open_study("smoke", notebook="04_torch_compile")
-    specs = ["channels_last", "reduce-overhead", "default", "freezing"]  # eager, not applicable, then compiled
-    fresh = [v.apply.keywords["fresh"] for v in experiment.make_variants(study, specs, False, {})]
-    assert fresh == [False, False, True, False]
-    fresh = [v.apply.keywords["fresh"] for v in experiment.make_variants(study, specs, True, {})]
-    assert fresh == [False, False, True, True]
+    with pytest.raises(ValueError, match="compile:<spec>"):
+        experiment.run(study, ["compile:default", "precision:float16"])
+    table = experiment.availability_table(study, ["compile:default", "compile:reduce-overhead"])
+    assert list(table["available"]) == [True, False]  # smoke is a CPU profile: no CUDA graphs

@@ -79,20 +79,28 @@ def test_reference_npz_path(scorers, smoke, tmp_path):
 
 
 def test_rungs_compare_with_the_fp32_images(smoke, scorers, scratch_reports):
+    from sdperf.results import Recorder
     from sdperf.study import open_study
 
     study = open_study("smoke", notebook="12_fid_clip")
+    # the stand-alone row 02_inference_mode stored on this machine at this commit, found by key
+    Recorder("02_inference_mode", "smoke", study.env).add(
+        "whatever label, batch 1", "speedup_vs_fp32", 1.07, "x", lo=1.05, hi=1.09, key="grad:inference_mode",
+        method="fresh process per configuration", note="per image; faster (noise band 0.98-1.02x)")
     s = dataclasses.replace(settings(smoke), ladder_n_images=2, steps=2)
-    out = rungs.generate(study, s, ["inference_mode", "cuda_graphs"], say=lambda _: None)
+    out = rungs.generate(study, s, ["grad:inference_mode", "cuda_graphs"], say=lambda _: None)
     assert [r.status for r in out] == ["ok", "ok", "not_applicable"]
     table = rungs.score_rungs(study, s, dataclasses.replace(scorers, clip=_FakeClip()), out)
-    same = table[table.key == "inference_mode"].iloc[0]
+    same = table[table.key == "grad:inference_mode"].iloc[0]
     assert same[s.label("fid_vs_baseline")] == 0 and same.psnr_db_median == np.inf and same.clip_change == 0
+    assert same.speedup_vs_fp32 == 1.07 and (same.speedup_lo, same.speedup_hi) == (1.05, 1.09)
+    assert same.speed_verdict == "faster" and same.speed_method.startswith("fresh process")
     assert "CUDA" in table[table.key == "cuda_graphs"].iloc[0].note
     stored = study.recorder.table()
     assert set(stored.status) == {"ok", "not_applicable"} and stored.metric.str.contains("machinery only").any()
-    with pytest.raises(ConfigError, match="unknown ladder rung\\(s\\) 'warp-drive'; valid: no_grad"):
-        rungs.check_keys(study, ["warp-drive"])
+    assert set(stored.key) == {"fp32-eager", "grad:inference_mode", "cuda_graphs"}
+    with pytest.raises(ConfigError, match="unknown technique 'warp-drive'"):
+        rungs.check_keys(["warp-drive"])
 
 
 class _FakeClip:

@@ -65,6 +65,32 @@ def cpu_isa() -> dict[str, bool]:
     return {f: f in flags for f in ISA_FLAGS}
 
 
+def fingerprint(device: str = "cpu") -> str:
+    """A short id of the machine a number belongs to: CPU model, family/model/stepping, logical CPUs, every ISA
+    flag, and the GPU where one is used. Two rows with different fingerprints never share a table."""
+    import hashlib
+
+    info = _cpuinfo()
+    parts = [cpu_model(), info.get("cpu family", ""), info.get("model", ""), info.get("stepping", ""),
+             str(os.cpu_count()), info.get("flags", ""), device_name(device) if device != "cpu" else ""]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
+
+
+def run_id() -> str:
+    """The id of this run: `sdperf run` sets SDPERF_RUN_ID for every notebook it runs; a notebook opened alone
+    gets its own."""
+    import uuid
+
+    rid = os.environ.get(RUN_ID_ENV)
+    if not rid:
+        rid = os.environ[RUN_ID_ENV] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + \
+            uuid.uuid4().hex[:6]
+    return rid
+
+
+RUN_ID_ENV = "SDPERF_RUN_ID"
+
+
 def device_name(device: str) -> str:
     import torch
 
@@ -82,6 +108,9 @@ def record(profile: str | None = None, device: str = "cpu") -> dict:
         "device": device,
         "device_name": device_name(device),
         "cpu_model": cpu_model(),
+        "cpu_family_model_stepping": "/".join(_cpuinfo().get(k, "?") for k in ("cpu family", "model", "stepping")),
+        "machine": fingerprint(device),
+        "run_id": run_id(),
         "cpu_isa": cpu_isa(),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),

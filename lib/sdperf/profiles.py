@@ -48,6 +48,8 @@ class Profile:
     cell_timeout_s: int
     variant_budget_s: int
     weights: str | None = None
+    # fresh-process rounds every compared configuration runs in (sdperf.rounds); 3 is the least a range means
+    rounds: int = 3
     notes: tuple[str, ...] = field(default_factory=tuple)
     # Settings of the studies beyond the inference ladder, one mapping each; the package that owns a section
     # validates its keys (sdperf.training / sdperf.quality / sdperf.serving), before any model is built.
@@ -181,6 +183,8 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
         _check_positive_int(name, key, raw[key])
     for key in ("warmup", "seed"):
         _check_positive_int(name, key, raw[key], minimum=0)
+    if "rounds" in raw:
+        _check_positive_int(name, "rounds", raw["rounds"], minimum=3)
     sizes = raw["batch_sizes"]
     if not isinstance(sizes, list) or not sizes:
         raise ConfigError(f"profile {name!r}: batch_sizes must be a non-empty list of integers, got {sizes!r}")

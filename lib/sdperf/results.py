@@ -18,9 +18,13 @@ import pandas as pd
 from sdperf.paths import profile_reports
 
 KEY = ["notebook", "scenario", "metric"]
-MEASURE_COLUMNS = ["value", "unit", "p10", "p90", "n", "status", "note"]
-ENV_COLUMNS = ["profile", "dtype", "device", "device_name", "cpu_model", "threads", "commit", "torch",
-               "diffusers", "python", "packages", "time_utc"]
+# lo/hi: the range of a value over fresh-process rounds (min, max); p10/p90: its spread inside one process.
+# method: how the row was taken (sdperf.rounds.method() for every compared ratio), so no table mixes methods.
+# key: the catalog stack key a row measures (sdperf.optimizations.catalog), so rows are found by key, not label.
+MEASURE_COLUMNS = ["value", "unit", "p10", "p90", "lo", "hi", "n", "status", "method", "key", "note"]
+# run_id: one `sdperf run` (or one notebook opened alone); machine: the CPU/GPU fingerprint the row was taken on
+ENV_COLUMNS = ["profile", "dtype", "device", "device_name", "cpu_model", "machine", "threads", "commit", "run_id",
+               "torch", "diffusers", "python", "packages", "time_utc"]
 COLUMNS = KEY + MEASURE_COLUMNS + ENV_COLUMNS
 STATUSES = ("ok", "not_applicable", "skipped", "failed")
 
@@ -111,7 +115,8 @@ class Recorder:
         return results_path(self.profile)
 
     def _row(self, scenario: str, metric: str, value, unit: str, p10=None, p90=None, n=None,
-             status: str = "ok", note: str = "", dtype: str | None = None) -> dict:
+             status: str = "ok", note: str = "", dtype: str | None = None, lo=None, hi=None,
+             method: str = "", key: str = "") -> dict:
         if status not in STATUSES:
             raise ValueError(f"status {status!r} is not valid; choose one of: {', '.join(STATUSES)}")
         missing = value is None or (isinstance(value, float) and math.isnan(value))
@@ -120,10 +125,11 @@ class Recorder:
         env = self.env
         return {
             "notebook": self.notebook, "scenario": scenario, "metric": metric, "value": value, "unit": unit,
-            "p10": p10, "p90": p90, "n": n, "status": status, "note": note,
+            "p10": p10, "p90": p90, "lo": lo, "hi": hi, "n": n, "status": status, "method": method, "key": key, "note": note,
             "profile": self.profile, "dtype": dtype or self.dtype, "device": env["device"],
-            "device_name": env["device_name"], "cpu_model": env["cpu_model"], "threads": env["threads"],
-            "commit": env["commit"], "torch": env["packages"].get("torch"),
+            "device_name": env["device_name"], "cpu_model": env["cpu_model"], "machine": env.get("machine"),
+            "threads": env["threads"], "commit": env["commit"], "run_id": env.get("run_id"),
+            "torch": env["packages"].get("torch"),
             "diffusers": env["packages"].get("diffusers"), "python": env["python"],
             "packages": ";".join(f"{k}={v}" for k, v in env["packages"].items() if v), "time_utc": env["time_utc"],
         }
@@ -159,3 +165,18 @@ class Recorder:
     def table(self) -> pd.DataFrame:
         df = read_results(self.profile)
         return df[df["notebook"] == self.notebook].reset_index(drop=True)
+
+    def current(self) -> pd.DataFrame:
+        """Rows of every notebook taken on this machine at this commit: the only rows a table or a choice may
+        read (a row of another CPU or commit never enters one)."""
+        return current_rows(read_results(self.profile), self.env)
+
+
+def current_rows(df: pd.DataFrame, env: dict) -> pd.DataFrame:
+    """The rows of `df` taken on the machine and at the commit `env` describes."""
+    if df.empty:
+        return df
+    same = df["commit"].astype(str) == str(env["commit"])
+    if "machine" in df:
+        same &= df["machine"].astype(str) == str(env.get("machine"))
+    return df[same].reset_index(drop=True)

@@ -299,6 +299,8 @@ def run(profile_name: str | None, only: list[str] | None = None, force: bool = F
 
     profile, selected = validate(profile_name, only, notebooks_dir)
     folder = Path(notebooks_dir or paths.notebooks_dir())
+    os.environ[environment.RUN_ID_ENV] = ""  # a new run id for this run, shared by its notebooks' kernels
+    environment.run_id()
     write_environment(profile)
     commit = environment.git_commit()
     outcomes = []

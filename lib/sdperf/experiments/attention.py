@@ -1,9 +1,8 @@
 """03_attention: diffusers' attention processors and PyTorch's SDPA backends, side by side in one run.
 
-Every variant is measured against the fp32 eager baseline, which already runs SDPA with PyTorch's own choice of
-backend (diffusers' default processor). 'default' re-measures that configuration on a fresh pipeline in the
-profile's precision: on float32 profiles it is the run's noise floor, on GPU profiles (float16) the reference
-the forced backends are read against.
+Every configuration is measured against the fp32 eager baseline, which already runs SDPA with PyTorch's own
+choice of backend (diffusers' default processor); its twin, which run_variants always adds, re-measures that
+configuration and is the run's noise floor. On GPU profiles (float16) each configuration runs in that precision.
 """
 from __future__ import annotations
 
@@ -15,14 +14,16 @@ from torch.profiler import ProfilerActivity, profile
 
 from sdperf import published
 from sdperf.architectures import get as get_arch
-from sdperf.comparison import BASELINE, Comparison, Variant, published_row, release, run_variants
-from sdperf.experiments.common import at_dtype, speedup_and_memory
+from sdperf.comparison import BASELINE, Comparison, published_row, release, run_variants
+from sdperf.experiments.common import (at_dtype, baseline_runs, facts_table,  # noqa: F401  (notebook API)
+                                       speedup_and_memory)
 from sdperf.measurements import unet_call_inputs
 from sdperf.optimizations import attention as opt
+from sdperf.optimizations import half_precision
+from sdperf.optimizations.catalog import Stack
 from sdperf.study import Study
 from sdperf.timing import synchronize
 
-KINDS = ("default", "classic", "sdpa", "sliced", "dispatcher")
 SDPA_OP = "aten::scaled_dot_product_attention"
 
 
@@ -31,52 +32,16 @@ def skeleton(study: Study) -> torch.nn.Module:
     return opt.unet_skeleton(get_arch(study.profile.arch).unet)
 
 
-def _slice_arg(arg: str):
-    return int(arg) if arg.isdigit() else arg
-
-
-def variant(study: Study, spec: str, unet_skeleton: torch.nn.Module) -> Variant:
-    """One variant from a spec: 'default', 'classic', 'sdpa:<backend>', 'sliced:<auto|max|n>',
-    'dispatcher:<diffusers backend>'."""
-    kind, _, arg = spec.partition(":")
-    if kind not in KINDS or (kind in ("default", "classic") and arg):
-        raise ValueError(f"variant {spec!r} is not valid; choose one of: default, classic, "
-                         f"sdpa:<{'|'.join(opt.BACKENDS)}>, sliced:<auto|max|n>, dispatcher:<name>")
+def configs(study: Study, keys: list[str]) -> list[tuple[str, str]]:
+    """(display name, stack key) per attention key, in the profile's precision; validated before anything runs."""
     dtype = study.profile.dtype
     suffix = "" if dtype == "float32" else f", {dtype}"
-
-    def make(label, change, availability=(True, ""), note=""):
-        return Variant(label=label + suffix, apply=lambda pipe: change(at_dtype(pipe, dtype)),
-                       availability=availability, dtype=dtype, facts=opt.facts, note=note)
-
-    if kind == "default":
-        return make("SDPA, PyTorch's choice (fresh pipeline)", lambda p: p, note="the baseline's configuration")
-    if kind == "classic":
-        return make("classic (AttnProcessor)", lambda p: opt.use_processor(p, "classic"),
-                    note="softmax(QK^T)V with batched matmuls, the score matrix in memory")
-    if kind == "sdpa":
-        ok = opt.sdpa_availability(study.device, arg, dtype, opt.head_shapes(unet_skeleton))
-        return make(f"SDPA {arg} only", lambda p: opt.use_sdpa_backend(p, arg), ok,
-                    note=f"UNet calls inside sdpa_kernel(SDPBackend.{opt.BACKENDS[arg].name})")
-    if kind == "sliced":
-        size = _slice_arg(arg or "auto")
-        opt.check_slice_size(size)
-        return make(f"sliced attention ({size})", lambda p: opt.use_slicing(p, size),
-                    note="enable_attention_slicing: SlicedAttnProcessor on the UNet")
-    opt.check_dispatcher_backend(arg)
-    return make(f"set_attention_backend('{arg}')", lambda p: opt.use_dispatcher(p, arg),
-                opt.dispatcher_availability(unet_skeleton), note="diffusers' attention dispatcher")
+    return [(Stack.of(k).label + suffix, Stack.of(at_dtype(study, k)).key) for k in keys]
 
 
-def variants(study: Study, specs: list[str]) -> list[Variant]:
-    """All named variants, validated (and their availability probed) before anything is timed."""
-    unet = skeleton(study)
-    return [variant(study, s, unet) for s in specs]
-
-
-def compare_attention(study: Study, specs: list[str]) -> Comparison:
-    """The fp32 eager baseline (SDPA, PyTorch's choice) first, then each variant on a fresh pipeline."""
-    return run_variants(study, variants(study, specs))
+def compare_attention(study: Study, keys: list[str]) -> Comparison:
+    """Each attention configuration in its own processes, in rounds, against fp32 eager (SDPA, PyTorch's choice)."""
+    return run_variants(study, configs(study, keys))
 
 
 def backend_matrix(study: Study, dtypes: list[str]) -> pd.DataFrame:
@@ -97,11 +62,6 @@ def global_switches() -> dict[str, bool]:
             "cudnn": b.cudnn_sdp_enabled(), "math": b.math_sdp_enabled()}
 
 
-def facts_table(cmp: Comparison) -> pd.DataFrame:
-    """The processors each prepared pipeline runs, and whether its UNet is held to one SDPA backend."""
-    return pd.DataFrame([{"variant": k, **v} for k, v in cmp.facts.items()])
-
-
 def _unet_call(pipe, workload):
     """One UNet forward on the guidance batch of this workload, ready to call (as measurements.unet_flops)."""
     args, kwargs = unet_call_inputs(pipe, workload)
@@ -112,7 +72,8 @@ def sdpa_share(study: Study) -> pd.DataFrame:
     """How much of one UNet step is spent inside scaled_dot_product_attention (torch.profiler, one warm call):
     the most any attention kernel can save, whatever the backend."""
     device, dtype = study.device, study.profile.dtype
-    pipe = at_dtype(study.pipeline("float32"), dtype)
+    pipe = study.pipeline("float32")
+    pipe = pipe if dtype == "float32" else half_precision.apply(pipe, dtype)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with torch.inference_mode():
         call = _unet_call(pipe, study.workload(1))
@@ -149,6 +110,9 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
     context across very different hardware, not a like-for-like ratio."""
     measured = (f"{study.conditions(1, scope='denoising loop (UNet + scheduler)')}, float32, SDPA with "
                 "PyTorch's choice of backend")
+    base = baseline_runs(cmp)
+    it_per_s = float(base.it_per_s.median())
+    measured += f"; median of {len(base)} baseline processes ({cmp.method})"
     rows = []
     for source, config in PUBLISHED_SDPA_EAGER:
         r = published.select(source, config=config).iloc[0]
@@ -156,7 +120,7 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
         rows.append(published_row(
             "SD 1.5 denoising throughput, SDPA, eager", f"{source} ({r.note})", r.hardware,
             f"{r.model}, {int(r.resolution)}px{steps}, batch {int(r.batch_size)}, {config}", float(r.value),
-            cmp.baseline.it_per_s, measured, unit="it/s"))
+            it_per_s, measured, unit="it/s"))
     return pd.DataFrame(rows)
 
 

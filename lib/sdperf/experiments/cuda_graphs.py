@@ -25,9 +25,8 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from sdperf.comparison import Comparison, Variant, published_row, release, run_variants
+from sdperf.comparison import BASELINE, Comparison, published_row, release, run_variants
 from sdperf.measurements import capture_block_inputs
-from sdperf.optimizations import cuda_graphs
 from sdperf.study import Study
 from sdperf.timing import Timing, measure, synchronize
 
@@ -42,25 +41,28 @@ MATH_OPS = frozenset("aten::" + n for n in (
     "_scaled_dot_product_cudnn_attention", "_efficient_attention_forward", "_flash_attention_forward"))
 
 
-def variants(study: Study) -> list[Variant]:
-    """Graph replay against eager at float32 and, on profiles that run half precision, at that dtype too
-    (run_variants hands each apply() a pipeline already cast to the variant's dtype)."""
-    ok, reason = cuda_graphs.availability(study.device)
-    out = []
-    for dtype in dict.fromkeys(["float32", study.profile.dtype]):
-        if dtype != "float32":
-            out.append(Variant(f"{dtype} eager", dtype=dtype, availability=(ok, reason),
-                               note="the reference for the graphed rung below"))
-        out.append(Variant(f"{dtype} + CUDA graph (UNet step)", apply=cuda_graphs.apply, dtype=dtype,
-                           availability=(ok, reason),
-                           note="one capture per CFG batch shape; inputs copied into static tensors"))
-    return out
-
-
 def compare(study: Study, say=print) -> Comparison:
-    """run_variants; without CUDA only the baseline is timed (it gives the UNet's share of a generation)."""
-    ok, _ = cuda_graphs.availability(study.device)
-    return run_variants(study, variants(study), retime_baseline=ok, say=say)
+    """run_variants with the graphed UNet (in the profile's precision, and at that precision eager as its
+    reference); without CUDA it is recorded as not applicable with the reason and only the fp32 baseline and its
+    twin are timed (the baseline gives the UNet's share of a generation)."""
+    items = [("CUDA graph (UNet step)", "cuda_graphs")]
+    dtype = study.profile.dtype
+    if dtype != "float32":
+        items = [(f"{dtype} eager", f"precision:{dtype}"),
+                 (f"{dtype} + CUDA graph (UNet step)", f"precision:{dtype}+cuda_graphs")]
+    return run_variants(study, items, say=say)
+
+
+def unet_share(cmp: Comparison) -> pd.DataFrame:
+    """The baseline's UNet share of a generation (median UNet call x denoising iterations over the median
+    generation): the ceiling for anything that only speeds up the UNet step, graphs included."""
+    b = cmp.measured.row(BASELINE)
+    unet_s = b["unet_step_s"] * b["iterations"]
+    return pd.DataFrame([{"latency_s": b["latency_s"], "unet_step_s": b["unet_step_s"],
+                          "iterations": int(b["iterations"]), "unet_s": unet_s,
+                          "unet_share_percent": 100 * unet_s / b["latency_s"],
+                          "ceiling_speedup_if_unet_were_free": b["latency_s"] / (b["latency_s"] - unet_s),
+                          "method": cmp.method}])
 
 
 def step_inputs(pipe, workload) -> tuple[tuple, dict]:

@@ -6,7 +6,6 @@ classes before and after), and a ratio is only ever reported beside that count.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from importlib import resources
 from typing import Callable
 
@@ -14,7 +13,7 @@ import deepspeed  # noqa: F401  imported first so its accelerator log line print
 import pandas as pd
 
 from sdperf import published
-from sdperf.comparison import Comparison, Variant, published_row, release, run_variants
+from sdperf.comparison import Comparison, published_row, release, run_variants
 from sdperf.optimizations import deepspeed_inference as ds
 from sdperf.plots import speedup_bars
 from sdperf.study import Study
@@ -24,26 +23,6 @@ KERNELS_ADAPTED = "DeepSpeed kernel injection + CLIP layout adapter"
 FP16 = "fp16 (the rung DeepSpeed is added to)"
 PASS_THROUGH = "init_inference(pipe.unet, fp32): pass-through"
 PASS_THROUGH_NOTE = "pass-through: 0 modules replaced, so any ratio is run-to-run noise, not a DeepSpeed speed-up"
-
-
-@dataclass
-class Counted:
-    """An apply function that also records what DeepSpeed replaced (census of module classes before/after)."""
-
-    fn: Callable
-    result: dict = field(default_factory=dict)
-
-    def __call__(self, pipe):
-        before = ds.census(pipe)
-        self.result = {}
-        try:
-            pipe = self.fn(pipe)
-        finally:  # also when it raises: what had been replaced before the error
-            self.result = ds.count_replaced(before, ds.census(pipe))
-        return pipe
-
-    def facts(self, _pipe) -> dict:
-        return self.result
 
 
 def compat_table() -> pd.DataFrame:
@@ -79,17 +58,18 @@ def probe(study: Study, say: Callable[[str], None] = print) -> pd.DataFrame:
     (on a GPU the variants themselves are the measurement)."""
     rows = []
     for call, fn in PROBES.items():
-        counted, pipe = Counted(fn), study.pipeline("float32")
+        pipe = study.pipeline("float32")
+        before = ds.census(pipe)
         scenario = f"probe: {call}"
         try:
-            counted(pipe)
+            fn(pipe)
             outcome, error = "ok", ""
         except Exception as exc:  # the point of the probe: record exactly how it fails here
             outcome, error = "failed", _error(exc)
-        finally:
+        finally:  # also when it raised: what had been replaced before the error
+            r = ds.count_replaced(before, ds.census(pipe))
             pipe = None
             release()
-        r = counted.result
         rows.append({"call": call, "outcome": outcome, "error": error, "replaced_modules": r["replaced_modules"],
                      "kernel_modules": r["kernel_modules"], "new_classes": r["new_classes"]})
         if outcome == "failed":
@@ -102,42 +82,32 @@ def probe(study: Study, say: Callable[[str], None] = print) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def variants(study: Study) -> tuple[list[Variant], dict[str, Counted]]:
-    """The seed's call (and the same with sdperf's CLIP adapter) where the kernels exist; everywhere, the
-    UNet-only call that DeepSpeed turns into a pass-through, timed and labelled as one."""
-    ok, reason = ds.availability(study.device, study.profile.arch)
-    counted = {KERNELS: Counted(lambda p: ds.apply(p, "float16")),
-               KERNELS_ADAPTED: Counted(lambda p: ds.apply(p, "float16", clip_adapter=True)),
-               PASS_THROUGH: Counted(lambda p: ds.apply_to_unet(p, "float32"))}
-    out = []
-    if ok:  # the ratio the seed reports is against fp16 + inference_mode, so time that rung too
-        out.append(Variant(FP16, dtype="float16"))  # run_variants casts the pipeline to the variant's dtype
-    out += [Variant(KERNELS, apply=counted[KERNELS], facts=counted[KERNELS].facts, availability=(ok, reason),
-                    dtype="float16", note="the seed's call: init_inference on the pipeline"),
-            Variant(KERNELS_ADAPTED, apply=counted[KERNELS_ADAPTED], facts=counted[KERNELS_ADAPTED].facts,
-                    availability=(ok, reason), dtype="float16",
-                    note="with transformers >= 5.6, DSClipEncoder needs sdperf's text_model alias"),
-            Variant(PASS_THROUGH, apply=counted[PASS_THROUGH], facts=counted[PASS_THROUGH].facts,
-                    note="nn.Module path: no policy matches a UNet layer")]
-    return out, counted
+def configs(study: Study) -> list[tuple[str, str]]:
+    """The seed's call (and the same with sdperf's CLIP adapter), with the fp16 rung it is added to where the
+    kernels exist; everywhere, the UNet-only call that DeepSpeed turns into a pass-through, timed and labelled as
+    one. Where the kernels are missing the catalog's availability records them as not applicable."""
+    ok, _ = ds.availability(study.device, study.profile.arch)
+    fp16 = [(FP16, "precision:float16")] if ok else []  # the seed's ratio is against fp16 + inference_mode
+    return fp16 + [(KERNELS, "deepspeed:inject"), (KERNELS_ADAPTED, "deepspeed:inject-clip-adapter"),
+                   (PASS_THROUGH, "deepspeed:unet-fp32")]
 
 
 def compare(study: Study, say: Callable[[str], None] = print, **run_kw) -> Comparison:
-    """run_variants (run_kw passes through), then the replaced-module count of every variant that ran."""
-    vs, counted = variants(study)
-    cmp = run_variants(study, vs, say=say, **run_kw)
-    for label, c in counted.items():
-        if label not in cmp.runs:
+    """run_variants (run_kw passes through), then the replaced-module count each worker's apply() reported
+    (cmp.facts, from optimizations.deepspeed_inference.count_replaced) beside every configuration that ran."""
+    cmp = run_variants(study, configs(study), say=say, **run_kw)
+    counts = {}
+    for name, facts in cmp.facts.items():
+        if "replaced_modules" not in facts:
             continue
-        n = c.result["replaced_modules"]
-        note = PASS_THROUGH_NOTE if n == 0 else f"{c.result['kernel_modules']} fused-kernel modules"
-        study.recorder.add(f"{label}, batch 1", "replaced_modules", n, "modules", n=1,
-                           note=f"{note}; new classes: {c.result['new_classes'] or 'none'}")
-        row = cmp.table.variant == label
+        n = counts[name] = facts["replaced_modules"]
+        note = PASS_THROUGH_NOTE if n == 0 else f"{facts['kernel_modules']} fused-kernel modules"
+        study.recorder.add(f"{name}, batch 1", "replaced_modules", n, "modules", n=1, method=cmp.method,
+                           note=f"{note}; new classes: {facts['new_classes'] or 'none'}")
+        row = cmp.table.variant == name
         cmp.table.loc[row, "note"] = (PASS_THROUGH_NOTE if n == 0 else
                                       f"{n} modules replaced; {cmp.table.loc[row, 'note'].iloc[0]}")
-    cmp.table.insert(2, "replaced_modules", cmp.table.variant.map(
-        {k: c.result.get("replaced_modules") for k, c in counted.items() if k in cmp.runs}))
+    cmp.table.insert(2, "replaced_modules", cmp.table.variant.map(counts))
     return cmp
 
 
@@ -145,19 +115,21 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
     """Cerebrium's DeepSpeed rung beside the ratio measured here, only where kernels were actually injected."""
     before = published.value("Cerebrium SD ladder", config="inference_mode")
     after = published.value("Cerebrium SD ladder", config="deepspeed")
-    t = cmp.table.set_index("variant")
+    t = cmp.ok().set_index("variant")
     measured, cond = None, "no DeepSpeed kernel was injected on this stack, so there is no DeepSpeed ratio to show"
-    injected = [v for v in (KERNELS, KERNELS_ADAPTED) if v in cmp.runs and (t.loc[v, "replaced_modules"] or 0) > 0]
-    if injected and FP16 in cmp.runs:
+    injected = [v for v in (KERNELS, KERNELS_ADAPTED) if v in t.index and (t.loc[v, "replaced_modules"] or 0) > 0]
+    if injected and FP16 in t.index:  # ratio of medians over rounds of two configurations' own processes
         measured = float(t.loc[FP16, "latency_s"] / t.loc[injected[0], "latency_s"])
-        cond = study.conditions(scope=f"whole generation, '{injected[0]}' vs fp16 eager")
+        cond = (study.conditions(scope=f"whole generation, '{injected[0]}' vs fp16 eager") +
+                f"; median latencies, {cmp.method}")
     return pd.DataFrame([published_row(
         "fp16 + inference_mode -> + DeepSpeed kernel injection", "Cerebrium SD ladder", "NVIDIA A10G",
         "SD v1.x, 512px, fp16", before / after, measured, cond, detail=f"{before} s -> {after} s")])
 
 
 def plot(study: Study, cmp: Comparison):
-    """Speed-up bars of the variants that ran; a pass-through bar is labelled with its 0 replacements."""
+    """Speed-up bars (min-max over rounds) of the configurations that ran; a pass-through bar is labelled with
+    its 0 replacements."""
     table = cmp.table.copy()
     table["variant"] = [f"{v}\n({int(n)} replaced)" if n == n else v
                         for v, n in zip(table.variant, table.replaced_modules)]

@@ -1,29 +1,23 @@
-"""07_engine_export: the UNet exported to inference engines (ONNX Runtime, OpenVINO, TensorRT) against fp32 eager:
-set-up cost (export, build) apart from steady-state latency, drift, and the NeMo table's batch 1/2/4 sweep."""
+"""07_engine_export: the UNet exported to inference engines (catalog keys `engine:<name>`: ONNX Runtime, OpenVINO,
+TensorRT) against fp32 eager by run_variants: set-up cost (export, build, from the worker's facts) apart from
+steady-state latency, drift, and the NeMo table's batch 1/2/4 sweep (one run_variants call per batch size).
+
+NeMo's figures are whole generations at 50 PLMS steps, so the sweep compares `seed_speedup`: per image at 50
+steps, composed from the stages each worker measured at the profile's few steps (said so wherever shown)."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import torch
 
-from sdperf import drift, published
-from sdperf.comparison import BASELINE, Comparison, Variant, published_row, release, run_variants
-from sdperf.generation import encode, initial_latents
-from sdperf.optimizations import engine_export, openvino_engine
-from sdperf.optimizations.unet_graph import EngineUNet
-from sdperf.paths import profile_reports
+from sdperf import published
+from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
+from sdperf.optimizations import catalog, engine_export, openvino_engine
 from sdperf.plots import speedup_bars
-from sdperf.timing import Timing, measure, peak_memory, ratio, reset_peak_memory
 
 DTYPES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "f16": "float16", "fp16": "float16"}
 LOSSLESS_REL_ERROR = 1e-3  # an engine whose latents move more than this is not a drop-in for the sweep
-SETUP_COLUMNS = ["variant", "engine", "exporter", "export_s", "build_s", "setup_s", "first_call_s", "export_mib",
-                 "setup_peak_mib", "precision", "dynamic_batch"]
-
-
-def unet_batch(study, batch_size: int) -> int:
-    """Images per prompt -> UNet batch: classifier-free guidance runs the uncond and cond halves together."""
-    return batch_size * (2 if study.profile.guidance_scale > 1.0 else 1)
+SETUP_COLUMNS = ["variant", "engine", "exporter", "export_s", "build_s", "setup_s", "setup_warm_s", "first_call_s",
+                 "export_mib", "setup_peak_mib", "precision", "dynamic_batch"]
 
 
 def openvino_default() -> str:
@@ -34,203 +28,170 @@ def openvino_default() -> str:
         return "unknown: the openvino package is not installed"
 
 
-def _build_kwargs(study, batch_size: int, exporter: str) -> dict:
-    sizes = study.profile.batch_sizes
-    return dict(batch=unet_batch(study, batch_size), latent_size=study.profile.latent_size, exporter=exporter,
-                scratch_root=profile_reports(study.profile.name),
-                batch_range=(unet_batch(study, min(sizes)), unet_batch(study, max(sizes))))
+def name(key: str) -> str:
+    """'engine:openvino-f32' -> 'openvino-f32', checked by the catalog (an unknown one names the valid ones)."""
+    tech = catalog.get(key)
+    if not tech.key.startswith("engine:"):
+        raise ValueError(f"{key!r} is not an engine; give engine:<name>, names: "
+                         f"{', '.join(engine_export.valid_names())}")
+    return tech.key.split(":", 1)[1]
 
 
-def _apply(study, name: str, batch_size: int, exporter: str):
-    """engine_export.apply, with the peak memory of the export and build (the heaviest moment) in its facts."""
-    def apply(pipe):
-        reset_peak_memory(study.device)
-        pipe = engine_export.apply(pipe, name, **_build_kwargs(study, batch_size, exporter))
-        pipe.unet.facts["setup_peak_mib"] = peak_memory(study.device)[0] / 2**20
-        return pipe
-    return apply
+def plan(study, keys: list[str]) -> tuple[list, list[dict]]:
+    """The items to time, and skipped rows. 'openvino-default' is resolved to the precision the CPU plugin picks
+    here; when that engine is already in the list it is a skipped row (not timed twice)."""
+    items, skipped = [], []
+    for k in keys:
+        spec = engine_export.parse(name(k))
+        if not (spec.engine == "openvino" and spec.precision == "default"
+                and engine_export.availability(study.device, spec.name)[0]):
+            items.append(k)
+            continue
+        used = openvino_engine.default_precision()
+        twin = "engine:" + engine_export.EngineSpec("openvino", used, spec.static).name
+        display = f"{k} ({used})"
+        if twin not in keys:
+            items.append((display, k))
+            continue
+        reason = (f"OpenVINO's default INFERENCE_PRECISION_HINT on this CPU is {used}: the same compiled "
+                  f"configuration as the '{twin}' row, not timed twice")
+        study.recorder.skipped(f"{display}, batch 1", reason)
+        skipped.append({"variant": display, "key": k, "status": "skipped", "note": f"skipped: {reason}"})
+    return items, skipped
 
 
-def _variant(study, spec: engine_export.EngineSpec, exporter: str, label: str | None = None) -> Variant:
-    """Every engine is handed the fp32 PyTorch pipeline (dtype float32): the engine applies its own precision,
-    which its label names and its export/build rows record as the precision actually used."""
-    ok, reason = engine_export.availability(study.device, spec.name)
-    return Variant(label=label or spec.label, apply=_apply(study, spec.name, 1, exporter), availability=(ok, reason),
-                   dtype="float32", note=reason, facts=lambda pipe: dict(pipe.unet.facts))
-
-
-def _openvino_default(study, spec, specs, exporter: str) -> Variant | dict:
-    """'openvino-default' resolved to the precision the CPU plugin picks here; when that configuration is
-    already in the list it is recorded as skipped (a row saying so), not timed twice."""
-    used = openvino_engine.default_precision()
-    label = spec.label.replace("default", f"default ({used})")
-    twin = engine_export.EngineSpec("openvino", used, spec.static)
-    if twin not in specs:
-        return _variant(study, spec, exporter, label)
-    reason = (f"OpenVINO's default INFERENCE_PRECISION_HINT on this CPU is {used}: the same compiled configuration "
-              f"as the '{twin.label}' row, not timed twice")
-    study.recorder.skipped(f"{label}, batch 1", reason)
-    return {"variant": label, "status": "skipped", "note": f"skipped: {reason}"}
-
-
-def plan(study, names: list[str], exporter: str) -> tuple[list[Variant], list[dict]]:
-    """The variants to time, and the rows of those not timed because another row already covers them."""
-    specs = [engine_export.parse(n) for n in names]
-    resolve = [s.engine == "openvino" and s.precision == "default" and
-               engine_export.availability(study.device, s.name)[0] for s in specs]
-    out = [_openvino_default(study, s, specs, exporter) if r else _variant(study, s, exporter)
-           for s, r in zip(specs, resolve)]
-    return [v for v in out if isinstance(v, Variant)], [v for v in out if isinstance(v, dict)]
-
-
-def _record_setup(study, cmp: Comparison) -> None:
-    """Export and build time as their own rows (run_variants records their sum as 'setup')."""
-    rows = []
-    for label, f in cmp.facts.items():
-        scenario, dtype = f"{label}, batch 1", DTYPES.get(f.get("precision"), "float32")
-        rows += [dict(scenario=scenario, metric="export", value=f["export_s"], unit="s", n=1, dtype=dtype,
-                      note=f"{f['exporter']}; dynamic batch axis: {f['dynamic_batch']}"
-                      + (f"; exported graph {f['export_mib']:.0f} MiB (deleted after loading)" if "export_mib" in f
-                         else "")),
-                 dict(scenario=scenario, metric="build", value=f["build_s"], unit="s", n=1, dtype=dtype,
-                      note=f"{f['engine']}; precision actually used: {f['precision']}"),
-                 dict(scenario=scenario, metric="setup_peak_memory", value=f["setup_peak_mib"], unit="MiB", n=1,
-                      dtype=dtype, note="peak RSS (or CUDA allocated) while exporting and building, baseline "
-                      "pipeline included")]
-    if rows:
-        study.recorder.add_many(rows)
-
-
-def compare_engines(study, names: list[str], exporter: str = "dynamo") -> Comparison:
-    """fp32 eager, then each engine on a fresh copy of the same network, batch 1; the baseline re-timed last."""
-    variants, skipped = plan(study, names, exporter)
-    cmp = run_variants(study, variants, batch_size=1)
-    _record_setup(study, cmp)
+def _with_skipped(cmp: Comparison, skipped: list[dict]) -> Comparison:
     if skipped:
         cmp.table = pd.concat([cmp.table, pd.DataFrame(skipped)], ignore_index=True).reindex(
             columns=cmp.table.columns)
     return cmp
 
 
+def _record_setup(study, cmp: Comparison) -> None:
+    """Export and build time as their own rows (run_variants records their sum as 'setup')."""
+    rows = []
+    for label, f in cmp.facts.items():
+        if "export_s" not in f:
+            continue
+        scenario, dtype = f"{label}, batch 1", DTYPES.get(f.get("precision"), "float32")
+        key = cmp.row(label)["key"]
+        rows += [dict(scenario=scenario, metric="export", value=f["export_s"], unit="s", n=1, dtype=dtype, key=key,
+                      note=f"{f['exporter']}; dynamic batch axis: {f['dynamic_batch']}; last round"
+                      + (f"; exported graph {f['export_mib']:.0f} MiB (deleted after loading)" if "export_mib" in f
+                         else "")),
+                 dict(scenario=scenario, metric="engine_build", value=f["build_s"], unit="s", n=1, dtype=dtype,
+                      key=key, note=f"{f['engine']}; precision actually used: {f['precision']}; last round"),
+                 dict(scenario=scenario, metric="setup_peak_memory", value=f["setup_peak_mib"], unit="MiB", n=1,
+                      dtype=dtype, key=key, note="peak RSS (or CUDA allocated) while exporting and building, in "
+                      "the worker (fp32 pipeline included)")]
+    if rows:
+        study.recorder.add_many(rows)
+
+
+def compare_engines(study, keys: list[str], batch_size: int = 1) -> Comparison:
+    """Each engine against fp32 eager by run_variants (fresh processes, rounds, the fp32 twin's noise floor)."""
+    items, skipped = plan(study, keys)
+    cmp = run_variants(study, items, batch_size=batch_size)
+    _record_setup(study, cmp)
+    return _with_skipped(cmp, skipped)
+
+
+def summary(cmp: Comparison) -> pd.DataFrame:
+    cols = ["variant", "status", "setup_s", "setup_warm_s", "first_call_s", "latency_s", "unet_step_s", "speedup",
+            "speedup_lo", "speedup_hi", "speedup_verdict", "unet_step_speedup", "unet_step_speedup_lo",
+            "unet_step_speedup_hi", "unet_step_speedup_verdict", "peak_memory_mib", "latent_rel_error",
+            "image_psnr_db", "verdict", "note"]
+    return cmp.table[cols]
+
+
 def setup_table(cmp: Comparison) -> pd.DataFrame:
-    """What getting each engine ready cost, split into export and build, beside its first call."""
+    """What getting each engine ready cost, split into export and build (the worker's facts, last round), beside
+    the first round's whole set-up (cold scratch) and the later rounds' (warm), and the first call."""
     t = cmp.table.set_index("variant")
     rows = [{"variant": label, "engine": f["engine"], "exporter": f["exporter"], "export_s": f["export_s"],
-             "build_s": f["build_s"], "setup_s": t.loc[label, "setup_s"], "first_call_s": t.loc[label, "first_call_s"],
-             "export_mib": f.get("export_mib"), "setup_peak_mib": f["setup_peak_mib"], "precision": f["precision"],
-             "dynamic_batch": f["dynamic_batch"]} for label, f in cmp.facts.items()]
+             "build_s": f["build_s"], "setup_s": t.loc[label, "setup_s"], "setup_warm_s": t.loc[label, "setup_warm_s"],
+             "first_call_s": t.loc[label, "first_call_s"], "export_mib": f.get("export_mib"),
+             "setup_peak_mib": f["setup_peak_mib"], "precision": f["precision"],
+             "dynamic_batch": f["dynamic_batch"]} for label, f in cmp.facts.items() if "export_s" in f]
     return pd.DataFrame(rows, columns=SETUP_COLUMNS)
 
 
 def best_engine(cmp: Comparison) -> str | None:
-    """The engine name with the fastest UNet step among those that keep the latents (rel. error <= 1e-3)."""
+    """The key of the engine with the fastest UNet step among those that keep the latents (rel. error <= 1e-3)."""
     ok = cmp.ok()
-    ok = ok[ok.variant.isin(list(cmp.facts)) & (ok.latent_rel_error <= LOSSLESS_REL_ERROR)]
+    ok = ok[ok.key.astype(str).str.startswith("engine:") & (ok.latent_rel_error <= LOSSLESS_REL_ERROR)]
     if ok.empty:
         return None
-    return cmp.facts[ok.loc[ok.unet_step_speedup.idxmax(), "variant"]]["name"]
+    return ok.loc[ok.unet_step_speedup.idxmax(), "key"]
 
 
-def cmp_label(cmp: Comparison, name: str | None) -> str | None:
-    """The comparison's row label of the engine called `name`."""
-    return next((k for k, f in cmp.facts.items() if f["name"] == name), None)
+def _sweep_estimate_s(study, cmp: Comparison, key: str, b: int) -> float:
+    """Seconds a run_variants call at batch b should take, scaled from batch 1: every process builds, sets up,
+    makes its first call and its repeats; generation time grows with the batch."""
+    p, rounds = study.profile, cmp.measured.rounds
+    base, eng = cmp.row(BASELINE), cmp.ok().set_index("key").loc[key]
+    gens = 1 + max(p.warmup - 1, 0) + p.repeats
+
+    def one(r):
+        return r["build_s"] + r["setup_s"] + b * gens * r["latency_s"]
+    return (rounds + 1) * one(base) + rounds * (one(base) + one(eng))  # baselines, the twin, the engine
 
 
-def unet_inputs(study, pipe, batch_size: int) -> tuple:
-    """What the loop feeds the UNet at the first step for `batch_size` images: scaled noise on the guidance
-    batch, the first timestep, the text context (computed by the pipeline's own text encoder)."""
-    w = study.workload(batch_size)
-    sched = pipe.scheduler
-    sched.set_timesteps(w.steps, device=study.device)
-    with torch.inference_mode():
-        embeds, _ = encode(pipe, w, study.device)
-        x = initial_latents(pipe, w).to(study.device) * sched.init_noise_sigma
-        x = torch.cat([x] * 2) if w.guidance_scale > 1.0 else x
-        return sched.scale_model_input(x, sched.timesteps[0]), sched.timesteps[0], embeds
-
-
-def time_unet(study, unet, inputs: tuple) -> tuple[Timing, torch.Tensor]:
-    """One UNet call timed like a generation (first call apart, then the profile's repeats); its output."""
-    x, t, ctx = inputs
-    out = []
-
-    def call():
-        with torch.inference_mode():
-            out[:] = [unet(x, t, encoder_hidden_states=ctx, return_dict=False)[0]]
-
-    p = study.profile
-    timing = measure(call, device=study.device, warmup=p.warmup, repeats=p.repeats)
-    return timing, out[0].float().cpu()
-
-
-def batch_sweep(study, cmp: Comparison, name: str, batch_sizes: list[int], exporter: str = "dynamo") -> pd.DataFrame:
-    """The NeMo table's shape on the part that is exported: one UNet call, fp32 eager vs the engine, at each
-    batch size, on the same inputs. The eager calls go first; then the same pipeline's UNet is swapped for the
-    engine once (the ONNX batch axis is dynamic; OpenVINO with static shapes recompiles on a new batch, which
-    lands in that batch's first call). A static ONNX graph (dynamic export failed) is exported again per batch."""
-    rec, label = study.recorder, cmp_label(cmp, name)
-    dtype = DTYPES.get(cmp.facts[label]["precision"], "float32")
-    pipe = study.pipeline("float32")
-    inputs = {b: unet_inputs(study, pipe, b) for b in batch_sizes}
-    eager = {b: time_unet(study, pipe.unet, inputs[b]) for b in batch_sizes}
+def batch_sweep(study, cmp: Comparison, key: str, batch_sizes: list[int], budget_s: float) -> pd.DataFrame:
+    """The NeMo table's shape: fp32 eager against the engine at each batch size, each a run_variants call of its
+    own (batch 1 is the comparison above). A batch whose estimated run exceeds `budget_s` is a skipped row."""
     rows = []
     for b in batch_sizes:
-        scenario = f"{label}, UNet call, batch {b}"
-        try:
-            if not isinstance(pipe.unet, EngineUNet) or not _serves_any_batch(pipe.unet):
-                pipe = _apply(study, name, b, exporter)(pipe if not isinstance(pipe.unet, EngineUNet)
-                                                         else study.pipeline("float32"))
-                rec.add(scenario, "setup", pipe.unet.facts["export_s"] + pipe.unet.facts["build_s"], "s", n=1,
-                        dtype=dtype, note="export + build for the sweep")
-            engine = time_unet(study, pipe.unet, inputs[b])
-        except Exception as exc:  # e.g. a batch outside a TensorRT profile: recorded, the other batches go on
-            rec.failed(scenario, exc, metric="unet_call")
-            rows.append({"batch_size": b, "status": "failed", "note": f"{type(exc).__name__}: {exc}"[:300]})
+        if b == 1:
+            c = cmp
+        else:
+            est = _sweep_estimate_s(study, cmp, key, b)
+            if est > budget_s:
+                reason = (f"estimated {est:.0f} s for batch {b} (scaled from batch 1) exceeds sweep_budget_s="
+                          f"{budget_s:.0f}")
+                study.recorder.skipped(f"{key}, batch {b}", reason)
+                rows.append({"batch_size": b, "status": "skipped", "note": reason})
+                continue
+            try:
+                c = run_variants(study, [key], batch_size=b)
+            except Exception as exc:  # recorded; the other batch sizes go on
+                study.recorder.failed(f"{key}, batch {b}", exc, metric="latency")
+                rows.append({"batch_size": b, "status": "failed", "note": f"{type(exc).__name__}: {exc}"[:300]})
+                continue
+        r, base = c.row(key), c.row(BASELINE)
+        if r is None or r["status"] != "ok":
+            rows.append({"batch_size": b, "status": r["status"] if r else "failed", "note": r["note"] if r else ""})
             continue
-        rows.append(_record_sweep(study, label, dtype, b, eager[b], engine))
-    pipe = None
-    release()
+        rows.append({"batch_size": b, "status": "ok", "framework_s_per_image_seed": base["s_per_image_seed"],
+                     "engine_s_per_image_seed": r["s_per_image_seed"],
+                     **{k: r[k] for k in ("seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict",
+                                          "unet_step_speedup", "unet_step_speedup_lo", "unet_step_speedup_hi",
+                                          "unet_step_speedup_verdict")}, "method": c.method})
     return pd.DataFrame(rows)
 
 
-def _serves_any_batch(engine) -> bool:
-    return engine.facts["dynamic_batch"] or engine.facts.get("static_shapes", False)
-
-
-def _record_sweep(study, label: str, dtype: str, b: int, eager: tuple, engine: tuple) -> dict:
-    """Rows for one batch size: both timings, the speed-up with its p10/p90 range, the output drift."""
-    rec, (te, oe), (tg, og) = study.recorder, eager, engine
-    rec.timing(f"{BASELINE}, UNet call, batch {b}", te, metric="unet_call", dtype="float32")
-    scenario = f"{label}, UNet call, batch {b}"
-    rec.timing(scenario, tg, metric="unet_call", dtype=dtype)
-    r, err = ratio(te, tg), drift.relative_error(og, oe)
-    rec.add_many([dict(scenario=scenario, metric="unet_call_speedup_vs_fp32", value=r["speedup"], unit="x",
-                       p10=r["speedup_lo"], p90=r["speedup_hi"], n=len(tg.times), dtype=dtype,
-                       note="ratio of medians; range from the p10/p90 of both"),
-                  dict(scenario=scenario, metric="unet_rel_error", value=err, unit="", dtype=dtype,
-                       note="||engine - eager|| / ||eager|| on the same UNet inputs")])
-    return {"batch_size": b, "status": "ok", "unet_batch": int(oe.shape[0]), "framework_unet_s": te.median,
-            "engine_unet_s": tg.median, "engine_first_call_s": tg.first_call, "speedup": r["speedup"],
-            "speedup_lo": r["speedup_lo"], "speedup_hi": r["speedup_hi"], "unet_rel_error": err}
-
-
 def nemo_table(sweep: pd.DataFrame) -> pd.DataFrame:
-    """NeMo's framework fp16 AMP vs TensorRT fp16 latency (SD 1.x, A100) beside the sweep measured here."""
+    """NeMo's framework fp16 AMP vs TensorRT fp16 latency (SD 1.x, A100, 50 PLMS steps) beside the sweep measured
+    here (per image at 50 steps, composed from the measured stages)."""
     nemo = published.select("NeMo SD inference", model="SD 1.x")
     fw = nemo[nemo.config == "framework fp16 AMP"].set_index("batch_size")["value"]
     trt = nemo[nemo.config == "TensorRT fp16"].set_index("batch_size")["value"]
-    out = sweep.reindex(columns=["batch_size", "status", "unet_batch", "framework_unet_s", "engine_unet_s",
-                                 "speedup", "speedup_lo", "speedup_hi"])
+    out = sweep.reindex(columns=["batch_size", "status", "framework_s_per_image_seed", "engine_s_per_image_seed",
+                                 "seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict"])
     out["nemo_framework_s"] = out.batch_size.map(fw)
     out["nemo_tensorrt_s"] = out.batch_size.map(trt)
     out["nemo_speedup"] = out.nemo_framework_s / out.nemo_tensorrt_s
     return out
 
 
+def _said(r: dict | pd.Series, ratio: str, method: str) -> str:
+    return (f"range {r[ratio + '_lo']:.2f}-{r[ratio + '_hi']:.2f}x over rounds, {r[ratio + '_verdict']}; "
+            f"{method}")
+
+
 def published_vs_measured(study, cmp: Comparison, sweep: pd.DataFrame | None, best: str | None) -> pd.DataFrame:
-    """NeMo's engine speed-up per batch against the best engine's here; the HF blog's OpenVINO rungs against
-    this machine's OpenVINO f32 (dynamic and static shapes)."""
-    label = cmp_label(cmp, best)
+    """NeMo's engine speed-up per batch against the best engine's here (per image at 50 steps, composed); the HF
+    blog's OpenVINO rungs against this machine's OpenVINO f32 (dynamic and static shapes)."""
     nemo = "NeMo SD inference", "NVIDIA A100 80GB", "SD 1.x, 512px, 50 PLMS steps; fp16 AMP -> TensorRT fp16 " \
                                                      "(text encoder, UNet and VAE)"
     rows = []
@@ -238,41 +199,40 @@ def published_vs_measured(study, cmp: Comparison, sweep: pd.DataFrame | None, be
         fw = published.value(nemo[0], model="SD 1.x", batch_size=b, config="framework fp16 AMP")
         trt = published.value(nemo[0], model="SD 1.x", batch_size=b, config="TensorRT fp16")
         got = sweep[(sweep.batch_size == b) & (sweep.status == "ok")] if sweep is not None else pd.DataFrame()
-        measured = float(got.speedup.iloc[0]) if len(got) else None
+        measured = float(got.seed_speedup.iloc[0]) if len(got) else None
+        how = _said(got.iloc[0], "seed_speedup", got.method.iloc[0]) if len(got) else "not measured"
         rows.append(published_row(
             f"framework -> engine speed-up, batch {b}", *nemo, fw / trt, measured,
-            study.conditions(b, scope=f"one UNet call on the guidance batch ({unet_batch(study, b)})")
-            + f"; fp32 eager -> {label or 'no engine'}", detail=f"{fw} s -> {trt} s"))
-        if b == 1 and label in cmp.runs:
-            rows.append(published_row(
-                "framework -> engine speed-up, batch 1", *nemo, fw / trt,
-                float(cmp.table.set_index("variant").loc[label, "speedup"]),
-                study.conditions(1) + f"; fp32 eager -> {label}, UNet only (text encoder and VAE in PyTorch)",
-                detail=f"{fw} s -> {trt} s"))
+            study.conditions(b, scope="per image at 50 PLMS steps, composed from the measured stages")
+            + f"; fp32 eager -> {best or 'no engine'} (UNet only; text encoder and VAE in PyTorch); {how}",
+            detail=f"{fw} s -> {trt} s"))
     hf = "HF blog stable-diffusion-inference-intel"
     fp32 = published.value(hf, config="fp32")
-    ok = cmp.ok().set_index("variant")
-    for config, spec in (("OpenVINO", "openvino-f32"), ("OpenVINO static shapes", "openvino-f32-static")):
-        lab = engine_export.parse(spec).label
-        got = float(ok.loc[lab, "speedup"]) if lab in ok.index else None
+    ok = cmp.ok().set_index("key")
+    for config, key in (("OpenVINO", "engine:openvino-f32"), ("OpenVINO static shapes", "engine:openvino-f32-static")):
+        got = ok.loc[key] if key in ok.index else None
         rows.append(published_row(
             f"fp32 PyTorch -> {config}", hf, "Intel Sapphire Rapids CPU", "SD, 512px", fp32 / published.value(
-                hf, config=config), got, study.conditions(1) + f"; fp32 eager -> {lab} (UNet only)",
+                hf, config=config), float(got["seed_speedup"]) if got is not None else None,
+            study.conditions(1, scope="per image at 50 PLMS steps, composed from the measured stages")
+            + f"; fp32 eager -> {key} (UNet only)" + (f"; {_said(got, 'seed_speedup', cmp.method)}"
+                                                      if got is not None else ""),
             detail=f"{fp32} s -> {published.value(hf, config=config)} s"))
     return pd.DataFrame(rows)
 
 
 def plot(study, cmp: Comparison, sweep: pd.DataFrame | None, best: str | None = None):
-    """Left: speed-up of each engine at batch 1. Right: the NeMo table's shape, eager vs engine per batch."""
+    """Left: speed-up of each engine at batch 1 (min-max over rounds). Right: the NeMo table's shape, the
+    engine's per-image speed-up at 50 steps (composed) per batch size."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-    speedup_bars(cmp.table[cmp.table.variant.isin(list(cmp.facts))], f"engines vs fp32 eager, whole generation, "
-                 f"batch 1 ({study.device})", ax=axes[0])
-    if sweep is not None:
-        x = range(len(sweep))
-        axes[1].bar([i - 0.2 for i in x], sweep.framework_unet_s, width=0.4, label="fp32 eager")
-        axes[1].bar([i + 0.2 for i in x], sweep.engine_unet_s, width=0.4, label=cmp_label(cmp, best))
-        axes[1].set_xticks(list(x), [f"batch {b}" for b in sweep.batch_size])
-        axes[1].set(ylabel="one UNet call (s)", title="framework vs engine per batch size (NeMo's table shape)")
-        axes[1].legend()
+    speedup_bars(cmp.table[cmp.table.variant != TWIN], f"engines vs fp32 eager, whole generation, batch 1 "
+                 f"({study.device})", ax=axes[0])
+    ok = sweep[sweep.status == "ok"] if sweep is not None and len(sweep) else None
+    if ok is not None and len(ok):
+        err = [ok.seed_speedup - ok.seed_speedup_lo, ok.seed_speedup_hi - ok.seed_speedup]
+        axes[1].bar([f"batch {b}" for b in ok.batch_size], ok.seed_speedup, yerr=err, capsize=4)
+        axes[1].axhline(1.0, color="grey", ls=":")
+        axes[1].set(ylabel="speed-up vs fp32 eager (x)",
+                    title=f"{best} per batch size, per image at 50 steps (composed)")
     study.save_figure(fig, "engine_speedup")
     return fig

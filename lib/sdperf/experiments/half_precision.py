@@ -1,105 +1,84 @@
-"""01_half_precision: fp16 and bf16 against fp32, side by side in one run, on the same weights and latents."""
-from __future__ import annotations
+"""01_half_precision: fp16 and bf16 against fp32, each in processes of its own, in rounds (run_variants).
 
-import gc
+A half precision this device runs far slower than fp32 (no half-precision matrix instructions) could spend the
+whole budget of the notebook in its repeats; so each one is first compared with fp32 on one real UNet block
+(cheap), and when that ratio predicts its whole generations would overrun the profile's variant_budget_s, it is
+recorded as skipped with the block-level ratio instead of run.
+"""
+from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
 from sdperf import published
+from sdperf.comparison import TWIN, Comparison, release, run_variants
 from sdperf.environment import cpu_isa
-from sdperf.experiments.baseline import LABEL as FP32_LABEL
-from sdperf.experiments.baseline import record_run
-from sdperf.measurements import block_comparison, compare_runs, timed_generation, unet_flops
+from sdperf.measurements import block_comparison, timed_generation, unet_flops
 from sdperf.optimizations import half_precision
+from sdperf.optimizations.catalog import Stack
 from sdperf.roofline import achieved, matmul_peak
 from sdperf.study import Study
 
 VARIANTS = ("float16", "bfloat16")
-FP32_SCENARIO = f"{FP32_LABEL}, batch 1 (01 reference)"
+BLOCK_ONLY = "skipped (one UNet block measured)"
 
 
-def _free(pipe) -> None:
-    del pipe
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+def name(dtype: str) -> str:
+    return f"{dtype} weights+activations"
 
 
-def _record_comparison(study: Study, scenario: str, dtype: str, cmp: dict, n: int, metrics) -> None:
-    study.recorder.add_many(
-        [dict(scenario=scenario, metric="speedup_vs_fp32", value=cmp["speedup"], unit="x", p10=cmp["speedup_lo"],
-              p90=cmp["speedup_hi"], n=n, dtype=dtype, note="ratio of medians; range from p10/p90 of both")]
-        + [dict(scenario=scenario, metric=m, value=cmp[m], unit=u, dtype=dtype, note=cmp.get("verdict", ""))
-           for m, u in metrics])
+def over_budget(fp32_latency_s: float, block_speedup: float, generations: int, budget_s: float) -> bool:
+    """Whether `generations` whole generations at the block's ratio to fp32 would overrun the budget."""
+    return fp32_latency_s / block_speedup * generations > budget_s
 
 
-def _block_only(study: Study, workload, dtype: str, block: dict) -> dict:
-    """Record the block-level comparison that stands in for a whole generation too slow to time here."""
+def _block_only(study: Study, dtype: str, block: dict, generations: int) -> dict:
+    """Record the block-level comparison that stands in for the whole generations, and the skip with its reason."""
     p = study.profile
-    scenario = f"{dtype}, UNet {block['block']} only (real shapes), batch {workload.batch_size}"
-    study.recorder.timing(f"float32, UNet {block['block']} only (real shapes), batch {workload.batch_size}",
-                          block["baseline_timing"], dtype="float32")
+    scenario = f"{dtype}, UNet {block['block']} only (real shapes), batch 1"
+    study.recorder.timing(f"float32, UNet {block['block']} only (real shapes), batch 1", block["baseline_timing"],
+                          dtype="float32")
     study.recorder.timing(scenario, block["variant_timing"], dtype=dtype)
-    _record_comparison(study, scenario, dtype, block, len(block["variant_timing"].times),
-                       [("block_rel_error", "")])
-    calls = p.warmup + p.repeats
-    reason = (f"one UNet block runs {1 / block['speedup']:.1f}x slower than float32 here, so {calls} whole "
-              f"generations would exceed variant_budget_s={p.variant_budget_s}; the block-level ratio is "
-              f"recorded under '{scenario}'")
-    study.recorder.skipped(f"{dtype} weights+activations, batch {workload.batch_size}", reason)
-    return {"dtype": dtype, "status": "block only", "note": reason, "speedup": block["speedup"],
-            "speedup_lo": block["speedup_lo"], "speedup_hi": block["speedup_hi"],
-            "latency_s": block["variant_timing"].median, "p10_s": block["variant_timing"].p10,
-            "p90_s": block["variant_timing"].p90, "block_rel_error": block["block_rel_error"],
-            "peak_memory_mib": block["variant_timing"].peak_memory_bytes / 2**20
-            if block["variant_timing"].peak_memory_bytes else None}
+    note = "one block in this process, in turn; ratio of medians, range from p10/p90 of both"
+    study.recorder.add_many([
+        dict(scenario=scenario, metric="speedup_vs_fp32", value=block["speedup"], unit="x", lo=block["speedup_lo"],
+             hi=block["speedup_hi"], n=len(block["variant_timing"].times), dtype=dtype, method=note),
+        dict(scenario=scenario, metric="block_rel_error", value=block["block_rel_error"], unit="", dtype=dtype)])
+    reason = (f"one UNet block runs at {block['speedup']:.3f}x float32's speed here "
+              f"[{block['speedup_lo']:.3f}-{block['speedup_hi']:.3f}], so the {generations} whole generations of "
+              f"each round's process would exceed variant_budget_s={p.variant_budget_s}; the block-level ratio is recorded under "
+              f"'{scenario}'")
+    study.recorder.skipped(f"{name(dtype)}, batch 1", reason)
+    return {"variant": name(dtype), "key": f"precision:{dtype}", "status": BLOCK_ONLY, "note": reason,
+            "speedup": block["speedup"], "speedup_lo": block["speedup_lo"], "speedup_hi": block["speedup_hi"],
+            "block_rel_error": block["block_rel_error"]}
 
 
-def compare_precisions(study: Study) -> tuple[pd.DataFrame, dict]:
-    """fp32, then each half precision, at one batch size: speed ratio, memory and drift rows.
-
-    Each variant is first compared on one real UNet block (cheap); when that ratio says whole generations
-    would overrun the profile's variant_budget_s, the block-level figures are what gets recorded."""
+def compare_precisions(study: Study) -> tuple[pd.DataFrame, Comparison]:
+    """Each half precision against fp32 (run_variants), unless one UNet block says its generations would overrun
+    the budget: then the block's ratio is recorded and the precision skipped. The table has a `dtype` column."""
     p = study.profile
-    batch_size = 1
-    workload = study.workload(batch_size)
+    workload = study.workload(1)
+    generations = p.warmup + p.repeats  # one round's worker process; the budget bounds each process
     pipe32 = study.pipeline("float32")
-    base = timed_generation(pipe32, workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
-                            label=FP32_LABEL)
-    record_run(study, base, FP32_SCENARIO)
-    rows, runs = [], {"float32": base}
+    fp32_s = timed_generation(pipe32, workload, device=study.device, warmup=1, repeats=1).timing.median
+    items, skipped = [], []
     for dtype in VARIANTS:
-        scenario = f"{dtype} weights+activations, batch {batch_size}"
-        ok, reason = half_precision.availability(study.device, dtype)
-        if not ok:
-            study.recorder.not_applicable(scenario, reason)
-            rows.append({"dtype": dtype, "status": "not applicable", "note": reason})
-            continue
-        try:
+        ok, _ = half_precision.availability(study.device, dtype)
+        if ok:  # one that cannot run here is recorded as not applicable by run_variants, with its reason
             block = block_comparison(pipe32, workload, half_precision.HALF[dtype], device=study.device,
                                      warmup=p.warmup, repeats=p.repeats)
-            if base.timing.median / block["speedup"] * (p.warmup + p.repeats) > p.variant_budget_s:
-                rows.append(_block_only(study, workload, dtype, block))
+            if over_budget(fp32_s, block["speedup"], generations, p.variant_budget_s):
+                skipped.append(_block_only(study, dtype, block, generations))
                 continue
-            pipe = half_precision.apply(study.pipeline("float32"), dtype)
-            run = timed_generation(pipe, workload, device=study.device, warmup=p.warmup, repeats=p.repeats,
-                                   label=dtype)
-            _free(pipe)
-        except Exception as exc:  # a dtype this stack cannot run: recorded, the notebook goes on
-            study.recorder.failed(scenario, exc)
-            rows.append({"dtype": dtype, "status": "failed", "note": f"{type(exc).__name__}: {exc}"})
-            continue
-        runs[dtype] = run
-        record_run(study, run, scenario)
-        cmp = compare_runs(base, run)
-        _record_comparison(study, scenario, dtype, cmp, len(run.timing.times),
-                           [("latent_rel_error", ""), ("latent_max_abs_error", ""), ("image_max_abs_error", ""),
-                            ("image_psnr_db", "dB")])
-        rows.append({"dtype": dtype, "status": "ok", "note": reason, **run.summary(), **cmp})
-    _free(pipe32)
-    return pd.DataFrame([{"dtype": "float32", "status": "ok", "note": "baseline", **base.summary()}] + rows), runs
+        items.append((name(dtype), f"precision:{dtype}"))
+    pipe32 = None
+    release()
+    cmp = run_variants(study, items)
+    table = pd.concat([cmp.table, pd.DataFrame(skipped)], ignore_index=True)
+    table.insert(2, "dtype", [Stack.of(k).dtype for k in table.key])
+    return table, cmp
 
 
 def matmul_roofs(study: Study) -> pd.DataFrame:
@@ -119,16 +98,17 @@ def matmul_roofs(study: Study) -> pd.DataFrame:
 def roofline(study: Study, table: pd.DataFrame, roofs: pd.DataFrame) -> pd.DataFrame:
     """Achieved UNet FLOP/s of each whole-generation run, against its own precision's matmul roof and fp32's."""
     flops = unet_flops(study.pipeline("float32"), study.workload(1))
+    release()
     roof = roofs.set_index("dtype")["matmul_gflops"]
     rows = []
-    for r in table[table.status == "ok"].itertuples():
+    for r in table[(table.status == "ok") & (table.variant != TWIN)].itertuples():
         a = achieved(flops, r.unet_step_s, roof[r.dtype] * 1e9)
-        rows.append({"dtype": r.dtype, "unet_step_s": r.unet_step_s, **a,
+        rows.append({"variant": r.variant, "dtype": r.dtype, "unet_step_s": r.unet_step_s, **a,
                      "percent_of_fp32_roof": 100 * a["achieved_gflops"] / roof["float32"]})
-        scenario = FP32_SCENARIO if r.dtype == "float32" else f"{r.dtype} weights+activations, batch 1"
+        scenario = f"{r.variant}, batch 1"
         study.recorder.add_many([
             dict(scenario=scenario, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s",
-                 dtype=r.dtype, note=f"UNet forward {flops:,} FLOPs / median UNet call"),
+                 dtype=r.dtype, method=r.method, note=f"UNet forward {flops:,} FLOPs / median UNet call over rounds"),
             dict(scenario=scenario, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", dtype=r.dtype,
                  note=f"of the measured {r.dtype} matmul roof {roof[r.dtype]:.1f} GFLOP/s")])
     return pd.DataFrame(rows)
@@ -156,9 +136,15 @@ def published_vs_measured(study: Study, table: pd.DataFrame) -> pd.DataFrame:
     fp32 = published.value("Cerebrium SD ladder", config="fp32")
     fp16 = published.value("Cerebrium SD ladder", config="fp16")
     p = study.profile
-    row = table[(table.dtype == "float16") & table.status.isin(["ok", "block only"])]
-    measured = float(row["speedup"].iloc[0]) if len(row) else None
-    scope = "one UNet block" if len(row) and row["status"].iloc[0] == "block only" else "whole generation"
+    row = table[(table.dtype == "float16") & table.status.isin(["ok", BLOCK_ONLY])]
+    measured, scope = None, "float16 not measured here"
+    if len(row):
+        r = row.iloc[0]
+        measured = float(r.speedup)
+        scope = (f"one UNet block, in one process, p10/p90 range {r.speedup_lo:.3f}-{r.speedup_hi:.3f}x "
+                 "(whole generations over budget)" if r.status == BLOCK_ONLY else
+                 f"whole generation, median [min-max] {r.speedup_lo:.3f}-{r.speedup_hi:.3f}x, {r.speedup_verdict}; "
+                 f"{r.method}")
     return pd.DataFrame([{
         "claim": "fp32 -> fp16 speed-up", "source": "Cerebrium", "hardware": "NVIDIA A10G",
         "conditions": "SD v1.x, 512px", "published": fp32 / fp16, "published_detail": f"{fp32} s -> {fp16} s",
@@ -169,18 +155,19 @@ def published_vs_measured(study: Study, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(study: Study, table: pd.DataFrame):
-    ok = table[table.status.isin(["ok", "block only"])].copy()
-    ok["dtype"] = [d if s == "ok" else f"{d}\n(one UNet block)" for d, s in zip(ok["dtype"], ok["status"])]
-    ok["speedup"] = ok["speedup"].fillna(1.0)
-    ok["speedup_lo"] = ok["speedup_lo"].fillna(1.0)
-    ok["speedup_hi"] = ok["speedup_hi"].fillna(1.0)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    err = [ok["speedup"] - ok["speedup_lo"], ok["speedup_hi"] - ok["speedup"]]
-    axes[0].bar(ok["dtype"], ok["speedup"], yerr=err, capsize=5, color=plt.cm.tab10.colors[:len(ok)])
+    """Speed-up over fp32 with its range (min-max over rounds; p10/p90 for a block-only stand-in), and the peak
+    memory of each configuration's own process."""
+    shown = table[table.status.isin(["ok", BLOCK_ONLY])].copy()
+    shown["label"] = [v if s == "ok" else f"{v}\n(one UNet block)" for v, s in zip(shown.variant, shown.status)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    err = [shown.speedup - shown.speedup_lo, shown.speedup_hi - shown.speedup]
+    axes[0].bar(shown.label, shown.speedup, yerr=err, capsize=5, color=plt.cm.tab10.colors[:len(shown)])
     axes[0].axhline(1.0, color="grey", ls=":")
     axes[0].set(ylabel="speed-up vs fp32 (x)", title=f"end to end, batch 1 ({study.device})")
-    whole = ok[table.loc[ok.index, "status"] == "ok"]
-    axes[1].bar(whole["dtype"], whole["peak_memory_mib"], color=plt.cm.tab10.colors[:len(whole)])
-    axes[1].set(ylabel="peak memory (MiB)", title="peak memory, whole generations (timed calls)")
+    whole = shown[shown.status == "ok"]
+    axes[1].bar(whole.label, whole.peak_memory_mib, color=plt.cm.tab10.colors[:len(whole)])
+    axes[1].set(ylabel="peak memory (MiB)", title="peak memory, each configuration's own process")
+    for ax in axes:
+        plt.setp(ax.get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor")
     study.save_figure(fig, "precision_speedup")
     return fig

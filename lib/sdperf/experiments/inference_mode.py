@@ -1,89 +1,83 @@
 """02_inference_mode: grad mode on (frozen and trainable parameters), no_grad and inference_mode, in one run.
 
 The baseline of run_variants is fp32 eager under inference_mode (sdperf's default). inference_mode is measured
-again as a variant, on a fresh pipeline in the profile's precision, built and timed exactly like no_grad: the
-Cerebrium step (no_grad -> inference_mode, "<1%") is the ratio of those two, and on float32 profiles the gap
-between the baseline and that repeat is the run's noise floor, which a sub-percent claim has to clear.
+again as a configuration of its own, in the profile's precision, built and timed exactly like no_grad: the
+Cerebrium step (no_grad -> inference_mode, "<1%") is the ratio of those two configurations' ratios in each
+round, read against the run's noise floor (the baseline's twin), which a sub-percent claim has to clear.
 """
 from __future__ import annotations
 
 import pandas as pd
 import torch
 
-from sdperf import published
-from sdperf.comparison import BASELINE, Comparison, Variant, published_row, release, run_variants
-from sdperf.experiments.common import at_dtype, speedup_and_memory
+from sdperf import published, rounds
+from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
+from sdperf.experiments.common import at_dtype, facts_table, speedup_and_memory  # noqa: F401  (notebook API)
 from sdperf.generation import Workload, generate
+from sdperf.optimizations import half_precision
 from sdperf.optimizations import inference_mode as opt
+from sdperf.optimizations.catalog import Stack
 from sdperf.study import Study
-from sdperf.timing import ratio
 
-# key -> (label, grad mode, parameters): what a notebook's `variants` parameter may name
-VARIANTS = {
-    "inference_mode": ("inference_mode (fresh pipeline)", "inference_mode", "frozen"),
-    "no_grad": ("no_grad", "no_grad", "frozen"),
-    "grad_frozen": ("grad on, parameters frozen", "grad", "frozen"),
-    "grad_trainable": ("grad on, parameters trainable", "grad", "trainable"),
+# stack key (without the profile's precision) -> display name
+NAMES = {
+    "grad:inference_mode": "inference_mode (fresh pipeline)",
+    "grad:no_grad": "no_grad",
+    "grad:grad": "grad on, parameters frozen",
+    "grad:grad+parameters:trainable": "grad on, parameters trainable",
 }
 CLAIM = "no_grad -> inference_mode"
+NOISE_FLOOR = "noise floor: fp32 eager against its twin"
 
 
-def variant(study: Study, key: str) -> Variant:
-    if key not in VARIANTS:
-        raise ValueError(f"variant {key!r} is not valid; choose one of: {', '.join(VARIANTS)}")
-    label, mode, parameters = VARIANTS[key]
+def _name(key: str, dtype: str = "float32") -> str:
+    return NAMES.get(key, Stack.of(key).label) + ("" if dtype == "float32" else f", {dtype}")
+
+
+def configs(study: Study, keys: list[str]) -> list[tuple[str, str]]:
+    """(display name, stack key) per grad-mode key, in the profile's precision; validated before anything runs."""
     dtype = study.profile.dtype
-    return Variant(label=_label(key, dtype), apply=lambda pipe: opt.apply(at_dtype(pipe, dtype), parameters),
-                   availability=opt.availability(study.device, mode), dtype=dtype, grad_mode=mode,
-                   facts=opt.trainable_parameters, note=f"{mode}, parameters {parameters}, {dtype}")
-
-
-def variants(study: Study, keys: list[str]) -> list[Variant]:
-    """All named variants, validated before anything is timed."""
-    return [variant(study, k) for k in keys]
+    return [(_name(k, dtype), Stack.of(at_dtype(study, k)).key) for k in keys]
 
 
 def compare_modes(study: Study, keys: list[str]) -> Comparison:
-    """The baseline (inference_mode, frozen, fp32) first, then each named variant on a fresh pipeline."""
-    return run_variants(study, variants(study, keys))
+    """Each grad-mode configuration in its own processes, in rounds, against fp32 eager (inference_mode)."""
+    return run_variants(study, configs(study, keys))
 
 
-def facts_table(cmp: Comparison) -> pd.DataFrame:
-    """How many parameters require grad in each prepared pipeline: what decides whether grad mode records."""
-    return pd.DataFrame([{"variant": k, **v} for k, v in cmp.facts.items()])
+def step_ratio(ratios: pd.DataFrame, before: str, after: str) -> pd.Series:
+    """Per round, how much faster `after` ran than `before`: the ratio of their ratios to the same interpolated
+    baseline (base/after over base/before = before's time over after's)."""
+    r = ratios.pivot_table(index="round", columns="config", values="speedup")
+    if before not in r or after not in r:
+        return pd.Series(dtype=float)
+    return (r[after] / r[before]).dropna()
 
 
-def _label(key: str, dtype: str = "float32") -> str:
-    return VARIANTS[key][0] + ("" if dtype == "float32" else f", {dtype}")
-
-
-def _pair(study: Study, name: str, before, after, note: str) -> dict:
-    """Speed-up of `after` over `before` with the conservative p10/p90 range, and whether it clears the noise."""
-    r = ratio(before.timing, after.timing)
-    within = r["speedup_lo"] <= 1.0 <= r["speedup_hi"]
-    verdict = ("within noise: the range straddles 1.0" if within else
-               f"measurable: the whole range is {'above' if r['speedup_lo'] > 1 else 'below'} 1.0")
-    study.recorder.add(f"{name}, batch {before.workload.batch_size}", "speedup", r["speedup"], "x",
-                       p10=r["speedup_lo"], p90=r["speedup_hi"], n=len(after.timing.times),
-                       note=f"{note}; {verdict}")
-    return {"comparison": name, "before_s": before.timing.median, "after_s": after.timing.median, **r,
-            "verdict": verdict, "note": note}
+def _claim_row(name: str, per_round: pd.Series, band: tuple[float, float], note: str) -> dict:
+    lo, hi = float(per_round.min()), float(per_round.max())
+    return {"comparison": name, "speedup": float(per_round.median()), "speedup_lo": lo, "speedup_hi": hi,
+            "rounds": len(per_round), "verdict": rounds.speed_verdict(lo, hi, band), "noise_lo": band[0],
+            "noise_hi": band[1], "note": note}
 
 
 def cerebrium_ratio(study: Study, cmp: Comparison) -> pd.DataFrame:
-    """The Cerebrium step (no_grad -> inference_mode, both fresh pipelines) and, when the variants run in
-    float32 like the baseline, the same configuration measured twice (the noise floor)."""
-    dtype = study.profile.dtype
-    no_grad, again = cmp.runs.get(_label("no_grad", dtype)), cmp.runs.get(_label("inference_mode", dtype))
+    """The Cerebrium step (no_grad -> inference_mode, two configurations of the same precision), per round,
+    as median [min-max], judged against the noise band; and the noise floor itself (never a verdict)."""
+    dtype, band, m = study.profile.dtype, cmp.noise["speedup"], cmp.measured
     rows = []
-    if no_grad is not None and again is not None:
-        rows.append(_pair(study, CLAIM, no_grad, again, f"the Cerebrium step, {dtype}, two fresh pipelines"))
-    if dtype == "float32" and no_grad is not None:
-        rows.append(_pair(study, f"{CLAIM} (against the baseline run)", no_grad, cmp.baseline,
-                          "the same step against the baseline pipeline"))
-    if dtype == "float32" and again is not None:
-        rows.append(_pair(study, "noise floor: inference_mode twice", again, cmp.baseline,
-                          "one configuration on two pipelines in one run: any gap is noise"))
+    step = step_ratio(m.ratios, _name("grad:no_grad", dtype), _name("grad:inference_mode", dtype))
+    if len(step):
+        rows.append(_claim_row(CLAIM, step, band, f"the Cerebrium step, {dtype}: ratio of the two "
+                                                 "configurations' ratios to the baseline, per round"))
+    twin = m.ratios.loc[m.ratios.config == TWIN, "speedup"]
+    if len(twin):
+        row = _claim_row(NOISE_FLOOR, twin, band, f"{BASELINE} measured twice: any gap is noise")
+        row["verdict"] = f"the noise floor itself (symmetric band {band[0]:.3f}-{band[1]:.3f}x)"
+        rows.append(row)
+    for r in rows:
+        study.recorder.add(f"{r['comparison']}, batch 1", "speedup", r["speedup"], "x", lo=r["speedup_lo"],
+                           hi=r["speedup_hi"], n=r["rounds"], method=cmp.method, note=f"{r['note']}; {r['verdict']}")
     return pd.DataFrame(rows)
 
 
@@ -114,7 +108,8 @@ def saved_activations(study: Study, cases: list[tuple[str, str]] | None = None) 
     cases = cases or [("frozen", "grad"), ("trainable", "grad"), ("trainable", "no_grad"),
                       ("trainable", "inference_mode")]
     workload, dtype = study.workload(1), study.profile.dtype
-    pipe = at_dtype(study.pipeline("float32"), dtype)
+    pipe = study.pipeline("float32")
+    pipe = pipe if dtype == "float32" else half_precision.apply(pipe, dtype)
     rows = []
     for parameters, mode in cases:
         out = saved_for_backward(opt.apply(pipe, parameters), workload, mode)
@@ -128,19 +123,20 @@ def saved_activations(study: Study, cases: list[tuple[str, str]] | None = None) 
     return pd.DataFrame(rows)
 
 
-def published_vs_measured(study: Study, claims: pd.DataFrame) -> pd.DataFrame:
+def published_vs_measured(study: Study, claims: pd.DataFrame, method: str) -> pd.DataFrame:
     fp16 = published.value("Cerebrium SD ladder", config="fp16")
     im = published.value("Cerebrium SD ladder", config="inference_mode")
     row = claims[claims.comparison == CLAIM]
     measured = float(row["speedup"].iloc[0]) if len(row) else None
-    spread = (f"; range {row['speedup_lo'].iloc[0]:.3f}-{row['speedup_hi'].iloc[0]:.3f}x, "
-              f"{row['verdict'].iloc[0]}" if len(row) else "; not measured in this run")
+    spread = (f"; median [min-max] over {row['rounds'].iloc[0]} rounds {row['speedup_lo'].iloc[0]:.3f}-"
+              f"{row['speedup_hi'].iloc[0]:.3f}x, {row['verdict'].iloc[0]}" if len(row) else
+              "; not measured in this run")
     return pd.DataFrame([published_row(
         f"{CLAIM} speed-up", "Cerebrium SD ladder (seeds/cerebrium-sd-ladder.txt)", "NVIDIA A10G",
         "SD v1.x, 512px, fp16, one latency each, no spread given", fp16 / im, measured,
-        f"{study.conditions(1)}, {study.profile.dtype}{spread}", detail=f"{fp16} s -> {im} s")])
+        f"{study.conditions(1)}, {study.profile.dtype}{spread}; {method}", detail=f"{fp16} s -> {im} s")])
 
 
 def plot(study: Study, cmp: Comparison):
-    """Speed-up of each mode over the inference_mode baseline, and the peak memory each one needed."""
+    """Speed-up of each mode over the inference_mode baseline (min-max over rounds), and its peak memory."""
     return speedup_and_memory(study, cmp, f"vs {BASELINE} under inference_mode ({study.device})", "grad_modes")

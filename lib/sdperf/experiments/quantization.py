@@ -1,5 +1,6 @@
-"""08_quantization: int8 schemes against fp32 eager in one run (run_variants), with the int8 matmul roofs that
-explain them and the share of the UNet's work each scheme can reach."""
+"""08_quantization: int8 schemes (catalog keys `int8:<scheme>`) against fp32 eager by run_variants (each in
+fresh processes, in rounds, beside the fp32 twin that gives the noise floor), with the int8 matmul roofs that
+explain them and the share of the UNet's work each scheme can reach (measured here, not ratios to fp32)."""
 from __future__ import annotations
 
 import time
@@ -9,8 +10,9 @@ import pandas as pd
 import torch
 
 from sdperf import published
-from sdperf.comparison import BASELINE, Comparison, Variant, published_row, release, run_variants
+from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
 from sdperf.measurements import unet_call_inputs, unet_flops
+from sdperf.optimizations import catalog
 from sdperf.optimizations import quantization as opt
 from sdperf.optimizations.fewer_steps import unet_calls
 from sdperf.plots import speedup_bars
@@ -23,23 +25,30 @@ LINEAR_ONLY = ("torch-ao-dynamic", "torchao-int8-dynamic")
 # fbgemm int8 linear is the closest measured int8 roof for them).
 ROOF_KERNEL = {"torch-ao-dynamic": "quantized linear_dynamic", "torchao-int8-dynamic": "torch._int_mm",
                "openvino-nncf-weights": "quantized linear_dynamic", "openvino-nncf-ptq": "quantized linear_dynamic"}
-LABELS = {"torch-ao-dynamic": "torch.ao dynamic int8 (Linear)", "torchao-int8-dynamic": "torchao int8 dyn. (Linear)",
-          "openvino-nncf-weights": "OpenVINO + NNCF int8 weights", "openvino-nncf-ptq": "OpenVINO + NNCF int8 PTQ"}
 RANDOM_WEIGHTS = ("random-init weights: the error figures describe the quantization machinery, not the quality of "
                   "a quantized Stable Diffusion")
 
 
-def check(schemes: list[str]) -> list[str]:
-    for s in schemes:
-        opt.check_scheme(s)
-    return list(schemes)
+def scheme(key: str) -> str:
+    """'int8:torch-ao-dynamic' -> 'torch-ao-dynamic'; an unknown key names the valid ones."""
+    tech = catalog.get(key)
+    if not tech.key.startswith("int8:"):
+        valid = ", ".join(catalog.keys(notebook=opt.NOTEBOOK))
+        raise ValueError(f"{key!r} is not an int8 scheme; choose from: {valid}")
+    return tech.key.split(":", 1)[1]
 
 
-def availability_table(study: Study, schemes: list[str]) -> pd.DataFrame:
+def check(keys: list[str]) -> list[str]:
+    for k in keys:
+        scheme(k)
+    return list(keys)
+
+
+def availability_table(study: Study, keys: list[str]) -> pd.DataFrame:
     rows = []
-    for s in schemes:
-        ok, reason = opt.availability(study.device, s)
-        rows.append({"scheme": s, "available": ok, "reason": reason, "what": opt.SCHEMES[s]})
+    for k in keys:
+        ok, reason = opt.availability(study.device, scheme(k))
+        rows.append({"key": k, "available": ok, "reason": reason, "what": opt.SCHEMES[scheme(k)]})
     return pd.DataFrame(rows)
 
 
@@ -172,43 +181,36 @@ def _torchao_too_slow(study: Study, share: dict, roofs: pd.DataFrame) -> str | N
             "instead: the torch._int_mm roof above")
 
 
-def variant(study: Study, scheme: str) -> Variant:
-    def facts(pipe):
-        unet = pipe.unet
-        if not isinstance(unet, torch.nn.Module):  # an engine stand-in (EngineUNet) says how it was made
-            return dict(unet.facts)
-        out = opt.module_counts(unet)
-        warned = getattr(unet, "sdperf_warnings", [])
-        if warned:
-            out["warnings"] = " | ".join(warned)
-        return out
-
-    # dtype is the pipeline the scheme starts from (fp32); the label and note say int8
-    return Variant(label=LABELS[scheme], apply=lambda pipe: opt.apply(pipe, scheme, workload=study.workload(1)),
-                   availability=opt.availability(study.device, scheme), facts=facts, note=opt.SCHEMES[scheme])
-
-
-def compare_schemes(study: Study, schemes: list[str], share: dict, roofs: pd.DataFrame) -> Comparison:
-    """fp32 eager, then each scheme on a fresh copy of the same network and latents, then fp32 again."""
+def compare_schemes(study: Study, keys: list[str], share: dict, roofs: pd.DataFrame) -> Comparison:
+    """Each scheme against fp32 eager by run_variants; torchao, when its scalar kernel would overrun the budget,
+    is recorded as a skipped row with the reason instead of being run."""
     runnable, skipped = [], []
-    for s in schemes:
-        reason = _torchao_too_slow(study, share, roofs) if s == "torchao-int8-dynamic" else None
-        if reason and opt.availability(study.device, s)[0]:
-            print(f"{LABELS[s]}: skipped: {reason}")
-            study.recorder.skipped(f"{LABELS[s]}, batch 1", reason)
-            skipped.append({"variant": LABELS[s], "status": "skipped", "note": f"skipped: {reason}"})
+    for k in check(keys):
+        reason = _torchao_too_slow(study, share, roofs) if scheme(k) == "torchao-int8-dynamic" else None
+        if reason and opt.availability(study.device, scheme(k))[0]:
+            print(f"{k}: skipped: {reason}")
+            study.recorder.skipped(f"{k}, batch 1", reason)
+            skipped.append({"variant": k, "key": k, "status": "skipped", "note": f"skipped: {reason}"})
         else:
-            runnable.append(variant(study, s))
+            runnable.append(k)
     cmp = run_variants(study, runnable)
-    if skipped:  # beside the other variants, before the re-timed baseline
-        t = cmp.table
-        cmp.table = pd.concat([t.iloc[:-1], pd.DataFrame(skipped), t.iloc[-1:]], ignore_index=True).reindex(
-            columns=t.columns)
+    if skipped:
+        cmp.table = pd.concat([cmp.table, pd.DataFrame(skipped)], ignore_index=True).reindex(
+            columns=cmp.table.columns)
     return cmp
 
 
+def summary(cmp: Comparison) -> pd.DataFrame:
+    """The columns a reader needs: set-up apart, each ratio with its range over rounds and its verdict."""
+    cols = ["variant", "status", "setup_s", "first_call_s", "latency_s", "unet_step_s", "speedup", "speedup_lo",
+            "speedup_hi", "speedup_verdict", "unet_step_speedup", "unet_step_speedup_lo", "unet_step_speedup_hi",
+            "unet_step_speedup_verdict", "peak_memory_mib", "latent_rel_error", "image_psnr_db", "note"]
+    return cmp.table[cols]
+
+
 def facts_table(cmp: Comparison) -> pd.DataFrame:
-    return pd.DataFrame([{"variant": k, **v} for k, v in cmp.facts.items()])
+    """What each prepared UNet is made of (from the worker: module counts, warnings, engine facts)."""
+    return pd.DataFrame([{"variant": k, **v} for k, v in cmp.facts.items() if k not in (BASELINE, TWIN)])
 
 
 def roofline(study: Study, cmp: Comparison, share: dict, roofs: pd.DataFrame) -> pd.DataFrame:
@@ -216,21 +218,20 @@ def roofline(study: Study, cmp: Comparison, share: dict, roofs: pd.DataFrame) ->
     with the Amdahl ceiling for the Linear-only schemes."""
     roof = roofs.set_index("kernel")
     fp32 = float(roof.loc["torch.mm", "gops"])
-    by_label = {v: k for k, v in LABELS.items()}
     rows = []
     for r in cmp.ok().itertuples():
-        scheme = by_label.get(r.variant)
+        name = scheme(r.key) if r.key.startswith("int8:") else None
         achieved = share["unet_flops"] / r.unet_step_s / 1e9
         row = {"variant": r.variant, "unet_step_s": r.unet_step_s, "achieved_gops": achieved,
                "percent_of_fp32_roof": 100 * achieved / fp32}
-        kernel = ROOF_KERNEL.get(scheme)
+        kernel = ROOF_KERNEL.get(name)
         if kernel in roof.index:
             int8 = float(roof.loc[kernel, "gops"])
             row.update(int8_kernel=kernel, percent_of_int8_roof=100 * achieved / int8)
             study.recorder.add(f"{r.variant}, batch 1", "percent_of_int8_roof", row["percent_of_int8_roof"], "%",
                                note=f"UNet ops / median UNet call, of the measured {kernel} roof {int8:.1f} GOP/s "
                                     "(every op counted, int8 or not)")
-            if scheme in LINEAR_ONLY:
+            if name in LINEAR_ONLY:
                 row["linear_only_ceiling_x"] = amdahl_bound(share["linear_share_percent"], int8 / fp32)
         rows.append(row)
     return pd.DataFrame(rows)
@@ -241,7 +242,8 @@ def verdicts(cmp: Comparison) -> pd.DataFrame:
     the picture), with what random weights make of the error figures."""
     ok = cmp.ok()
     ok = ok[~ok.variant.str.startswith(BASELINE)]
-    out = ok[["variant", "speedup", "unet_step_speedup", "latent_rel_error", "image_psnr_db", "verdict"]].copy()
+    out = ok[["variant", "speedup", "speedup_lo", "speedup_hi", "speedup_verdict", "unet_step_speedup",
+              "unet_step_speedup_verdict", "latent_rel_error", "image_psnr_db", "verdict"]].copy()
     out["caveat"] = RANDOM_WEIGHTS
     return out.reset_index(drop=True)
 
@@ -258,7 +260,10 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
     ok = ok[~ok.variant.str.startswith(BASELINE)]
     best = ok.sort_values("speedup", ascending=False).head(1)
     measured = float(best["speedup"].iloc[0]) if len(best) else None
-    what = f"{best['variant'].iloc[0]} vs fp32 eager" if len(best) else "no int8 scheme measured"
+    b = best.iloc[0] if len(best) else None
+    what = (f"{b['variant']} vs fp32 eager, per image at the profile's steps; range {b['speedup_lo']:.2f}-"
+            f"{b['speedup_hi']:.2f}x over rounds, {b['speedup_verdict']}; {cmp.method}" if b is not None
+            else "no int8 scheme measured")
     return pd.DataFrame([published_row(
         "int8 dynamic quantization speed-up", "diffusers docs, tutorials/fast_diffusion.md", "NVIDIA A100 80GB",
         "SDXL 1024px, 30 steps, batch 1, bf16 + SDPA + torch.compile + fused QKV, torchao int8 dynamic", figure,
@@ -268,7 +273,8 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
 def plot(study: Study, cmp: Comparison):
     """Speed-up over fp32 eager (PSNR on the bars) and the latent error of each scheme."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))
-    speedup_bars(cmp.table, f"int8 vs fp32 eager ({study.device})", ax=left)
+    speedup_bars(cmp.table[cmp.table.variant != TWIN], f"int8 vs fp32 eager ({study.device}); bars: min-max over "
+                 "rounds", ax=left)
     ok = cmp.ok()
     ok = ok[~ok.variant.str.startswith(BASELINE)]
     right.bar(ok["variant"], ok["latent_rel_error"], color=plt.cm.tab10.colors[:len(ok)])

@@ -1,18 +1,10 @@
-"""04_torch_compile: inductor's modes, freezing, regional compilation, channels_last and other backends against
-fp32 eager; what compiling costs with a cold and a warm cache; how many recompiles a new shape causes."""
+"""04_torch_compile: inductor's modes, freezing, regional compilation, channels_last and other backends (catalog
+keys `compile:<spec>`) against fp32 eager by run_variants; what compiling costs with a cold cache (round 0) and
+a warm one (later rounds: a new process, the inductor cache on disk); how many recompiles a new shape causes."""
 from __future__ import annotations
 
-import argparse
-import atexit
-import json
-import os
-import re
 import shutil
-import subprocess
-import sys
-import tempfile
-import time
-from functools import partial
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -21,43 +13,27 @@ from torch._inductor.utils import clear_caches
 from sdperf import published
 from sdperf.architectures import get as get_arch
 from sdperf.architectures import vae_scale_factor
-from sdperf.comparison import BASELINE, Comparison, Variant, published_row, release, run_variants
+from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
 from sdperf.drift import relative_error
-from sdperf.generation import Workload, encode, generate
-from sdperf.optimizations import half_precision
+from sdperf.generation import Workload, encode
 from sdperf.optimizations import torch_compile as tc
-from sdperf.pipelines import build_pipeline
+from sdperf.optimizations.catalog import Context, Stack
+from sdperf.paths import profile_reports
 from sdperf.plots import speedup_bars
-from sdperf.profiles import load_profile
 from sdperf.study import Study
 
-CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-COLD = "empty (cold)"
 
 
 # --- caches ------------------------------------------------------------------------------------------------
-def empty_cache() -> str:
-    """Point inductor at a new, empty cache folder and drop its in-memory caches: the next compile is cold.
-    (torch._inductor.utils.fresh_cache does this as a context manager; compilation is lazy, so here the
-    setting has to outlive the call that makes it.)"""
-    clear_caches()
-    os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="sdperf-inductor-")
-    atexit.register(shutil.rmtree, os.environ[CACHE_ENV], ignore_errors=True)  # gone with the notebook's kernel
-    return os.environ[CACHE_ENV]
-
-
 def forget_compiled() -> None:
-    """Dynamo's compiled code and inductor's in-memory caches gone, the cache folder kept."""
+    """Dynamo's compiled code and inductor's in-memory caches gone (the in-process experiments below)."""
     torch._dynamo.reset()
     clear_caches()
 
 
-def prepared(pipe, spec: str, dtype: str):
-    """The pipeline in the profile's precision (GPU profiles: the half precision the published figures used),
-    its UNet set up as `spec` says."""
-    if dtype != "float32":
-        pipe = half_precision.apply(pipe, dtype)
-    return tc.apply(pipe, spec)
+def inductor_cache(study: Study) -> Path:
+    """The inductor cache the workers share (optimizations.torch_compile sets it from the scratch folder)."""
+    return profile_reports(study.profile.name) / ".scratch" / "inductor"
 
 
 def cuda_graph_modes_here(study: Study) -> pd.DataFrame:
@@ -88,161 +64,85 @@ def cuda_graph_modes_here(study: Study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# --- availability and the variants -------------------------------------------------------------------------
-def availability_table(study: Study, specs: list[str]) -> pd.DataFrame:
-    return pd.DataFrame([{"variant": s, **dict(zip(("available", "reason"), tc.availability(study.device, s)))}
-                         for s in specs])
+# --- availability and the comparison ----------------------------------------------------------------------
+def availability_table(study: Study, keys: list[str]) -> pd.DataFrame:
+    ctx = Context(study.profile)
+    return pd.DataFrame([{"variant": k, **dict(zip(("available", "reason"), Stack.of(k).availability(ctx)))}
+                         for k in keys])
 
 
-def _prepare(pipe, spec: str, dtype: str, fresh: bool, records: dict):
-    forget_compiled()  # no compiled code of an earlier variant can serve this one
-    if fresh:
-        empty_cache()
-    pipe = prepared(pipe, spec, dtype)
-    # keep the compile log and the cache folder, not the model (its memory goes back after the variant)
-    records[spec] = {"log": getattr(pipe.unet, "log", None), "cache_dir": os.environ.get(CACHE_ENV), "fresh": fresh}
-    return pipe
-
-
-def make_variants(study: Study, specs: list[str], cold_compile_each: bool, records: dict) -> list[Variant]:
-    """One Variant per spec. The first compiled one compiles into an empty inductor cache; the later ones share
-    that cache (kernels an earlier variant compiled are reused) unless `cold_compile_each`."""
-    out, first, dtype = [], True, study.profile.dtype
-    for spec in specs:
-        ok, reason = tc.availability(study.device, spec)
-        compiled = ok and tc.parse(spec).compiled
-        out.append(Variant(label=spec, availability=(ok, reason), note=reason, dtype=dtype,
-                           apply=partial(_prepare, spec=spec, dtype=dtype, records=records,
-                                         fresh=compiled and (first or cold_compile_each))))
-        first = first and not compiled
-    return out
-
-
-def run(study: Study, specs: list[str], cold_compile_each: bool = False) -> tuple[Comparison, pd.DataFrame, dict]:
-    """Every spec against fp32 eager (run_variants), then what compiling each one cost."""
-    records: dict[str, dict] = {}
-    cmp = run_variants(study, make_variants(study, specs, cold_compile_each, records))
-    return cmp, compile_table(study, cmp, records), records
+def run(study: Study, keys: list[str], cold: bool = True) -> tuple[Comparison, pd.DataFrame]:
+    """Every key against fp32 eager (run_variants: fresh processes, rounds, the fp32 twin's noise floor), then
+    what compiling cost. `cold`: empty the workers' inductor cache first, so round 0's first compiled
+    configuration compiles cold (later ones share its kernels, as in one serving host) and later rounds warm."""
+    for k in keys:
+        if not k.startswith("compile:"):
+            raise ValueError(f"{k!r} is not a torch.compile key; give compile:<spec>, e.g. compile:freezing")
+    if cold:
+        shutil.rmtree(inductor_cache(study), ignore_errors=True)
+    cmp = run_variants(study, keys)
+    return cmp, compile_table(study, cmp)
 
 
 def summary(cmp: Comparison) -> pd.DataFrame:
-    """The comparison's columns a reader needs: times and ratios rounded, the drift (~1e-6) in e-notation."""
-    cols = ["variant", "status", "first_call_s", "latency_s", "p10_s", "p90_s", "unet_step_s", "speedup",
-            "speedup_lo", "speedup_hi", "unet_step_speedup", "peak_memory_mib", "latent_rel_error",
+    """The comparison's columns a reader needs: times and ratios with their range and verdict, the drift
+    (~1e-6) in e-notation."""
+    cols = ["variant", "status", "first_call_s", "first_call_warm_s", "latency_s", "unet_step_s", "speedup",
+            "speedup_lo", "speedup_hi", "speedup_verdict", "unet_step_speedup", "unet_step_speedup_lo",
+            "unet_step_speedup_hi", "unet_step_speedup_verdict", "peak_memory_mib", "latent_rel_error",
             "image_psnr_db", "note"]
-    out = cmp.table[cols].round({c: 3 for c in cols[2:12]} | {"image_psnr_db": 1})
+    out = cmp.table[cols].copy()
     out["latent_rel_error"] = [f"{v:.1e}" if pd.notna(v) else "" for v in out["latent_rel_error"]]
     return out
 
 
-def _failure(log) -> str:
-    """The failing compile record's error and the innermost frame it was raised in."""
-    for r in (log.records if log else []):
-        if r.fail_type:
-            frames = re.findall(r'File "(?:[^"]*site-packages/)?([^"]+)", line (\d+), in (\S+)',
-                                "\n".join(r.exception_stack_trace or []))
-            where = f" (raised in {frames[-1][0]}:{frames[-1][1]} {frames[-1][2]})" if frames else ""
-            return f"{r.fail_type}: {r.fail_reason}{where}"
-    return ""
+def _round_facts(cmp: Comparison, name: str) -> tuple[dict, dict]:
+    """(round 0's compile facts: cold cache, the median-ish last later round's: warm cache) of one config."""
+    raw = cmp.measured.raw
+    mine = raw[(raw.config == name) & (raw.status == "ok")].sort_values("round")
+    facts = [f for f in mine.get("facts", []) if isinstance(f, dict)]
+    return (facts[0] if facts else {}), (facts[-1] if len(facts) > 1 else {})
 
 
-def compile_table(study: Study, cmp: Comparison, records: dict) -> pd.DataFrame:
-    """Per compiled variant: Dynamo + backend compile seconds, graphs, cache hits, CUDA-graph skips, the first
-    call's excess over a steady one, and for a failure where it broke; the figures also go to results.csv."""
-    rows = []
-    t = cmp.table.set_index("variant")
-    for spec, rec in records.items():
-        if rec["log"] is None:
+def compile_table(study: Study, cmp: Comparison) -> pd.DataFrame:
+    """Per compiled configuration, from the workers' compile records: round 0 (cold inductor cache, unless an
+    earlier configuration filled it) against the later rounds (a new process, the cache on disk): compile
+    seconds, first call, FX-graph cache hits; graphs, breaks, CUDA-graph skips, recompiles and failures. The
+    figures also go to results.csv."""
+    rows, rec = [], []
+    for r in cmp.table.itertuples():
+        if not str(r.key).startswith("compile:"):
             continue
-        f = tc.compile_facts(rec["log"])
-        ok = t.loc[spec, "status"] == "ok"
-        cache = COLD if rec["fresh"] else "shared with the variants before"
-        rows.append({"variant": spec, "status": t.loc[spec, "status"], "inductor_cache": cache,
-                     "compile_s": f["compile_s"], "first_call_s": t.loc[spec, "first_call_s"],
-                     "first_call_excess_s": t.loc[spec, "first_call_s"] - t.loc[spec, "latency_s"] if ok else None,
-                     "graphs_compiled": f["graphs_compiled"], "graph_breaks": f["graph_breaks"],
-                     "fx_graph_cache_hits": f["fx_graph_cache_hits"],
-                     "fx_graph_cache_misses": f["fx_graph_cache_misses"], "cudagraph_skips": f["cudagraph_skips"],
-                     "recompiles": len(f["recompile_reasons"]), "failure": _failure(rec["log"])})
-        if not ok:
+        cold, warm = _round_facts(cmp, r.variant)
+        if r.status != "ok" or "compile_s" not in cold:
+            if r.status != "ok":
+                rows.append({"variant": r.variant, "status": r.status, "failure": r.note})
             continue
-        scenario = f"{spec}, batch 1"
-        skip = (f"; inductor skipped CUDA graphs {f['cudagraph_skips']}x (CPU-only graph: silently, a counter only)"
-                if f["cudagraph_skips"] else "")
-        study.recorder.add_many([
-            dict(scenario=scenario, metric="compile", value=f["compile_s"], unit="s", n=1, dtype=study.profile.dtype,
-                 note=f"Dynamo + backend compile in the first call(s) (torch compile records); inductor cache "
-                      f"{cache}; fx graph cache hits {f['fx_graph_cache_hits']}, misses {f['fx_graph_cache_misses']}"),
-            dict(scenario=scenario, metric="graphs_compiled", value=f["graphs_compiled"], unit="graphs", n=1,
-                 dtype=study.profile.dtype, note=f"graph breaks {f['graph_breaks']}{skip}"),
-        ])
+        row = {"variant": r.variant, "status": r.status, "compile_s": cold["compile_s"],
+               "compile_warm_s": warm.get("compile_s"), "first_call_s": r.first_call_s,
+               "first_call_warm_s": r.first_call_warm_s, "first_call_excess_s": r.first_call_s - r.latency_s,
+               "fx_graph_cache_hits": cold["fx_graph_cache_hits"],
+               "fx_graph_cache_misses": cold["fx_graph_cache_misses"],
+               "fx_graph_cache_hits_warm": warm.get("fx_graph_cache_hits"), "graphs_compiled": cold["graphs_compiled"],
+               "graph_breaks": cold["graph_breaks"], "cudagraph_skips": cold["cudagraph_skips"],
+               "recompiles": len(cold["recompile_reasons"]), "failure": "; ".join(cold["failures"])}
+        rows.append(row)
+        scenario, common = f"{r.variant}, batch 1", dict(n=1, dtype="float32", key=r.key, method=cmp.method)
+        skip = (f"; inductor skipped CUDA graphs {row['cudagraph_skips']}x (CPU-only graph: silently, a counter only)"
+                if row["cudagraph_skips"] else "")
+        rec += [dict(scenario=scenario, metric="compile", value=row["compile_s"], unit="s",
+                     note=f"Dynamo + backend compile in the first call, round 0 (inductor cache emptied before the "
+                          f"run, shared by the configurations); fx graph cache hits {row['fx_graph_cache_hits']}, "
+                          f"misses {row['fx_graph_cache_misses']}", **common),
+                dict(scenario=scenario, metric="graphs_compiled", value=row["graphs_compiled"], unit="graphs",
+                     note=f"graph breaks {row['graph_breaks']}{skip}", **common)]
+        if warm:
+            rec.append(dict(scenario=scenario, metric="compile_warm", value=warm["compile_s"], unit="s",
+                            note=f"last round: a new process, inductor cache on disk; fx graph cache hits "
+                                 f"{warm['fx_graph_cache_hits']}, misses {warm['fx_graph_cache_misses']}", **common))
+    if rec:
+        study.recorder.add_many(rec)
     return pd.DataFrame(rows)
-
-
-# --- cold vs warm cache ------------------------------------------------------------------------------------
-def _first_call(pipe, workload) -> dict:
-    """Time one generation from a freshly set-up UNet and read its compile records."""
-    t0 = time.perf_counter()
-    generate(pipe, workload)
-    first = time.perf_counter() - t0
-    f = tc.compile_facts(pipe.unet.log)
-    return {"compile_s": f["compile_s"], "first_call_s": first, "fx_graph_cache_hits": f["fx_graph_cache_hits"],
-            "fx_graph_cache_misses": f["fx_graph_cache_misses"]}
-
-
-def warm_compile(profile: str, spec: str, cache_dir: str) -> dict:
-    """Compile `spec` against a cache folder another run filled (what a restarted server pays)."""
-    os.environ[CACHE_ENV] = cache_dir
-    forget_compiled()
-    prof = load_profile(profile)
-    pipe = prepared(build_pipeline(prof), spec, prof.dtype)
-    return _first_call(pipe, Workload.from_profile(prof, 1))
-
-
-def warm_compile_in_new_process(profile: str, spec: str, cache_dir: str) -> dict:
-    """The honest warm figure: a new Python process, nothing in memory, only the cache folder on disk."""
-    cmd = [sys.executable, "-m", "sdperf.experiments.torch_compile", "warm-compile", "--profile", profile,
-           "--spec", spec, "--cache-dir", cache_dir]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"warm-compile process exited {done.returncode}: "
-                           + " | ".join(done.stderr.strip().splitlines()[-3:]))
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def cold_vs_warm(study: Study, compiles: pd.DataFrame, records: dict, new_process: bool = True) -> pd.DataFrame:
-    """The first variant that compiled into an empty cache (cold), compiled again from the same cache folder:
-    in this process after forgetting everything in memory, and (optionally) in a new Python process."""
-    cold = compiles[(compiles.inductor_cache == COLD) & (compiles.status == "ok")] if len(compiles) else compiles
-    if cold.empty:
-        raise ValueError("no compiled variant ran into an empty cache; put a compiled variant in `variants`")
-    row = cold.iloc[0]
-    spec, cache_dir = row.variant, records[row.variant]["cache_dir"]
-    rows = [{"variant": spec, "cache": "cold: empty folder, this process", "compile_s": row.compile_s,
-             "first_call_s": row.first_call_s, "fx_graph_cache_hits": row.fx_graph_cache_hits,
-             "fx_graph_cache_misses": row.fx_graph_cache_misses}]
-    forget_compiled()
-    os.environ[CACHE_ENV] = cache_dir
-    pipe = prepared(study.pipeline("float32"), spec, study.profile.dtype)
-    rows.append({"variant": spec, "cache": "warm: same folder, this process after torch._dynamo.reset()",
-                 **_first_call(pipe, study.workload(1))})
-    pipe = None
-    release()
-    if new_process:
-        where = "warm: same folder, a new Python process"
-        try:
-            rows.append({"variant": spec, "cache": where,
-                         **warm_compile_in_new_process(study.profile.name, spec, cache_dir)})
-        except Exception as exc:  # recorded, the notebook goes on
-            study.recorder.failed(f"{spec}, {where}", exc, metric="compile")
-            rows.append({"variant": spec, "cache": where, "note": f"failed: {exc}"})
-    df = pd.DataFrame(rows)
-    study.recorder.add_many([
-        dict(scenario=f"{spec}, {r.cache}", metric="compile", value=r.compile_s, unit="s", n=1,
-             dtype=study.profile.dtype, note=f"Dynamo + backend compile (torch compile records); first generation "
-             f"{r.first_call_s:.2f} s; fx graph cache hits {r.fx_graph_cache_hits}, misses {r.fx_graph_cache_misses}")
-        for r in df.itertuples() if pd.notna(r.compile_s)])
-    return df
 
 
 # --- graph breaks and recompiles ---------------------------------------------------------------------------
@@ -349,37 +249,44 @@ def recompile_counts(df: pd.DataFrame) -> str:
 # here that answer it: the first pair that ran is used (reference None: the fp32 eager baseline)
 CLAIMS = [
     ("torch.compile vs eager", "diffusers docs torch2.0", "SDPA eager", "SDPA + torch.compile",
-     [("default", None)]),
+     [("compile:default", None)]),
     ("torch.compile vs eager", "fal-ai stable-diffusion-benchmarks", "SDPA fp16", "SDPA + torch.compile",
-     [("default", None)]),
+     [("compile:default", None)]),
     ("torch.compile vs eager, with freezing (this CPU's set-up)", "diffusers docs torch2.0", "SDPA eager",
-     "SDPA + torch.compile", [("freezing", None)]),
+     "SDPA + torch.compile", [("compile:freezing", None)]),
     ("channels_last on top of torch.compile", "fal-ai stable-diffusion-benchmarks", "SDPA + torch.compile",
-     "SDPA + torch.compile + channels_last", [("channels_last+default", "default"),
-                                              ("channels_last+freezing", "freezing")]),
+     "SDPA + torch.compile + channels_last", [("compile:channels_last+default", "compile:default"),
+                                              ("compile:channels_last+freezing", "compile:freezing")]),
     ("torch.compile max-autotune vs eager", "stable-fast README", "vanilla", "torch.compile max-autotune",
-     [("max-autotune", None), ("max-autotune-no-cudagraphs", None), ("max-autotune-no-cudagraphs+freezing", None)]),
+     [("compile:max-autotune", None), ("compile:max-autotune-no-cudagraphs", None),
+      ("compile:max-autotune-no-cudagraphs+freezing", None)]),
 ]
 
 
-def _measured(table: pd.DataFrame, pairs) -> tuple[float | None, str]:
-    """Ratio of median UNet steps for the first (variant, reference) pair that was measured."""
-    t = table.set_index("variant")
+def _measured(cmp: Comparison, pairs) -> tuple[float | None, str]:
+    """For the first (key, reference) pair that was measured: against fp32 eager, the per-UNet-step ratio with
+    its range and verdict; against another configuration, the ratio of the two medians over rounds (said so)."""
+    t = cmp.table.set_index("variant")
     ran = set(t.index[t.status == "ok"])
-    for spec, ref in pairs:
-        if spec in ran and (ref is None or ref in ran):
-            base = t.loc[ref or BASELINE, "unet_step_s"]
-            return float(base / t.loc[spec, "unet_step_s"]), f"'{spec}' vs '{ref or BASELINE}'"
+    for key, ref in pairs:
+        if key in ran and (ref is None or ref in ran):
+            r = t.loc[key]
+            if ref is None:
+                return float(r.unet_step_speedup), (
+                    f"'{key}' vs '{BASELINE}', {r.unet_step_speedup_lo:.2f}-{r.unet_step_speedup_hi:.2f}x over "
+                    f"rounds, {r.unet_step_speedup_verdict}; {cmp.method}")
+            return float(t.loc[ref, "unet_step_s"] / r.unet_step_s), (
+                f"'{key}' vs '{ref}': ratio of their medians over rounds (no per-round range); {cmp.method}")
     return None, f"not run: add {' or '.join(repr(p[0]) for p in pairs)} to variants"
 
 
-def published_vs_measured(study: Study, table: pd.DataFrame) -> pd.DataFrame:
-    """Published it/s ratios beside the ratio of median UNet steps measured here."""
+def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
+    """Published it/s ratios beside the per-UNet-step ratio measured here."""
     rows = []
     for claim, source, before, after, pairs in CLAIMS:
         a = published.select(source, config=before, model="SD 1.5").iloc[0]
         b = published.select(source, config=after, model="SD 1.5").iloc[0]
-        measured, which = _measured(table, pairs)
+        measured, which = _measured(cmp, pairs)
         rows.append(published_row(
             claim, source, a["hardware"], f"{a['model']}, {a['resolution']}px, batch {a['batch_size']}",
             float(b["value"]) / float(a["value"]), measured, study.conditions(scope=f"UNet step, {which}"),
@@ -387,30 +294,21 @@ def published_vs_measured(study: Study, table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot(study: Study, table: pd.DataFrame, compiles: pd.DataFrame):
+def plot(study: Study, cmp: Comparison, compiles: pd.DataFrame):
+    """Speed-up per configuration (min-max over rounds), and compile seconds cold (round 0) and warm."""
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [3, 2]})
-    speedup_bars(table, f"torch.compile set-ups vs fp32 eager ({study.profile.name}, {study.device})", ax=left)
+    speedup_bars(cmp.table[cmp.table.variant != TWIN], f"torch.compile set-ups vs fp32 eager ({study.profile.name}, "
+                 f"{study.device})", ax=left)
     ok = compiles[compiles.status == "ok"] if len(compiles) else compiles
     if len(ok):
-        right.barh(ok["variant"], ok["compile_s"], color="grey")
+        y = range(len(ok))
+        right.barh([i + 0.2 for i in y], ok["compile_s"], height=0.4, color="grey", label="round 0 (cold cache)")
+        right.barh([i - 0.2 for i in y], ok["compile_warm_s"].fillna(0), height=0.4, color="tab:blue",
+                   label="later rounds (cache on disk)")
+        right.set_yticks(list(y), ok["variant"])
         right.set(xlabel="compile in the first call (s)", title="what compiling cost")
+        right.legend(fontsize=8)
     study.save_figure(fig, "speedup_and_compile")
     return fig
-
-
-# --- the warm-cache process --------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sdperf.experiments.torch_compile")
-    ap.add_argument("command", choices=["warm-compile"])
-    ap.add_argument("--profile", required=True)
-    ap.add_argument("--spec", required=True)
-    ap.add_argument("--cache-dir", required=True)
-    a = ap.parse_args(argv)
-    print(json.dumps(warm_compile(a.profile, a.spec, a.cache_dir)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -4,9 +4,9 @@ kind of machine). Tuning glibc's thresholds, or preloading jemalloc / tcmalloc (
 CPU), removes them.
 
 An allocator is chosen before Python starts (environment variables, LD_PRELOAD), so it cannot be switched inside
-a running notebook: each setting is measured in a fresh process (sdperf.fresh_process), which is also how headline
-numbers should be repeated. On a GPU the UNet's memory comes from the CUDA caching allocator instead and this rung
-is about host-side work only.
+a running notebook: a configuration with an `allocator:<setting>` key runs in worker processes that sdperf.rounds
+starts as fresh interpreters under that setting. On a GPU the UNet's memory comes from the CUDA caching
+allocator instead and this rung is about host-side work only.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import ctypes.util
 import os
 import platform
 from pathlib import Path
+
+from sdperf.optimizations.catalog import ALLOCATOR, Technique
 
 # glibc: keep big blocks on the heap instead of fresh mmaps, and never hand memory back between calls.
 GLIBC_TUNED = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "68719476736",
@@ -68,3 +70,11 @@ def environment(setting: str, base: dict | None = None) -> dict:
     elif setting in PRELOADS:
         env["LD_PRELOAD"] = str(find_library(setting))
     return env
+
+
+def techniques() -> list[Technique]:
+    """allocator:<setting>: the worker process is started under that allocator (it cannot change later)."""
+    return [Technique(f"allocator:{s}", f"allocator {s}", ALLOCATOR, "10_ladder", allocator=s,
+                      availability=lambda ctx, s=s: availability(s),
+                      note="set before Python starts: environment variables or LD_PRELOAD")
+            for s in SETTINGS if s != "default"]

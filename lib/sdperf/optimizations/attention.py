@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from sdperf.optimizations.catalog import ATTENTION, Technique
+
 PROCESSORS = {"classic": AttnProcessor, "sdpa": AttnProcessor2_0}
 BACKENDS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -169,3 +171,57 @@ def facts(pipe) -> dict:
     return {"unet_processors": dict(Counter(type(m.processor).__name__ for m in attention_modules(pipe.unet))),
             "vae_processors": dict(Counter(type(m.processor).__name__ for m in attention_modules(pipe.vae))),
             "unet_sdpa_backend": getattr(pipe.unet.forward, "sdpa_backend", "PyTorch's choice")}
+
+
+NOTEBOOK = "03_attention"
+KEY_PREFIXES = ("attention",)
+
+
+def _skeleton(ctx) -> torch.nn.Module:
+    from sdperf.architectures import get as get_arch
+
+    return unet_skeleton(get_arch(ctx.profile.arch).unet)
+
+
+def _with_facts(change):
+    def apply(pipe, ctx):
+        pipe = change(pipe)
+        ctx.facts.update(facts(pipe))
+        return pipe
+    return apply
+
+
+def technique(prefix: str, arg: str) -> Technique:
+    """attention:classic, attention:sdpa:<backend>, attention:sliced:<auto|max|n>, attention:dispatcher:<name>."""
+    kind, _, rest = arg.partition(":")
+    key = f"{prefix}:{arg}"
+    if kind == "classic" and not rest:
+        return Technique(key, "classic (AttnProcessor)", ATTENTION, NOTEBOOK,
+                         apply=_with_facts(lambda p: use_processor(p, "classic")),
+                         note="softmax(QK^T)V with batched matmuls, the score matrix in memory")
+    if kind == "sdpa" and rest:
+        _choice("SDPA backend", rest, BACKENDS)
+        return Technique(key, f"SDPA {rest} only", ATTENTION, NOTEBOOK,
+                         apply=_with_facts(lambda p: use_sdpa_backend(p, rest)),
+                         availability=lambda ctx: sdpa_availability(ctx.device, rest, ctx.profile.dtype,
+                                                                    head_shapes(_skeleton(ctx))),
+                         note=f"UNet calls inside sdpa_kernel(SDPBackend.{BACKENDS[rest].name})")
+    if kind == "sliced":
+        size = int(rest) if rest.isdigit() else (rest or "auto")
+        check_slice_size(size)
+        return Technique(key, f"sliced attention ({size})", ATTENTION, NOTEBOOK,
+                         apply=_with_facts(lambda p: use_slicing(p, size)),
+                         note="enable_attention_slicing: SlicedAttnProcessor on the UNet")
+    if kind == "dispatcher" and rest:
+        check_dispatcher_backend(rest)
+        return Technique(key, f"set_attention_backend('{rest}')", ATTENTION, NOTEBOOK,
+                         apply=_with_facts(lambda p: use_dispatcher(p, rest)),
+                         availability=lambda ctx: dispatcher_availability(_skeleton(ctx)),
+                         note="diffusers' attention dispatcher")
+    raise ValueError(f"attention {arg!r} is not valid; choose one of: classic, sdpa:<{'|'.join(BACKENDS)}>, "
+                     "sliced:<auto|max|n>, dispatcher:<diffusers backend>")
+
+
+def techniques() -> list[Technique]:
+    return [technique("attention", a) for a in
+            ("classic", *(f"sdpa:{b}" for b in BACKENDS), "sliced:auto", "sliced:max", "dispatcher:native")]

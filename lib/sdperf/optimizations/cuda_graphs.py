@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from sdperf.optimizations.catalog import GRAPHS, Technique
+
 WARMUP_CALLS = 3  # side-stream calls before capture: cuDNN/cuBLAS pick algorithms and workspaces outside the graph
 
 
@@ -140,3 +142,10 @@ def apply(pipe, warmup: int = WARMUP_CALLS):
         raise ValueError(f"pipe.unet is on {device}; CUDA graphs need it on a CUDA device (pipe.to('cuda'))")
     pipe.unet = GraphedUNet(pipe.unet, warmup=warmup)
     return pipe
+
+
+def techniques() -> list[Technique]:
+    """cuda_graphs: the UNet step captured once per input shape and replayed."""
+    return [Technique("cuda_graphs", "CUDA graph (UNet step)", GRAPHS, "05_cuda_graphs",
+                      apply=lambda pipe, ctx: apply(pipe), availability=lambda ctx: availability(ctx.device),
+                      note="one capture per CFG batch shape; inputs copied into static tensors")]

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from sdperf.optimizations.catalog import EXECUTOR, Technique
+
 # Classes defined under these packages are DeepSpeed's replacements; the engine itself wraps without replacing.
 DEEPSPEED_PACKAGE = "deepspeed."
 NOT_REPLACEMENTS = ("deepspeed.inference.",)
@@ -171,3 +173,38 @@ def injection_targets(pipe) -> dict[str, int]:
         out[f"{name}: BasicTransformerBlock -> DeepSpeedDiffusersTransformerBlock (kernel)"] = sum(
             isinstance(m, BasicTransformerBlock) for m in modules)
     return out
+
+
+NOTEBOOK = "06_deepspeed"
+
+
+def _counted(fn):
+    """apply with a census of module classes before and after, so a pass-through that replaces nothing is
+    reported as one (its ratio is noise, not a DeepSpeed speed-up); also when the call raises."""
+    def run(pipe, ctx):
+        before = census(pipe)
+        try:
+            pipe = fn(pipe)
+        finally:
+            ctx.facts.update(count_replaced(before, census(pipe)))
+        return pipe
+    return run
+
+
+def techniques() -> list[Technique]:
+    """deepspeed:inject (the seed's call on the fp16 pipeline), deepspeed:inject-clip-adapter (the same with
+    sdperf's CLIP layout adapter), deepspeed:unet-fp32 (init_inference on the UNet alone: a pass-through)."""
+    def kernels(ctx):
+        return availability(ctx.device, ctx.profile.arch)
+
+    return [
+        Technique("deepspeed:inject", "DeepSpeed kernel injection, fp16 pipeline", EXECUTOR, NOTEBOOK,
+                  apply=_counted(lambda p: apply(p, "float16")), availability=kernels, changes_output=True,
+                  dtype="float16", note="the seed's call: init_inference on the pipeline"),
+        Technique("deepspeed:inject-clip-adapter", "DeepSpeed kernel injection + CLIP layout adapter", EXECUTOR,
+                  NOTEBOOK, apply=_counted(lambda p: apply(p, "float16", clip_adapter=True)), availability=kernels,
+                  changes_output=True, dtype="float16", note="sdperf's adapter for transformers >= 5.6"),
+        Technique("deepspeed:unet-fp32", "init_inference(pipe.unet, fp32): pass-through", EXECUTOR, NOTEBOOK,
+                  apply=_counted(lambda p: apply_to_unet(p, "float32")),
+                  note="pass-through: DeepSpeed's transformer policies match none of the UNet's layers"),
+    ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from sdperf.optimizations import onnx_runtime, openvino_engine, tensorrt_engine
 from sdperf.optimizations.unet_graph import EXPORTERS, example_inputs
+from sdperf.optimizations.catalog import EXECUTOR, Technique
 
 ENGINES = {"onnxruntime": onnx_runtime, "openvino": openvino_engine, "tensorrt": tensorrt_engine}
 TITLES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO", "tensorrt": "TensorRT"}
@@ -83,3 +84,42 @@ def apply(pipe, name: str, *, batch: int, latent_size: int, **kw):
     """Replace `pipe.unet` by the engine; the PyTorch UNet is freed unless the engine needs its weights."""
     pipe.unet = build(pipe.unet, name, batch=batch, latent_size=latent_size, **kw)
     return pipe
+
+
+NOTEBOOK = "07_engine_export"
+KEY_PREFIXES = ("engine",)
+LOSSLESS = ("fp32", "f32")  # precisions that keep fp32 arithmetic (the engine may still reorder it)
+
+
+def unet_batch(profile, batch_size: int) -> int:
+    """Images per prompt -> UNet batch: classifier-free guidance runs the uncond and cond halves together."""
+    return batch_size * (2 if profile.guidance_scale > 1.0 else 1)
+
+
+def _built(name: str, exporter: str = "dynamo"):
+    def run(pipe, ctx):
+        from sdperf.timing import peak_memory, reset_peak_memory
+
+        p = ctx.profile
+        reset_peak_memory(p.device)
+        pipe = apply(pipe, name, batch=unet_batch(p, ctx.batch_size), latent_size=p.latent_size, exporter=exporter,
+                     scratch_root=ctx.scratch, batch_range=(unet_batch(p, min(p.batch_sizes)),
+                                                            unet_batch(p, max(p.batch_sizes))))
+        ctx.facts.update(pipe.unet.facts)
+        ctx.facts["setup_peak_mib"] = peak_memory(p.device)[0] / 2**20
+        return pipe
+    return run
+
+
+def technique(prefix: str, name: str) -> Technique:
+    """engine:<engine>-<precision>[-static]: the UNet exported to that engine (the text encoder and VAE stay)."""
+    spec = parse(name)
+    return Technique(f"{prefix}:{name}", spec.label, EXECUTOR, NOTEBOOK, apply=_built(name),
+                     availability=lambda ctx: availability(ctx.device, name),
+                     changes_output=spec.precision not in LOSSLESS,
+                     dtype={"fp16": "float16", "f16": "float16", "bf16": "bfloat16"}.get(spec.precision, "float32"),
+                     note="the UNet only; exported from the fp32 pipeline, the engine applies its own precision")
+
+
+def techniques() -> list[Technique]:
+    return [technique("engine", n) for n in valid_names()]

@@ -15,6 +15,7 @@ a pipeline built with the new scheduler from the start, whatever was switched be
 from __future__ import annotations
 
 from sdperf.pipelines import SCHEDULER_CLASSES, make_scheduler
+from sdperf.optimizations.catalog import SCHEDULER, Technique
 
 SCHEDULERS = tuple(SCHEDULER_CLASSES)
 
@@ -59,3 +60,25 @@ def unet_calls(pipe, steps: int) -> int:
     sched = pipe.scheduler
     sched.set_timesteps(steps, device="cpu")
     return len(sched.timesteps)
+
+
+NOTEBOOK = "09_fewer_steps"
+KEY_PREFIXES = ("scheduler",)
+CANONICAL = (("dpmpp-2m", 20), ("dpmpp-2m", 25), ("euler", 20), ("euler", 25), ("ddim", 25), ("plms", 25))
+
+
+def technique(prefix: str, arg: str) -> Technique:
+    """scheduler:<name>@<steps>: the pipeline's scheduler replaced, and the generation run at that step count."""
+    name, sep, steps = arg.partition("@")
+    check_scheduler(name)
+    if not sep or not steps.isdigit() or int(steps) < 1:
+        raise ValueError(f"give the step count as <scheduler>@<steps> with steps >= 1, e.g. dpmpp-2m@20; got {arg!r}")
+    n = int(steps)
+    return Technique(f"{prefix}:{name}@{n}", f"{name}, {n} steps", SCHEDULER, NOTEBOOK,
+                     apply=lambda pipe, ctx: apply(pipe, name),
+                     availability=lambda ctx: availability(ctx.device, name), changes_output=True, steps=n,
+                     note="fewer UNet calls; the image moves with the sampler and its step count")
+
+
+def techniques() -> list[Technique]:
+    return [technique("scheduler", f"{name}@{n}") for name, n in CANONICAL]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from sdperf.environment import cpu_isa
+from sdperf.optimizations.catalog import PRECISION, Technique
 
 HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -38,3 +39,16 @@ def availability(device: str, dtype: str) -> tuple[bool, str]:
 def apply(pipe, dtype: str):
     """Cast every network of the pipeline to `dtype` in place (diffusers keeps the scheduler in fp32)."""
     return pipe.to(dtype=HALF[dtype])
+
+
+NOTEBOOK = "01_half_precision"
+SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def techniques() -> list[Technique]:
+    """precision:<dtype>: every network cast to that half precision (weights and activations)."""
+    return [Technique(f"precision:{dtype}", f"{SHORT[dtype]} weights+activations", PRECISION, NOTEBOOK,
+                      apply=lambda pipe, ctx, d=dtype: apply(pipe, d),
+                      availability=lambda ctx, d=dtype: availability(ctx.device, d), changes_output=True,
+                      dtype=dtype, note="every network cast; the scheduler stays float32")
+            for dtype in HALF]

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 
 from sdperf.generation import GRAD_MODES
+from sdperf.optimizations.catalog import GRAD_MODE, Technique
+from sdperf.optimizations.catalog import PARAMETERS as PARAMETERS_FAMILY
 
 PARAMETERS = ("frozen", "trainable")
 
@@ -58,3 +60,26 @@ def trainable_parameters(pipe) -> dict:
     params = [p for m in networks(pipe) for p in m.parameters()]
     return {"parameters": sum(p.numel() for p in params),
             "requiring_grad": sum(p.numel() for p in params if p.requires_grad)}
+
+
+NOTEBOOK = "02_inference_mode"
+_MODE_LABELS = {"inference_mode": "inference_mode (fresh pipeline)", "no_grad": "no_grad",
+                "grad": "grad on"}
+
+
+def techniques() -> list[Technique]:
+    """grad:<mode> runs the generation under that autograd mode; parameters:trainable makes every network's
+    parameters require grad first (how a model loaded for fine-tuning arrives)."""
+    out = [Technique(f"grad:{mode}", label, GRAD_MODE, NOTEBOOK, grad_mode=mode,
+                     availability=lambda ctx, m=mode: availability(ctx.device, m), note=_WHAT_EACH_MODE_RECORDS[mode])
+           for mode, label in _MODE_LABELS.items()]
+    out.append(Technique("parameters:trainable", "parameters trainable", PARAMETERS_FAMILY, NOTEBOOK,
+                         apply=lambda pipe, ctx: _trainable(pipe, ctx),
+                         note="requires_grad on every parameter: what grad mode then records"))
+    return out
+
+
+def _trainable(pipe, ctx):
+    apply(pipe, "trainable")
+    ctx.facts.update(trainable_parameters(pipe))
+    return pipe

@@ -27,6 +27,7 @@ import torch
 
 from sdperf.environment import cpu_isa
 from sdperf.generation import Workload, generate
+from sdperf.optimizations.catalog import EXECUTOR, Technique
 
 SCHEMES = {
     "torch-ao-dynamic": "torch.ao quantize_dynamic: nn.Linear int8 weights, int8 activations per call (fbgemm/oneDNN)",
@@ -42,6 +43,8 @@ INT_MM_CPU_FLAGS = ("avx512_vnni", "amx_int8")
 # The int8 dot-product instructions OpenVINO's and fbgemm's kernels use when present (avx_vnni is reported
 # only once sdperf.environment.ISA_FLAGS lists it).
 INT8_CPU_FLAGS = ("avx512_vnni", "amx_int8", "avx_vnni")
+LABELS = {"torch-ao-dynamic": "torch.ao dynamic int8 (Linear)", "torchao-int8-dynamic": "torchao int8 dyn. (Linear)",
+          "openvino-nncf-weights": "OpenVINO + NNCF int8 weights", "openvino-nncf-ptq": "OpenVINO + NNCF int8 PTQ"}
 
 
 def check_scheme(scheme: str) -> None:
@@ -198,3 +201,28 @@ def openvino_nncf(pipe, workload: Workload, ptq: bool):
              "nncf_step": "quantize (post-training)" if ptq else "compress_weights",
              "calibration_inputs": len(calibration) if ptq else 0}
     return EngineUNet(run, pipe.unet.config, device="cpu", facts=facts, keep=(pipe.unet, model))
+
+
+NOTEBOOK = "08_quantization"
+
+
+def _quantized(scheme: str):
+    def run(pipe, ctx):
+        pipe = apply(pipe, scheme, workload=ctx.workload())
+        unet = pipe.unet
+        if not isinstance(unet, torch.nn.Module):  # an engine stand-in (EngineUNet) says how it was made
+            ctx.facts.update(unet.facts)
+        else:
+            ctx.facts.update(module_counts(unet))
+            warned = getattr(unet, "sdperf_warnings", [])
+            if warned:
+                ctx.facts["warnings"] = " | ".join(warned)
+        return pipe
+    return run
+
+
+def techniques() -> list[Technique]:
+    """int8:<scheme>: the UNet quantized by that scheme (see SCHEMES)."""
+    return [Technique(f"int8:{scheme}", LABELS[scheme], EXECUTOR, NOTEBOOK, apply=_quantized(scheme),
+                      availability=lambda ctx, s=scheme: availability(ctx.device, s), changes_output=True,
+                      note=SCHEMES[scheme]) for scheme in SCHEMES]

@@ -19,12 +19,16 @@ A set-up is written as a spec string: a mode or backend, '+'-joined with flags, 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters, get_compilation_metrics
 from torch.utils._triton import has_triton
+
+from sdperf.optimizations.catalog import EXECUTOR, Technique
 
 EAGER = "eager"
 INDUCTOR = "inductor"
@@ -266,3 +270,39 @@ def compile_facts(log: CompileLog) -> dict:
         "recompile_reasons": [r.recompile_reason for r in records if r.recompile_reason],
         "failures": [f"{r.fail_type}: {r.fail_reason}" for r in records if r.fail_type],
     }
+
+
+NOTEBOOK = "04_torch_compile"
+KEY_PREFIXES = ("compile",)
+CANONICAL = ("default", "freezing", "reduce-overhead", "max-autotune-no-cudagraphs", "regional", "channels_last",
+             "channels_last+freezing", "openvino")
+
+
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def _compiled(spec: str):
+    def run(pipe, ctx):
+        if ctx.scratch is not None:
+            # inductor's on-disk caches in the profile's scratch, kept between worker processes: round 0 compiles
+            # cold (when the folder is empty), later rounds find its kernels, as a restarted server would. Set
+            # here because inductor reads it at compile time and the fork server may have set its default.
+            os.environ[CACHE_ENV] = str(Path(ctx.scratch) / "inductor")
+            ctx.facts["inductor_cache"] = os.environ[CACHE_ENV]
+        pipe = apply(pipe, spec)
+        log = getattr(pipe.unet, "log", None)
+        ctx.facts["compile_log"] = log  # read after the first call (compilation is lazy)
+        return pipe
+    return run
+
+
+def technique(prefix: str, spec: str) -> Technique:
+    """compile:<spec>: torch.compile of the UNet as torch_compile.parse reads the spec."""
+    s = parse(spec)
+    return Technique(f"{prefix}:{spec}", f"torch.compile {spec}" if s.compiled else spec, EXECUTOR, NOTEBOOK,
+                     apply=_compiled(spec), availability=lambda ctx: availability(ctx.device, spec),
+                     note="compiled lazily: the compile lands in the first call, reported apart")
+
+
+def techniques() -> list[Technique]:
+    return [technique("compile", s) for s in CANONICAL]

@@ -15,46 +15,14 @@ then `python -m sdperf.training.collect DIR` (or the notebook's `extra_runs`) re
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from sdperf.training.settings import ENGINES, TrainingSettings
-
-
-@dataclass
-class RunSpec:
-    """Everything one configuration needs, written by the launcher as JSON for every rank to read."""
-
-    profile: str
-    arch: str
-    weights: str | None
-    seed: int
-    device: str
-    settings: TrainingSettings
-    engine: str
-    per_rank_batch: int
-    threads_per_rank: int
-    backend: str
-    out_dir: str
-    data_path: str | None = None
-    deepspeed_config: str | None = None
-    label: str = ""
-
-    def to_json(self) -> str:
-        d = dataclasses.asdict(self)
-        d["settings"] = self.settings.to_dict()
-        return json.dumps(d, indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> "RunSpec":
-        d = json.loads(text)
-        d["settings"] = TrainingSettings.from_dict(d["settings"])
-        return cls(**d)
+from sdperf.training.settings import ENGINES
+from sdperf.training.spec import RunSpec
 
 
 def _dist_env() -> tuple[int, int, int]:

@@ -1,0 +1,221 @@
+"""The catalog: every technique the study measures, declared once in its own module and found here by key.
+
+A technique is declared by the optimization module that implements it (`techniques()` lists its canonical keys,
+`technique(arg)` builds a parametric one such as `compile:<spec>` or `scheduler:<name>@<steps>`). Notebooks, the
+ladder and the quality rungs name techniques by key only, never by a display label, so a renamed label cannot
+make a measured technique "not measured". A configuration is a stack of keys applied in order to a freshly built
+fp32 pipeline inside a worker process of its own (sdperf.worker); the key of a stack is its keys joined by '+'.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from sdperf.errors import ConfigError
+
+# Families: what part of a generation a technique changes. Only one UNet executor can be stacked (each one
+# compiles, exports or quantizes the UNet as the rungs below left it), and likewise one of every other family.
+GRAD_MODE, PARAMETERS, PRECISION, ATTENTION = "grad mode", "parameters", "precision", "attention"
+EXECUTOR, GRAPHS, SCHEDULER, ALLOCATOR = "unet executor", "graphs", "scheduler", "allocator"
+CALIBRATION = "calibration"  # a technique of known cost that checks the method itself
+FAMILIES = (GRAD_MODE, PARAMETERS, PRECISION, ATTENTION, EXECUTOR, GRAPHS, SCHEDULER, ALLOCATOR, CALIBRATION)
+
+# The modules that declare techniques, in study order (the notebook that owns most of each module's keys).
+MODULES = ("inference_mode", "half_precision", "attention", "torch_compile", "cuda_graphs", "deepspeed_inference",
+           "engine_export", "quantization", "fewer_steps", "allocator", "calibration")
+STACK_SEP = "+"
+BASELINE_KEY = "fp32-eager"  # the empty stack: the profile's pipeline in fp32, inference_mode, as built
+
+
+@dataclass
+class Context:
+    """What a technique may read while it is applied: the profile, the batch of the workload, a scratch folder
+    for exported or compiled artefacts (kept between worker processes, so later rounds load instead of
+    rebuilding), and `facts`, where apply() leaves what it found (modules replaced, precision used, ...)."""
+
+    profile: Any  # sdperf.profiles.Profile
+    batch_size: int = 1
+    scratch: Path | None = None
+    facts: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        return self.profile.device
+
+    def workload(self, steps: int | None = None):
+        from sdperf.generation import Workload
+
+        return Workload.from_profile(self.profile, batch_size=self.batch_size, steps=steps)
+
+
+def _unchanged(pipe, _ctx: Context):
+    return pipe
+
+
+def _everywhere(_ctx: Context) -> tuple[bool, str]:
+    return True, "runs everywhere torch does"
+
+
+@dataclass(frozen=True)
+class Technique:
+    """One optimization: how to apply it to a pipeline, whether it can run here, and what it may change.
+
+    `changes_output`: whether the technique may move the image away from fp32 eager on the same seed (precision,
+    int8, another scheduler); a lossless one that moves it is a bug the drift rows show. `dtype` is the precision
+    it runs in, `grad_mode` the autograd mode of its generation, `steps` a scheduler's step count, `allocator` a
+    process setting the worker is started under (it cannot change inside a running process)."""
+
+    key: str
+    label: str
+    family: str
+    notebook: str
+    apply: Callable[[Any, Context], Any] = _unchanged
+    availability: Callable[[Context], tuple[bool, str]] = _everywhere
+    changes_output: bool = False
+    dtype: str = "float32"
+    grad_mode: str | None = None
+    steps: int | None = None
+    allocator: str | None = None
+    note: str = ""
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"technique {self.key!r}: family {self.family!r} is not one of {', '.join(FAMILIES)}")
+
+
+@functools.cache
+def _declared() -> dict[str, Technique]:
+    out: dict[str, Technique] = {}
+    for name in MODULES:
+        for tech in _module(name).techniques():
+            if tech.key in out:
+                raise RuntimeError(f"technique {tech.key!r} is declared twice ({out[tech.key].notebook}, {name})")
+            out[tech.key] = tech
+    return out
+
+
+def _module(name: str):
+    return importlib.import_module(f"sdperf.optimizations.{name}")
+
+
+def _prefixes() -> dict[str, str]:
+    """'compile' -> 'torch_compile': the module that builds parametric keys of a prefix."""
+    out = {}
+    for name in MODULES:
+        mod = _module(name)
+        for prefix in getattr(mod, "KEY_PREFIXES", ()):
+            out[prefix] = name
+    return out
+
+
+def keys(notebook: str | None = None, family: str | None = None) -> list[str]:
+    """The canonical keys, optionally those one notebook owns or of one family, in declaration order."""
+    return [k for k, t in _declared().items()
+            if (notebook is None or t.notebook == notebook) and (family is None or t.family == family)]
+
+
+def get(key: str) -> Technique:
+    """The technique of `key`; an unknown key is a ConfigError that names the valid keys."""
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"technique key {key!r} is empty; valid techniques: {', '.join(keys())}")
+    found = _declared().get(key)
+    if found is not None:
+        return found
+    prefix, sep, arg = key.partition(":")
+    owner = _prefixes().get(prefix) if sep else None
+    if owner is not None:
+        try:
+            return _module(owner).technique(prefix, arg)
+        except ValueError as exc:
+            raise ConfigError(f"technique {key!r}: {exc}") from None
+    raise ConfigError(f"unknown technique {key!r}; valid techniques: {', '.join(keys())}"
+                      + (f"; parametric: {', '.join(p + ':<...>' for p in _prefixes())}" if _prefixes() else ""))
+
+
+def split(stack_key: str) -> tuple[str, ...]:
+    """'engine:openvino-f32+scheduler:dpmpp-2m@20' -> its keys; the baseline key is the empty stack."""
+    if stack_key in ("", BASELINE_KEY):
+        return ()
+    out: list[str] = []
+    for part in stack_key.split(STACK_SEP):
+        # a compile spec joins its flags with '+' too ('compile:channels_last+freezing'): a segment that is neither
+        # a prefixed key nor a canonical key continues the key before it
+        if out and ":" not in part and part not in _declared():
+            out[-1] += STACK_SEP + part
+        else:
+            out.append(part)
+    return tuple(out)
+
+
+def join(stack: tuple[str, ...] | list[str]) -> str:
+    return STACK_SEP.join(stack) if stack else BASELINE_KEY
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Techniques applied in order to one fp32 pipeline; the last precision, grad mode and step count win."""
+
+    techniques: tuple[Technique, ...]
+
+    @classmethod
+    def of(cls, stack_key: str | tuple[str, ...] | list[str]) -> "Stack":
+        ks = split(stack_key) if isinstance(stack_key, str) else tuple(stack_key)
+        techs = tuple(get(k) for k in ks)
+        fams = [t.family for t in techs]
+        twice = sorted({f for f in fams if fams.count(f) > 1})
+        if twice:
+            raise ConfigError(f"stack {join(ks)!r} has more than one technique of family {', '.join(twice)}: "
+                              "stack at most one of each (one UNet executor, one precision, one scheduler, ...)")
+        return cls(techs)
+
+    @property
+    def key(self) -> str:
+        return join([t.key for t in self.techniques])
+
+    @property
+    def label(self) -> str:
+        return " + ".join(t.label for t in self.techniques) or "fp32 eager"
+
+    def _last(self, attr: str, default):
+        return next((getattr(t, attr) for t in reversed(self.techniques) if getattr(t, attr) not in (None, "float32")),
+                    default)
+
+    @property
+    def dtype(self) -> str:
+        return self._last("dtype", "float32")
+
+    @property
+    def grad_mode(self) -> str:
+        return self._last("grad_mode", "inference_mode")
+
+    @property
+    def steps(self) -> int | None:
+        return self._last("steps", None)
+
+    @property
+    def allocator(self) -> str:
+        return self._last("allocator", "default")
+
+    @property
+    def changes_output(self) -> bool:
+        return any(t.changes_output for t in self.techniques)
+
+    def availability(self, ctx: Context) -> tuple[bool, str]:
+        """Runnable when every technique is; otherwise the first one's reason, naming it."""
+        for t in self.techniques:
+            ok, reason = t.availability(ctx)
+            if not ok:
+                return False, f"{t.key}: {reason}"
+        return True, "; ".join(t.availability(ctx)[1] for t in self.techniques) or "the baseline"
+
+    def apply(self, pipe, ctx: Context):
+        for t in self.techniques:
+            pipe = t.apply(pipe, ctx)
+        return pipe
+
+
+def with_label(tech: Technique, label: str) -> Technique:
+    return replace(tech, label=label)

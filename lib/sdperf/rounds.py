@@ -1,0 +1,287 @@
+"""Every speed ratio of the study, by one method: each configuration in a fresh process, in rounds, against the
+fp32 eager baseline, with the fp32-vs-fp32 noise floor measured the same way.
+
+Why this method. Timed in turn inside one process, two pipelines share an allocator, a page cache and two cores,
+and the eager baseline slowed 27% next to an OpenVINO engine: in-process ratios of engines were biased upward,
+and the same headline read 1.10x, 1.28x or 1.38x depending on which baseline divided it. Here:
+
+- every configuration runs in a worker process of its own (sdperf.worker: build, apply, first call apart, timed
+  repeats, its own peak memory); workers start from a fork server that has imported the libraries and built
+  nothing, or, when a configuration needs another allocator, from a new interpreter under it;
+- the configurations run in rounds, one after another, and each round starts and ends with an fp32 eager
+  baseline process (B c1 c2 .. twin B c2 .. twin c1 B ...; the order rotates each round so no configuration
+  always follows the baseline). A configuration's ratio in a round divides the baseline interpolated to the
+  moment the configuration was timed, so a machine that drifts steadily (ageing page cache, a neighbour
+  ramping up) moves both alike and not the ratio;
+- one configuration is the fp32 baseline again (the twin): its ratios are the noise floor of this run, taken
+  exactly like every other ratio. A configuration is "faster" only when its whole range over rounds lies above
+  the noise band, "slower" when it lies below, and "within noise" otherwise;
+- a ratio is reported as its median over rounds with the min-max range, per image at the profile's steps, per
+  UNet step, and per image at the seeds' 50 PLMS steps composed from the measured stages (said so).
+PyTorch's structured diffusion benchmark runner (pytorch/pytorch PR 196713) isolates scenarios the same way.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from sdperf import drift, worker
+from sdperf.optimizations import allocator as allocators
+from sdperf.optimizations.catalog import BASELINE_KEY, Context, Stack
+
+BASELINE, TWIN = "fp32 eager", "fp32 eager (twin)"
+MIN_ROUNDS = 3
+# The ratios every configuration gets: (result field, ratio name, what it stands for)
+RATIOS = (("latency_s", "speedup", "per image at the profile's steps"),
+          ("unet_step_s", "unet_step_speedup", "per UNet step"),
+          ("s_per_image_seed", "seed_speedup", "per image at 50 PLMS steps (composed from the measured stages)"))
+FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
+PRELOAD = ["sdperf.worker", "sdperf.measurements", "sdperf.pipelines", "sdperf.optimizations.catalog"]
+
+
+def method(rounds: int) -> str:
+    return (f"fresh process per configuration, {rounds} rounds in turn; ratio per round against the fp32 eager "
+            "baseline interpolated to the configuration's time; median [min-max] over rounds")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration to compare: a display name unique in its run, and the catalog stack it runs."""
+
+    name: str
+    stack: str = BASELINE_KEY
+    batch_size: int = 1
+
+    @classmethod
+    def of(cls, stack: str, name: str | None = None, batch_size: int = 1) -> "Config":
+        return cls(name or Stack.of(stack).key, Stack.of(stack).key, batch_size)
+
+
+def schedule(configs: list[Config], rounds: int) -> list[tuple[int, Config]]:
+    """(round, config) in running order: a baseline, then each round's configurations (the twin among them,
+    the order rotated by one each round) followed by a baseline. Baseline k closes round k-1 and opens round k."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    batches = {c.batch_size for c in configs} or {1}
+    if len(batches) > 1:
+        raise ValueError(f"one run compares one batch size against its baseline; got {sorted(batches)}")
+    b = batches.pop()
+    base, others = Config(BASELINE, batch_size=b), list(configs) + [Config(TWIN, batch_size=b)]
+    seq = [(0, base)]
+    for r in range(rounds):
+        k = r % len(others)
+        seq += [(r, c) for c in others[k:] + others[:k]] + [(r + 1, base)]
+    return seq
+
+
+# ---------------------------------------------------------------- launching workers
+
+def _fork_context():
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def launch(spec: dict, *, setting: str = "default", fresh_interpreter: bool = False,
+           timeout_s: float | None = None) -> tuple[dict, object | None]:
+    """Run one worker; (its result, its output or None). A worker that dies or overruns is a failed result."""
+    with tempfile.TemporaryDirectory(prefix="sdperf-worker-") as tmp:
+        out = Path(tmp)
+        if fresh_interpreter:
+            try:
+                proc = subprocess.run([sys.executable, "-m", "sdperf.worker", json.dumps(spec), tmp],
+                                      env=allocators.environment(setting), capture_output=True, text=True,
+                                      timeout=timeout_s)
+                code, err = proc.returncode, (proc.stderr.strip().splitlines() or [""])[-1]
+            except subprocess.TimeoutExpired:
+                code, err = None, ""
+        else:
+            proc = _fork_context().Process(target=worker.run_to, args=(spec, out))
+            proc.start()
+            proc.join(timeout_s)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+                code = None
+            else:
+                code = proc.exitcode
+            err = ""
+        path = out / worker.RESULT
+        if code is None:
+            return {"status": "failed", "note": f"worker timed out after {timeout_s:.0f} s"}, None
+        if not path.is_file():
+            why = f"signal {-code}" if code < 0 else f"exit code {code}"
+            return {"status": "failed", "note": f"worker died ({why}; out of memory?) {err}".strip()}, None
+        result = json.loads(path.read_text())
+        output = None
+        if (out / worker.OUTPUT).is_file():
+            import torch
+
+            output = SimpleNamespace(**torch.load(out / worker.OUTPUT))
+        return result, output
+
+
+# ---------------------------------------------------------------- the arithmetic of a run
+
+def per_round_ratios(raw: pd.DataFrame) -> pd.DataFrame:
+    """One row per (configuration, round): each ratio against the baseline interpolated (linearly, in wall time)
+    to the midpoint of the configuration's timed calls."""
+    ok = raw[raw.status == "ok"].copy()
+    ok["t_mid"] = (ok.t_start + ok.t_end) / 2
+    base = ok[ok.config == BASELINE].sort_values("t_mid")
+    rows = []
+    for r in ok[ok.config != BASELINE].itertuples():
+        row = {"config": r.config, "round": r.round}
+        for field_, name, _ in RATIOS:
+            ref = float(np.interp(r.t_mid, base.t_mid, base[field_]))
+            row[name] = ref / getattr(r, field_)
+            row[f"baseline_{field_}"] = ref
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["config", "round"] + [n for _, n, _ in RATIOS]
+                        + [f"baseline_{f}" for f, _, _ in RATIOS])
+
+
+def noise_band(values) -> tuple[float, float]:
+    """The fp32-vs-fp32 ratios' range, made symmetric (which of two equal processes is called the baseline is
+    arbitrary, so r and 1/r are equally likely)."""
+    v = np.asarray(list(values), dtype=float)
+    if v.size == 0:
+        return float("nan"), float("nan")
+    return float(min(v.min(), 1 / v.max())), float(max(v.max(), 1 / v.min()))
+
+
+def speed_verdict(lo: float, hi: float, band: tuple[float, float]) -> str:
+    """Faster only when the whole range over rounds clears the noise band; slower when it lies below it."""
+    if np.isnan(band[0]) or np.isnan(lo):
+        return NOISE
+    if lo > band[1]:
+        return FASTER
+    if hi < band[0]:
+        return SLOWER
+    return NOISE
+
+
+def summarize(raw: pd.DataFrame, ratios: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Per configuration: medians over rounds with min-max, cold (round 0) and warm set-up and first call, peak
+    memory, each ratio with its verdict against the noise band; and the noise bands by ratio."""
+    twin = ratios[ratios.config == TWIN]
+    bands = {name: noise_band(twin[name]) for _, name, _ in RATIOS}
+    rows = []
+    for name, g in raw.groupby("config", sort=False):
+        ok = g[g.status == "ok"]
+        row = {"config": name, "stack": g["stack"].iloc[0], "rounds": len(ok),
+               "status": "ok" if len(ok) else g.status.iloc[0], "note": "" if len(ok) else g.note.iloc[0]}
+        if len(ok):
+            first, later = ok[ok["round"] == ok["round"].min()].iloc[0], ok[ok["round"] > ok["round"].min()]
+            for col in ("latency_s", "s_per_image", "unet_step_s", "s_per_image_seed", "s_per_image_composed"):
+                row[col], row[col + "_lo"], row[col + "_hi"] = ok[col].median(), ok[col].min(), ok[col].max()
+            row.update(build_s=first.build_s, setup_s=first.setup_s, first_call_s=first.first_call_s,
+                       setup_warm_s=later.setup_s.median() if len(later) else None,
+                       first_call_warm_s=later.first_call_s.median() if len(later) else None,
+                       peak_memory_mib=ok.peak_memory_mib.max(), process_peak_mib=ok.process_peak_mib.max(),
+                       setup_peak_mib=first.setup_peak_mib, seed_unet_calls=first.seed_unet_calls,
+                       iterations=first.iterations)
+        mine = ratios[ratios.config == name]
+        for _, ratio, _ in RATIOS:
+            if name == BASELINE:
+                row[ratio], row[ratio + "_lo"], row[ratio + "_hi"] = 1.0, 1.0, 1.0
+                continue
+            if mine.empty:
+                continue
+            v = mine[ratio]
+            row[ratio], row[ratio + "_lo"], row[ratio + "_hi"] = v.median(), v.min(), v.max()
+            row[ratio + "_verdict"] = speed_verdict(v.min(), v.max(), bands[ratio])
+        rows.append(row)
+    return pd.DataFrame(rows), bands
+
+
+@dataclass
+class Measured:
+    """What one run of rounds found: every worker's result, the per-round ratios, the summary per configuration,
+    the noise band of each ratio, each configuration's facts and its drift against the baseline's output."""
+
+    rounds: int
+    raw: pd.DataFrame
+    ratios: pd.DataFrame
+    summary: pd.DataFrame
+    noise: dict
+    facts: dict = field(default_factory=dict)
+    drift: dict = field(default_factory=dict)
+
+    @property
+    def method(self) -> str:
+        return method(self.rounds)
+
+    def row(self, config: str) -> dict:
+        return self.summary.set_index("config").loc[config].to_dict()
+
+
+def _spec(profile, config: Config, r: int, scratch: Path | None, overrides: dict) -> dict:
+    return {"profile": profile.name, "stack": config.stack, "batch_size": config.batch_size, "round": r,
+            "scratch": str(scratch) if scratch else None, "save_output": r == 0, **overrides}
+
+
+def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: Path | None = None,
+        overrides: dict | None = None, say: Callable[[str], None] = print,
+        launcher: Callable | None = None) -> Measured:
+    """Measure `configs` (and the baseline and its twin) in fresh processes over `rounds` rounds.
+
+    A configuration that cannot run here is checked in this process first and not launched; one that fails in a
+    round is not launched again. `overrides` may set the worker's warmup/repeats (the tests use it)."""
+    rounds = rounds or getattr(profile, "rounds", MIN_ROUNDS)
+    names = [c.name for c in configs]
+    clash = {n for n in names if names.count(n) > 1} | ({BASELINE, TWIN} & set(names))
+    if clash:
+        raise ValueError(f"configuration names must be unique and not {BASELINE!r}/{TWIN!r}: {', '.join(clash)}")
+    settings = {Stack.of(c.stack).allocator for c in configs}
+    fresh_interpreter = settings != {"default"}
+    launcher = launcher or launch
+    records, outputs, gone = [], {}, {}
+    for c in configs:
+        stack = Stack.of(c.stack)
+        ok, reason = stack.availability(Context(profile, batch_size=c.batch_size))
+        if not ok:
+            gone[c.name] = {"status": "not_applicable", "note": f"not applicable: {reason}"}
+    plan = schedule(configs, rounds)
+    for i, (r, c) in enumerate(plan, start=1):
+        if c.name in gone:
+            continue
+        say(f"[{i}/{len(plan)}] round {r}: {c.name}")
+        spec = _spec(profile, c, r, scratch, overrides or {})
+        result, output = launcher(spec, setting=Stack.of(c.stack).allocator, fresh_interpreter=fresh_interpreter,
+                                  timeout_s=getattr(profile, "cell_timeout_s", None))
+        if result["status"] != "ok":
+            gone[c.name] = {"status": result["status"], "note": result.get("note", "")}
+            say(f"  {c.name}: {result['status']}: {result.get('note', '')}")
+        if output is not None and c.name not in outputs:
+            outputs[c.name] = output
+        records.append({"config": c.name, "stack": c.stack, "round": r, **result})
+    for name, why in gone.items():
+        if not any(rec["config"] == name for rec in records):
+            stack = next(c.stack for c in configs if c.name == name)
+            records.append({"config": name, "stack": stack, "round": 0, **why})
+    raw = pd.DataFrame(records)
+    for col in ("t_start", "t_end", "latency_s", "unet_step_s", "s_per_image_seed", "note"):
+        if col not in raw:
+            raw[col] = np.nan
+    ratios = per_round_ratios(raw)
+    summary, bands = summarize(raw, ratios)
+    facts = {rec["config"]: rec.get("facts") or {} for rec in records if rec.get("status") == "ok"}
+    drifts = {}
+    if BASELINE in outputs:
+        for name, out in outputs.items():
+            if name != BASELINE:
+                d = drift.compare(out, outputs[BASELINE])
+                d["verdict"] = drift.verdict(d)
+                drifts[name] = d
+    return Measured(rounds, raw, ratios, summary, bands, facts, drifts)

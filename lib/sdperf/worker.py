@@ -1,0 +1,143 @@
+"""One configuration measured in a process of its own: build, apply, first call, timed repeats, peak memory.
+
+Two pipelines in one process share its allocator, its page cache and two cores: timed in turn inside one process,
+an eager fp32 UNet step grew 27% next to an OpenVINO engine while the engine's grew 6%. So every configuration
+that is compared runs here, alone, in a fresh process started by sdperf.rounds, and hands back what it measured
+as one JSON file (and its output tensors when asked), written atomically: a killed worker leaves nothing that
+could pass for a result.
+
+What it reports, all from this process only: build (the fp32 pipeline at the profile's seed), set-up (the
+techniques applied: export, build, quantize), the first call apart (lazy compilation lands there), the timed
+repeats of whole generations with each stage's calls timed inside them (text encoder, UNet step, scheduler step,
+VAE decode), the per-image time composed at the seeds' 50 PLMS steps from those stage times, peak RSS of the
+steady-state calls and of the whole process, and the wall-clock window of the timed calls (the parent
+interpolates the baseline to it).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+SEED_STEPS = 50  # the Cerebrium / NeMo setting: 50 PLMS steps per image
+RESULT, OUTPUT = "result.json", "output.pt"
+
+
+def _jsonable(facts: dict) -> dict:
+    out = {}
+    for k, v in facts.items():
+        if k == "compile_log":
+            if v is not None:
+                from sdperf.optimizations.torch_compile import compile_facts
+
+                out.update(compile_facts(v))
+            continue
+        out[k] = v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
+    return out
+
+
+def _stage(stages, name: str, column: str) -> float:
+    s = stages.set_index("stage")
+    return float(s.loc[name, column]) if name in s.index else 0.0
+
+
+def composed_seconds(stages, unet_calls: int) -> float:
+    """One generation's time composed from its measured stages at `unet_calls` denoising iterations: text encoder
+    and VAE decode once, UNet and scheduler step once per iteration."""
+    per_call = _stage(stages, "unet", "median_call_s") + _stage(stages, "scheduler", "median_call_s")
+    return (_stage(stages, "text_encoder", "seconds_per_image_call") + unet_calls * per_call
+            + _stage(stages, "vae_decode", "seconds_per_image_call"))
+
+
+def measure(spec: dict) -> tuple[dict, object | None]:
+    """Build, apply and time one configuration; (result, output or None). Runs inside the worker process."""
+    import torch
+
+    from sdperf.measurements import timed_generation
+    from sdperf.optimizations import fewer_steps
+    from sdperf.optimizations.catalog import Context, Stack
+    from sdperf.pipelines import build_pipeline
+    from sdperf.profiles import load_profile
+    from sdperf.timing import peak_memory, reset_peak_memory
+
+    profile = load_profile(spec["profile"], check_runtime=False)
+    profile = replace(profile, **{k: spec[k] for k in ("warmup", "repeats") if spec.get(k) is not None})
+    stack = Stack.of(spec["stack"])
+    ctx = Context(profile, batch_size=spec.get("batch_size", 1),
+                  scratch=Path(spec["scratch"]) if spec.get("scratch") else None)
+    ok, reason = stack.availability(ctx)
+    if not ok:
+        return {"status": "not_applicable", "note": f"not applicable: {reason}"}, None
+    device = profile.device
+    t0 = time.perf_counter()
+    pipe = build_pipeline(profile)
+    build_s = time.perf_counter() - t0
+    reset_peak_memory(device)
+    t0 = time.perf_counter()
+    pipe = stack.apply(pipe, ctx)
+    setup_s = time.perf_counter() - t0
+    setup_peak = peak_memory(device)[0]
+    workload = ctx.workload()
+    started = time.time()
+    run = timed_generation(pipe, workload, device=device, warmup=profile.warmup, repeats=profile.repeats,
+                           grad_mode=stack.grad_mode, label=stack.label)
+    finished = time.time()
+    seed_calls = fewer_steps.unet_calls(pipe, stack.steps or SEED_STEPS)
+    s = run.summary()
+    b = workload.batch_size
+    result = {
+        "status": "ok", "note": "", "build_s": build_s, "setup_s": setup_s,
+        "setup_peak_mib": None if setup_peak is None else setup_peak / 2**20,
+        "first_call_s": s["first_call_s"], "latency_s": s["latency_s"], "p10_s": s["p10_s"], "p90_s": s["p90_s"],
+        "n": len(run.timing.times), "s_per_image": s["s_per_image"], "unet_step_s": s["unet_step_s"],
+        "it_per_s": s["it_per_s"], "iterations": s["iterations"], "steps": workload.steps,
+        "seed_steps": stack.steps or SEED_STEPS, "seed_unet_calls": seed_calls,
+        "s_per_image_seed": composed_seconds(run.stages, seed_calls) / b,
+        "s_per_image_composed": composed_seconds(run.stages, s["iterations"]) / b,
+        "stages": run.stages.to_dict("records"),
+        "peak_memory_mib": s["peak_memory_mib"], "memory_kind": run.timing.memory_kind,
+        "process_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "t_start": started, "t_end": finished, "threads": torch.get_num_threads(), "pid": os.getpid(),
+        "allocator": stack.allocator, "facts": _jsonable(ctx.facts),
+    }
+    return result, run.output
+
+
+def run_to(spec: dict, out: Path) -> None:
+    """measure(), with its result (or the error that stopped it) written atomically into `out`."""
+    import torch
+
+    from sdperf.results import atomic_write_bytes, atomic_write_text
+
+    out = Path(out)
+    try:
+        result, output = measure(spec)
+    except Exception as exc:  # a technique this stack cannot run: the parent records it as failed
+        text = str(exc).strip()
+        result, output = {"status": "failed", "note": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}",
+                          "traceback": traceback.format_exc()[-4000:]}, None
+    if output is not None and spec.get("save_output"):
+        buf = io.BytesIO()
+        torch.save({"latents": output.latents, "images": output.images}, buf)
+        atomic_write_bytes(out / OUTPUT, buf.getvalue())
+    atomic_write_text(out / RESULT, json.dumps(result, default=float))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m sdperf.worker SPEC_JSON OUT_DIR: how the parent starts a worker under another allocator."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m sdperf.worker SPEC_JSON OUT_DIR", file=sys.stderr)
+        return 2
+    run_to(json.loads(argv[0]), Path(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""The catalog: every technique declared once, found by key, with a reason wherever it cannot run."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from sdperf.errors import ConfigError
+from sdperf.optimizations import catalog
+from sdperf.optimizations.catalog import Context, Stack
+
+LIB = Path(__file__).resolve().parents[1] / "lib" / "sdperf"
+
+
+def test_every_key_is_found_by_itself_and_declared_by_its_own_module():
+    keys = catalog.keys()
+    assert len(keys) == len(set(keys)) > 30
+    for key in keys:
+        tech = catalog.get(key)
+        assert tech.key == key and tech.family in catalog.FAMILIES and tech.notebook[:2].isdigit()
+    for key in ("grad:inference_mode", "deepspeed:inject", "cuda_graphs", "engine:openvino-f32",
+                "int8:openvino-nncf-ptq", "compile:freezing", "precision:bfloat16", "allocator:jemalloc"):
+        assert key in keys
+
+
+def test_parametric_keys_and_bad_keys():
+    assert catalog.get("scheduler:euler@10").steps == 10
+    assert catalog.get("compile:max-autotune-no-cudagraphs+freezing").family == catalog.EXECUTOR
+    with pytest.raises(ConfigError, match="valid techniques: grad:inference_mode"):
+        catalog.get("inference-mode")
+    with pytest.raises(ConfigError, match="dpmpp-2m@20"):
+        catalog.get("scheduler:plms")
+    with pytest.raises(ConfigError, match="not a valid mode"):
+        catalog.get("compile:fastest")
+
+
+def test_a_stack_takes_one_technique_per_family_and_knows_what_it_runs():
+    s = Stack.of("precision:float16+grad:no_grad+scheduler:dpmpp-2m@20")
+    assert (s.dtype, s.grad_mode, s.steps, s.changes_output) == ("float16", "no_grad", 20, True)
+    assert [t.key for t in Stack.of("compile:channels_last+freezing+cuda_graphs").techniques] == \
+        ["compile:channels_last+freezing", "cuda_graphs"]
+    assert Stack.of("").key == catalog.BASELINE_KEY and Stack.of(catalog.BASELINE_KEY).techniques == ()
+    with pytest.raises(ConfigError, match="unet executor"):
+        Stack.of("engine:openvino-f32+int8:openvino-nncf-ptq")
+
+
+def test_availability_of_every_technique_is_a_reason(smoke):
+    ctx = Context(smoke)
+    for key in catalog.keys():
+        ok, reason = catalog.get(key).availability(ctx)
+        assert isinstance(ok, bool) and isinstance(reason, str) and reason
+    assert not catalog.get("cuda_graphs").availability(ctx)[0]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_nothing_in_lib_imports_the_experiments():
+    offenders = [str(p.relative_to(LIB)) for p in LIB.rglob("*.py")
+                 if "experiments" not in p.parts and any(m.startswith("sdperf.experiments") for m in _imports(p))]
+    assert offenders == []
+
+
+def test_training_launch_and_train_do_not_import_each_other():
+    launch, train = LIB / "training" / "launch.py", LIB / "training" / "train.py"
+    assert "sdperf.training.train" not in _imports(launch)
+    # train may use launch (resolve_backend), so launch must not come back to train
+    assert not ({"sdperf.training.launch"} & _imports(launch))

@@ -1,0 +1,100 @@
+"""The arithmetic of a run of rounds, with a simulated machine: order, interpolation, noise band, verdicts."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sdperf import rounds
+from sdperf.rounds import BASELINE, TWIN, Config
+
+
+def test_schedule_brackets_every_round_with_baselines_and_rotates_the_order():
+    a, b = Config("a", "grad:no_grad"), Config("b", "grad:grad")
+    seq = rounds.schedule([a, b], 3)
+    names = [c.name for _, c in seq]
+    assert names == [BASELINE, "a", "b", TWIN, BASELINE, "b", TWIN, "a", BASELINE, TWIN, "a", "b", BASELINE]
+    with pytest.raises(ValueError):
+        rounds.schedule([a], 0)
+    assert {c.batch_size for _, c in rounds.schedule([Config("c", "grad:grad", 2)], 1)} == {2}  # baseline too
+    with pytest.raises(ValueError, match="one batch size"):
+        rounds.schedule([a, Config("c", "grad:grad", 2)], 1)
+
+
+class SlowingMachine:
+    """A fake launcher: every configuration has a true cost; the machine slows by `drift` per second of
+    (simulated) wall time, and each worker's timed calls take 10 simulated seconds."""
+
+    def __init__(self, costs: dict[str, float], drift: float, jitter: float = 0.0, seed: int = 0):
+        self.costs, self.drift, self.t = costs, drift, 0.0
+        self.rng = np.random.default_rng(seed)
+        self.jitter = jitter
+
+    def __call__(self, spec, **_kw):
+        start, self.t = self.t, self.t + 10.0
+        cost = self.costs[spec["stack"]] * (1 + self.drift * (start + 5.0)) * (1 + self.jitter * self.rng.standard_normal())
+        result = {"status": "ok", "latency_s": cost, "unet_step_s": cost / 4, "s_per_image_seed": cost * 12,
+                  "t_start": start, "t_end": self.t, "build_s": 1.0, "setup_s": 0.1, "first_call_s": cost,
+                  "s_per_image": cost, "s_per_image_composed": cost, "peak_memory_mib": 100.0,
+                  "process_peak_mib": 120.0, "setup_peak_mib": 110.0, "seed_unet_calls": 51, "iterations": 4,
+                  "facts": {}}
+        return result, None
+
+
+def test_a_machine_that_slows_down_over_time_does_not_move_a_ratio(smoke):
+    costs = {"fp32-eager": 1.0, "grad:no_grad": 0.5, "grad:grad": 2.0}
+    machine = SlowingMachine(costs, drift=0.01)  # 1% slower every second: +50% over the run
+    m = rounds.run(smoke, [Config("fast", "grad:no_grad"), Config("slow", "grad:grad")], rounds=3,
+                   launcher=machine, say=lambda _m: None)
+    assert machine.t * machine.drift > 1  # the machine really drifted: over twice as slow at the end
+    s = m.summary.set_index("config")
+    for name, truth in (("fast", 2.0), ("slow", 0.5), (TWIN, 1.0)):
+        for ratio in ("speedup", "unet_step_speedup", "seed_speedup"):
+            assert s.loc[name, f"{ratio}_lo"] == pytest.approx(truth, rel=0.02), (name, ratio)
+            assert s.loc[name, f"{ratio}_hi"] == pytest.approx(truth, rel=0.02), (name, ratio)
+    # the naive ratio against the first baseline would have been far off
+    first = m.raw[m.raw.config == BASELINE].latency_s.iloc[0]
+    last_fast = m.raw[m.raw.config == "fast"].latency_s.iloc[-1]
+    assert first / last_fast < 0.8 * 2.0
+
+
+def test_noise_band_is_symmetric_and_verdicts_need_the_whole_range_to_clear_it():
+    lo, hi = rounds.noise_band([0.97, 1.02, 1.01])
+    assert lo == pytest.approx(0.97) and hi == pytest.approx(1 / 0.97)
+    band = (lo, hi)
+    assert rounds.speed_verdict(1.05, 1.2, band) == rounds.FASTER
+    assert rounds.speed_verdict(1.02, 1.2, band) == rounds.NOISE  # its low end is inside the band
+    assert rounds.speed_verdict(0.5, 0.9, band) == rounds.SLOWER
+    assert rounds.speed_verdict(1.5, 2.0, (float("nan"), float("nan"))) == rounds.NOISE
+
+
+def test_noisy_identical_configurations_are_within_noise_and_a_real_gain_clears_it(smoke):
+    machine = SlowingMachine({"fp32-eager": 1.0, "grad:no_grad": 1.0, "grad:grad": 0.6}, drift=0.0, jitter=0.03,
+                             seed=3)
+    m = rounds.run(smoke, [Config("same", "grad:no_grad"), Config("gain", "grad:grad")], rounds=5,
+                   launcher=machine, say=lambda _m: None)
+    s = m.summary.set_index("config")
+    assert s.loc["same", "speedup_verdict"] == rounds.NOISE
+    assert s.loc["gain", "speedup_verdict"] == rounds.FASTER
+
+
+def test_a_failed_configuration_is_not_launched_again(smoke):
+    calls = []
+
+    def launcher(spec, **_kw):
+        calls.append(spec["stack"])
+        if spec["stack"] == "grad:grad":
+            return {"status": "failed", "note": "RuntimeError: planted"}, None
+        return SlowingMachine({spec["stack"]: 1.0}, 0.0)(spec)
+
+    m = rounds.run(smoke, [Config("broken", "grad:grad")], rounds=3, launcher=launcher, say=lambda _m: None)
+    assert calls.count("grad:grad") == 1
+    row = m.summary.set_index("config").loc["broken"]
+    assert row.status == "failed" and "planted" in row.note
+
+
+def test_names_must_be_unique(smoke):
+    with pytest.raises(ValueError, match="unique"):
+        rounds.run(smoke, [Config("x", "grad:grad"), Config("x", "grad:no_grad")], launcher=None)
