@@ -1,7 +1,7 @@
 """The one method every ratio goes through, measured through the real worker harness on the tiny model.
 
 `calibration:unet-twice` does the UNet's work twice: per UNet step it must come out at 0.5x, within the run's
-noise band scaled by 0.5. `grad:inference_mode` is the baseline's own configuration: it must be called
+noise band scaled by 0.5, with its median clear of the band. `grad:inference_mode` is the baseline's own configuration: it must be called
 "within noise". Five rounds keep the chance that an identical configuration falls wholly outside the noise band
 (about 1 in 3000 per side for exchangeable rounds) out of a CI's way.
 """
@@ -34,7 +34,12 @@ def test_known_cost_comes_out_at_half_per_step_within_the_noise_band(measured):
     row = cmp.row("twice")
     lo, hi = cmp.noise["unet_step_speedup"]
     assert 0.5 * lo <= row["unet_step_speedup"] <= 0.5 * hi, (row["unet_step_speedup"], lo, hi)
-    assert row["unet_step_speedup_verdict"] == rounds.SLOWER
+    assert row["unet_step_speedup"] < lo  # its median is clear of the fp32-vs-fp32 band
+    # "slower" needs every round below the band; on a loaded 2-core CI machine one round of a tiny model can
+    # stray into it, and the method then rightly says "within noise". It must never say "faster".
+    assert row["unet_step_speedup_verdict"] == rounds.speed_verdict(
+        row["unet_step_speedup_lo"], row["unet_step_speedup_hi"], (lo, hi))
+    assert row["unet_step_speedup_verdict"] in (rounds.SLOWER, rounds.NOISE)
     assert row["verdict"] == "bit-identical to the fp32 baseline"  # same output, twice the work
 
 

@@ -1,5 +1,5 @@
 """Exported engines on the tiny UNet: ONNX Runtime and OpenVINO f32 match eager, bf16 says what it did, TensorRT
-says why it cannot run without CUDA, bad names fail clearly, exported files do not outlive the build."""
+says why it cannot run without CUDA, bad names fail clearly, exported files are cached whole and loaded back."""
 from __future__ import annotations
 
 import math
@@ -49,9 +49,35 @@ def test_onnxruntime_generation_matches_eager_and_cleans_up(ort_pipe, tiny_pipe,
     public = lambda config: {k: v for k, v in dict(config).items() if not k.startswith("_")}  # noqa: E731
     assert public(unet.config) == public(tiny_pipe.unet.config)
     assert unet.facts["exporter"] == "dynamo" and unet.facts["dynamic_batch"] is True
-    assert list(scratch.iterdir()) == [], "the exported graph and its weights must be deleted after loading"
+    # the exported graph sits, complete, in the run's artefact cache, and no half-built folder is left beside it
+    built = list(scratch.iterdir())
+    assert [p.name.split("-")[0] for p in built] == ["onnx"] and (built[0] / "artefact.json").is_file()
+    assert unet.facts["artefact"] == "exported into the run's cache" and unet.facts["export_s"] > 0
     w = Workload.from_profile(smoke, batch_size=1)
     assert _rel(generate(pipe, w).latents, generate(tiny_pipe, w).latents) < F32_REL_TOL
+
+
+def test_a_later_worker_loads_the_cached_engine_instead_of_exporting(ort_pipe, smoke):
+    from sdperf.pipelines import build_pipeline
+
+    pipe, scratch = ort_pipe
+    again = engine_export.apply(build_pipeline(smoke), "onnxruntime-fp32", batch=2, latent_size=smoke.latent_size,
+                                scratch_root=scratch).unet
+    assert again.facts["artefact"] == "loaded from the run's cache" and again.facts["export_s"] == 0.0
+    assert len(list(scratch.iterdir())) == 1
+    x, t, ctx = example_inputs(again.config, 2, smoke.latent_size)
+    assert torch.equal(again(x, t, encoder_hidden_states=ctx)[0], pipe.unet(x, t, encoder_hidden_states=ctx)[0])
+
+
+def test_openvino_ir_is_cached_and_read_back_unchanged(tiny_pipe, smoke, tmp_path):
+    example = example_inputs(tiny_pipe.unet.config, 2, smoke.latent_size)
+    first = openvino_engine.build(tiny_pipe.unet, example, scratch_root=tmp_path)
+    second = openvino_engine.build(tiny_pipe.unet, example, scratch_root=tmp_path)
+    assert first.facts["artefact"] == "converted into the run's cache"
+    assert second.facts["artefact"] == "loaded from the run's cache"
+    assert (tmp_path / "openvino-model-cache").is_dir()  # the plugin's compiled blobs
+    x, t, ctx = example
+    assert _rel(second(x, t, encoder_hidden_states=ctx)[0], _eager(tiny_pipe.unet, x, t, ctx)) < F32_REL_TOL
 
 
 def test_onnxruntime_dynamic_batch_and_scheduler_timestep(ort_pipe, tiny_pipe, smoke):

@@ -1,6 +1,7 @@
 """Offline pipelines: tokenizer equals the hub's, architectures equal the published ones, same seed same image."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -102,3 +103,20 @@ def test_every_scheduler_runs_the_loop(name):
     pipe = build_random("tiny", scheduler=name)
     out = generate(pipe, Workload(PROMPT, 1, 3, 7.5, 64, 64, 0))
     assert torch.isfinite(out.latents).all()
+
+
+def test_unet_weights_cache_gives_the_same_network_as_building_it(smoke, tmp_path):
+    """The first process saves the seeded UNet, a later one reads it back: bit-identical to a fresh build."""
+    from sdperf.pipelines import build_pipeline
+
+    fresh = build_pipeline(smoke).unet.state_dict()
+    first = build_pipeline(smoke, weights_cache=tmp_path).unet.state_dict()
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1 and files[0].suffix == ".safetensors"  # no temporary file left beside it
+    again = build_pipeline(smoke, weights_cache=tmp_path).unet
+    assert not any(t.is_meta for t in again.parameters())
+    for state in (first, again.state_dict()):
+        assert state.keys() == fresh.keys() and all(torch.equal(state[k], fresh[k]) for k in fresh)
+    other_seed = build_pipeline(dataclasses.replace(smoke, seed=smoke.seed + 1), weights_cache=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 2
+    assert not torch.equal(other_seed.unet.conv_in.weight, again.conv_in.weight)

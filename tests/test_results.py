@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from sdperf import environment, results
-from sdperf.results import COLUMNS, Recorder, read_results, results_path, upsert_rows
+from sdperf.results import COLUMNS, Recorder, read_results, results_path
 from sdperf.timing import Timing
 
 pytestmark = pytest.mark.usefixtures("scratch_reports")

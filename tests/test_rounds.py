@@ -1,10 +1,8 @@
 """The arithmetic of a run of rounds, with a simulated machine: order, interpolation, noise band, verdicts."""
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from sdperf import rounds
@@ -98,3 +96,19 @@ def test_a_failed_configuration_is_not_launched_again(smoke):
 def test_names_must_be_unique(smoke):
     with pytest.raises(ValueError, match="unique"):
         rounds.run(smoke, [Config("x", "grad:grad"), Config("x", "grad:no_grad")], launcher=None)
+
+
+def test_alone_runs_each_configuration_once_per_round_in_a_rotated_order(smoke):
+    """00's baseline sweep: no baseline or twin added, every batch size in its own process each round."""
+    machine = SlowingMachine({"fp32-eager": 1.0}, drift=0.0)
+    seen = []
+
+    def launcher(spec, **kw):
+        seen.append((spec["round"], spec["batch_size"]))
+        return machine(spec, **kw)
+
+    configs = [Config(f"b{b}", "fp32-eager", b) for b in (1, 2, 4)]
+    raw = rounds.alone(smoke, configs, rounds=3, launcher=launcher, say=lambda _m: None)
+    assert seen == [(0, 1), (0, 2), (0, 4), (1, 2), (1, 4), (1, 1), (2, 4), (2, 1), (2, 2)]
+    assert sorted(raw.groupby("config").size().tolist()) == [3, 3, 3]
+    assert set(raw.batch_size) == {1, 2, 4} and (raw.status == "ok").all()

@@ -10,6 +10,7 @@ stand-alone row by key.
 from __future__ import annotations
 
 import gc
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -17,6 +18,7 @@ import pandas as pd
 import torch
 
 from sdperf import rounds
+from sdperf.optimizations import artefacts
 from sdperf.optimizations.catalog import Stack
 from sdperf.paths import profile_reports
 from sdperf.rounds import BASELINE, TWIN, Config
@@ -153,7 +155,12 @@ def run_variants(study: Study, items, *, batch_size: int = 1, say: Callable[[str
     failed with its error, and the rest still run. Rows go to results.csv with their method."""
     cfgs = configs(items, batch_size)
     scratch = profile_reports(study.profile.name) / ".scratch"
-    m = rounds.run(study.profile, cfgs, rounds=rounds_, scratch=scratch, overrides=overrides, say=say)
+    engines = scratch / "engines" / f"{study.notebook}-{uuid.uuid4().hex[:8]}"
+    try:
+        m = rounds.run(study.profile, cfgs, rounds=rounds_, scratch=scratch, overrides=overrides, say=say,
+                       artefacts=engines)
+    finally:  # engines exported for this comparison: gigabytes each on SD 1.5, and not reused by the next one
+        artefacts.clear(engines)
     cmp = Comparison(table=_table(m, cfgs), measured=m, facts=m.facts)
     record(study, cmp, batch_size)
     return cmp

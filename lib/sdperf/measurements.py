@@ -11,7 +11,7 @@ import torch
 from sdperf import drift
 from sdperf.generation import STAGES, Output, Workload, encode, generate, initial_latents
 from sdperf.roofline import count_flops
-from sdperf.timing import StageClock, Timing, interleaved, measure, peak_of, ratio
+from sdperf.timing import StageClock, Timing, measure, ratio
 
 
 @dataclass
@@ -106,24 +106,6 @@ def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repe
     return _generation_run(label, workload, timing, clocks, last, repeats)
 
 
-def timed_in_turn(pipes: dict[str, tuple], workload: Workload, *, device: str, warmup: int, repeats: int,
-                  memory_of: tuple[str, ...] = ()) -> dict[str, GenerationRun]:
-    """Several pipelines, {label: (pipe, grad_mode)}, timed in turn on the same latents (timing.interleaved):
-    the machine's drift during the run hits each alike, so their ratios compare like with like. The labels in
-    `memory_of` get their peak memory from one more, untimed, call on its own."""
-    first_pipe = next(iter(pipes.values()))[0]
-    latents = initial_latents(first_pipe, workload)
-    calls = {label: _generation_call(pipe, workload, latents, device, grad_mode)
-             for label, (pipe, grad_mode) in pipes.items()}
-    timings = interleaved({label: c[0] for label, c in calls.items()}, device=device, warmup=warmup,
-                          repeats=repeats)
-    runs = {label: _generation_run(label, workload, timings[label], clocks, last, repeats)
-            for label, (_, clocks, last) in calls.items()}
-    for label in memory_of:
-        timings[label].peak_memory_bytes, timings[label].memory_kind = peak_of(calls[label][0], device)
-    return runs
-
-
 def unet_call_inputs(pipe, workload: Workload) -> tuple[tuple, dict]:
     """(args, kwargs) of one UNet forward as the loop makes it: the classifier-free-guidance batch of this
     workload's latents in the UNet's dtype and device, its text embeddings, a first-step timestep."""
@@ -204,3 +186,32 @@ def block_comparison(pipe, workload: Workload, dtype: torch.dtype, *, device: st
     out.update(ratio(base, var))
     out["block_rel_error"] = drift.relative_error(outs["var"].float().cpu(), outs["ref"].float().cpu())
     return out
+
+
+IN_PROCESS = "in process: one pipeline, whole generations timed one by one; median with p10/p90 of the repeats"
+
+
+def record_generation(recorder, run: GenerationRun, scenario: str, dtype: str | None = None) -> None:
+    """Latency (median, p10/p90, first call, peak memory), s/image, it/s and the per-stage split of one run
+    timed in the notebook's own process. For measurements that describe one pipeline (serving's single-request
+    calibration), never for ratios between configurations: those go through sdperf.rounds."""
+    b, n = run.workload.batch_size, len(run.timing.times)
+    t = run.timing
+    common = dict(n=n, dtype=dtype, method=IN_PROCESS)
+    rows = [dict(scenario=scenario, metric="latency", value=t.median, unit="s", p10=t.p10, p90=t.p90, **common),
+            dict(scenario=scenario, metric="latency_first_call", value=t.first_call, unit="s",
+                 note="first call, includes warm-up", **{**common, "n": 1}),
+            dict(scenario=scenario, metric="s_per_image", value=run.s_per_image, unit="s", p10=t.p10 / b,
+                 p90=t.p90 / b, **common),
+            dict(scenario=scenario, metric="it_per_s", value=run.it_per_s, unit="it/s", note=f"{run.iterations} "
+                 f"denoising iterations for {run.workload.steps} steps; UNet + scheduler per iteration", **common),
+            dict(scenario=scenario, metric="unet_step", value=run.unet_step_seconds, unit="s",
+                 note="median of one UNet call on the guidance batch", **common)]
+    if t.peak_memory_bytes is not None:
+        rows.append(dict(scenario=scenario, metric="peak_memory", value=t.peak_memory_bytes / 2**20, unit="MiB",
+                         note=t.memory_kind, **common))
+    rows += [dict(scenario=scenario, metric=f"stage:{r.stage}", value=r.seconds_per_image_call, unit="s",
+                  p10=r.p10_call_s * r.calls_per_generation, p90=r.p90_call_s * r.calls_per_generation,
+                  note=f"{r.calls_per_generation} call(s) per generation, {r.share_percent:.1f}% of the generation",
+                  **common) for r in run.stages.itertuples()]
+    recorder.add_many(rows)

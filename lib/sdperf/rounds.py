@@ -46,7 +46,12 @@ RATIOS = (("latency_s", "speedup", "per image at the profile's steps"),
           ("unet_step_s", "unet_step_speedup", "per UNet step"),
           ("s_per_image_seed", "seed_speedup", "per image at 50 PLMS steps (composed from the measured stages)"))
 FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
-PRELOAD = ["sdperf.worker", "sdperf.measurements", "sdperf.pipelines", "sdperf.optimizations.catalog"]
+# Imported once by the fork server, so a worker starts with them loaded (nothing is built there). diffusers and
+# transformers import their model modules lazily, on first use: naming them here saves every worker ~1 s.
+PRELOAD = ["sdperf.worker", "sdperf.measurements", "sdperf.pipelines", "sdperf.optimizations.catalog",
+           "diffusers.models.unets.unet_2d_condition", "diffusers.models.autoencoders.autoencoder_kl",
+           "diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion", "transformers.models.clip.modeling_clip",
+           "transformers.models.clip.tokenization_clip"]
 
 
 def method(rounds: int) -> str:
@@ -226,18 +231,21 @@ class Measured:
         return self.summary.set_index("config").loc[config].to_dict()
 
 
-def _spec(profile, config: Config, r: int, scratch: Path | None, overrides: dict) -> dict:
+def _spec(profile, config: Config, r: int, scratch: Path | None, overrides: dict,
+          artefacts: Path | None = None) -> dict:
     return {"profile": profile.name, "stack": config.stack, "batch_size": config.batch_size, "round": r,
-            "scratch": str(scratch) if scratch else None, "save_output": r == 0, **overrides}
+            "scratch": str(scratch) if scratch else None, "artefacts": str(artefacts) if artefacts else None,
+            "save_output": r == 0, **overrides}
 
 
 def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: Path | None = None,
         overrides: dict | None = None, say: Callable[[str], None] = print,
-        launcher: Callable | None = None) -> Measured:
+        launcher: Callable | None = None, artefacts: Path | None = None) -> Measured:
     """Measure `configs` (and the baseline and its twin) in fresh processes over `rounds` rounds.
 
     A configuration that cannot run here is checked in this process first and not launched; one that fails in a
-    round is not launched again. `overrides` may set the worker's warmup/repeats (the tests use it)."""
+    round is not launched again. `overrides` may set the worker's warmup/repeats (the tests use it). `scratch`
+    holds what every comparison may reuse (weights, inductor's cache), `artefacts` this run's engines."""
     rounds = rounds or getattr(profile, "rounds", MIN_ROUNDS)
     names = [c.name for c in configs]
     clash = {n for n in names if names.count(n) > 1} | ({BASELINE, TWIN} & set(names))
@@ -257,7 +265,7 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
         if c.name in gone:
             continue
         say(f"[{i}/{len(plan)}] round {r}: {c.name}")
-        spec = _spec(profile, c, r, scratch, overrides or {})
+        spec = _spec(profile, c, r, scratch, overrides or {}, artefacts)
         result, output = launcher(spec, setting=Stack.of(c.stack).allocator, fresh_interpreter=fresh_interpreter,
                                   timeout_s=getattr(profile, "cell_timeout_s", None))
         if result["status"] != "ok":
@@ -285,3 +293,23 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
                 d["verdict"] = drift.verdict(d)
                 drifts[name] = d
     return Measured(rounds, raw, ratios, summary, bands, facts, drifts)
+
+
+def alone(profile, configs: list[Config], *, rounds: int | None = None, scratch: Path | None = None,
+          overrides: dict | None = None, say: Callable[[str], None] = print,
+          launcher: Callable | None = None) -> pd.DataFrame:
+    """Each configuration (any batch sizes) in a fresh process once per round, in turn, the order rotated each
+    round, with no baseline: how 00 describes the fp32 pipeline itself (its stages, its batch sweep) by the same
+    worker as every comparison. Returns every worker's result, one row per (configuration, round)."""
+    rounds = rounds or getattr(profile, "rounds", MIN_ROUNDS)
+    launcher = launcher or launch
+    records = []
+    for r in range(rounds):
+        k = r % max(len(configs), 1)
+        for c in configs[k:] + configs[:k]:
+            say(f"round {r}: {c.name}")
+            result, _ = launcher(_spec(profile, c, r, scratch, overrides or {}), setting=Stack.of(c.stack).allocator,
+                                 fresh_interpreter=Stack.of(c.stack).allocator != "default",
+                                 timeout_s=getattr(profile, "cell_timeout_s", None))
+            records.append({"config": c.name, "stack": c.stack, "batch_size": c.batch_size, "round": r, **result})
+    return pd.DataFrame(records)

@@ -70,13 +70,14 @@ def measure(spec: dict) -> tuple[dict, object | None]:
     profile = replace(profile, **{k: spec[k] for k in ("warmup", "repeats") if spec.get(k) is not None})
     stack = Stack.of(spec["stack"])
     ctx = Context(profile, batch_size=spec.get("batch_size", 1),
-                  scratch=Path(spec["scratch"]) if spec.get("scratch") else None)
+                  scratch=Path(spec["scratch"]) if spec.get("scratch") else None,
+                  artefacts=Path(spec["artefacts"]) if spec.get("artefacts") else None)
     ok, reason = stack.availability(ctx)
     if not ok:
         return {"status": "not_applicable", "note": f"not applicable: {reason}"}, None
     device = profile.device
     t0 = time.perf_counter()
-    pipe = build_pipeline(profile)
+    pipe = build_pipeline(profile, weights_cache=ctx.scratch / "weights" if ctx.scratch else None)
     build_s = time.perf_counter() - t0
     reset_peak_memory(device)
     t0 = time.perf_counter()

@@ -1,14 +1,18 @@
 """00_baseline: the fp32 eager pipeline every later rung is measured against."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import architectures, comparison, published
-from sdperf.measurements import GenerationRun, timed_generation, unet_flops
+from sdperf import architectures, published, rounds
+from sdperf.measurements import unet_flops
+from sdperf.optimizations.catalog import BASELINE_KEY
 from sdperf.pipelines import component_parameters
 from sdperf.roofline import achieved, matmul_peak
+from sdperf.rounds import Config
 from sdperf.study import Study
 
 LABEL = "fp32 eager"
@@ -23,32 +27,67 @@ def parameter_table(study: Study, pipe) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def record_run(study: Study, run: GenerationRun, scenario: str) -> None:
-    comparison.record_run(study.recorder, run, scenario)
+METRICS = (("latency", "latency_s", "s", "median generation at the profile's steps"),
+           ("s_per_image", "s_per_image", "s", "latency / batch"),
+           ("unet_step", "unet_step_s", "s", "median UNet call on the guidance batch"),
+           ("s_per_image_seed", "s_per_image_seed", "s", "composed from the measured stages at 50 PLMS steps"),
+           ("first_call", "first_call_s", "s", "first generation of each process (allocator and kernel warm-up)"),
+           ("build", "build_s", "s", "fp32 pipeline built in each process"),
+           ("peak_memory", "peak_memory_mib", "MiB", "the process's own peak RSS over its timed calls"))
 
 
-def component_breakdown(study: Study, pipe) -> GenerationRun:
-    """Batch 1, whole generations, with each stage's time read from the same calls."""
+@dataclass
+class BaselineRuns:
+    """The fp32 eager pipeline at each batch size, each in fresh processes over the profile's rounds: every
+    worker's result (`raw`), the batch sweep (median and min-max over rounds), and batch 1's stages."""
+
+    raw: pd.DataFrame
+    sweep: pd.DataFrame
+    stages: pd.DataFrame
+    method: str
+
+
+def _stages(ok: pd.DataFrame) -> pd.DataFrame:
+    """Each stage's seconds per generation, median over the rounds' processes, and its share of their sum."""
+    per = pd.DataFrame([r for recs in ok["stages"] for r in recs])
+    df = per.groupby("stage", sort=False).agg(
+        calls_per_generation=("calls_per_generation", "first"), median_call_s=("median_call_s", "median"),
+        seconds_per_image_call=("seconds_per_image_call", "median"),
+        lo=("seconds_per_image_call", "min"), hi=("seconds_per_image_call", "max")).reset_index()
+    df["share_percent"] = 100 * df.seconds_per_image_call / df.seconds_per_image_call.sum()
+    return df
+
+
+def measure_batches(study: Study, say=print) -> BaselineRuns:
+    """The baseline at every batch size of the profile (images per prompt, as in the NeMo table), each in a
+    process of its own, the batch sizes in turn for the profile's rounds (rounds.alone): the same worker and
+    the same spread over rounds as every comparison of the study."""
     p = study.profile
-    run = timed_generation(pipe, study.workload(1), device=study.device, warmup=p.warmup, repeats=p.repeats,
-                           label=LABEL)
-    record_run(study, run, f"{LABEL}, batch 1")
-    return run
-
-
-def batch_sweep(study: Study, pipe, first: GenerationRun | None = None) -> pd.DataFrame:
-    """Latency per call and per image at each batch size (images per prompt, as in the NeMo table)."""
-    p = study.profile
-    runs = []
-    for b in p.batch_sizes:
-        if first is not None and b == first.workload.batch_size:
-            runs.append(first)
-            continue
-        run = timed_generation(pipe, study.workload(b), device=study.device, warmup=p.warmup,
-                               repeats=p.repeats, label=LABEL)
-        record_run(study, run, f"{LABEL}, batch {b}")
-        runs.append(run)
-    return pd.DataFrame([r.summary() for r in runs])
+    configs = [Config(f"{LABEL}, batch {b}", BASELINE_KEY, b) for b in p.batch_sizes]
+    raw = rounds.alone(p, configs, say=say)
+    ok = raw[raw.status == "ok"]
+    if ok.empty:
+        raise RuntimeError(f"every baseline worker failed: {raw.note.dropna().unique().tolist()}")
+    method = (f"fresh process per batch size, {ok['round'].nunique()} rounds in turn; median [min-max] over "
+              "rounds of each process's median")
+    rows, recs = [], []
+    for b, g in ok.groupby("batch_size"):
+        row = {"batch_size": int(b), "rounds": len(g), "iterations": int(g.iterations.iloc[0]),
+               "it_per_s": float(g.it_per_s.median())}
+        for metric, col, unit, note in METRICS:
+            row[col], row[col + "_lo"], row[col + "_hi"] = g[col].median(), g[col].min(), g[col].max()
+            recs.append(dict(scenario=f"{LABEL}, batch {int(b)}", metric=metric, value=row[col], unit=unit,
+                             lo=row[col + "_lo"], hi=row[col + "_hi"], n=len(g), method=method, key=BASELINE_KEY,
+                             note=note))
+        rows.append(row)
+    one = ok[ok.batch_size == min(ok.batch_size)]
+    stages = _stages(one)
+    recs += [dict(scenario=f"{LABEL}, batch {int(one.batch_size.iloc[0])}", metric=f"stage:{r.stage}",
+                  value=r.seconds_per_image_call, unit="s", lo=r.lo, hi=r.hi, n=len(one), method=method,
+                  key=BASELINE_KEY, note=f"{r.calls_per_generation} call(s) per generation, "
+                  f"{r.share_percent:.1f}% of the generation") for r in stages.itertuples()]
+    study.recorder.add_many(recs)
+    return BaselineRuns(raw, pd.DataFrame(rows), stages, method)
 
 
 def roofline(study: Study, pipe, sweep: pd.DataFrame) -> pd.DataFrame:
@@ -73,15 +112,16 @@ def roofline(study: Study, pipe, sweep: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot_breakdown(study: Study, run: GenerationRun):
+def plot_breakdown(study: Study, runs: BaselineRuns):
     fig, ax = plt.subplots(figsize=(7, 3))
-    df = run.stages
-    ax.barh(df["stage"], df["seconds_per_image_call"], color=plt.cm.tab10.colors[:len(df)])
+    df = runs.stages
+    err = [df["seconds_per_image_call"] - df["lo"], df["hi"] - df["seconds_per_image_call"]]
+    ax.barh(df["stage"], df["seconds_per_image_call"], xerr=err, capsize=3, color=plt.cm.tab10.colors[:len(df)])
     for y, (s, share) in enumerate(zip(df["seconds_per_image_call"], df["share_percent"])):
         ax.text(s, y, f" {share:.1f}%", va="center")
     ax.invert_yaxis()
-    ax.set_xlabel("seconds per generation (median)")
-    ax.set_title(f"fp32 eager, batch 1: where the time goes ({study.profile.name}, {run.workload.steps} steps)")
+    ax.set_xlabel("seconds per generation (median over rounds, bars: min-max)")
+    ax.set_title(f"fp32 eager, batch 1: where the time goes ({study.profile.name}, {study.profile.steps} steps)")
     study.save_figure(fig, "stage_breakdown")
     return fig
 
@@ -96,7 +136,7 @@ def nemo_scaling() -> pd.DataFrame:
 
 def plot_batch_sweep(study: Study, sweep: pd.DataFrame):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    err = [sweep["latency_s"] - sweep["p10_s"], sweep["p90_s"] - sweep["latency_s"]]
+    err = [sweep["latency_s"] - sweep["latency_s_lo"], sweep["latency_s_hi"] - sweep["latency_s"]]
     axes[0].errorbar(sweep["batch_size"], sweep["latency_s"], yerr=err, marker="o", capsize=4, label="latency")
     axes[0].plot(sweep["batch_size"], sweep["s_per_image"], marker="s", label="s / image")
     axes[0].set(xlabel="batch size (images per prompt)", ylabel="seconds", title=f"measured here ({study.device})")

@@ -34,11 +34,13 @@ BASELINE_KEY = "fp32-eager"  # the empty stack: the profile's pipeline in fp32, 
 class Context:
     """What a technique may read while it is applied: the profile, the batch of the workload, a scratch folder
     for exported or compiled artefacts (kept between worker processes, so later rounds load instead of
-    rebuilding), and `facts`, where apply() leaves what it found (modules replaced, precision used, ...)."""
+    rebuilding), `artefacts`, the folder of this comparison's exported engines (optimizations.artefacts), and
+    `facts`, where apply() leaves what it found (modules replaced, precision used, ...)."""
 
     profile: Any  # sdperf.profiles.Profile
     batch_size: int = 1
     scratch: Path | None = None
+    artefacts: Path | None = None
     facts: dict = field(default_factory=dict)
 
     @property

@@ -71,7 +71,8 @@ def build(unet, name: str, *, batch: int, latent_size: int, exporter: str = "dyn
     if spec.engine == "onnxruntime":
         engine = onnx_runtime.build(unet, example, exporter=exporter, scratch_root=scratch_root)
     elif spec.engine == "openvino":
-        engine = openvino_engine.build(unet, example, precision=spec.precision, static=spec.static)
+        engine = openvino_engine.build(unet, example, precision=spec.precision, static=spec.static,
+                                       scratch_root=scratch_root)
     else:
         lo, hi = batch_range or (batch, batch)
         engine = tensorrt_engine.build(unet, example, batches=(lo, batch, hi), exporter=exporter,
@@ -103,7 +104,7 @@ def _built(name: str, exporter: str = "dynamo"):
         p = ctx.profile
         reset_peak_memory(p.device)
         pipe = apply(pipe, name, batch=unet_batch(p, ctx.batch_size), latent_size=p.latent_size, exporter=exporter,
-                     scratch_root=ctx.scratch, batch_range=(unet_batch(p, min(p.batch_sizes)),
+                     scratch_root=ctx.artefacts, batch_range=(unet_batch(p, min(p.batch_sizes)),
                                                             unet_batch(p, max(p.batch_sizes))))
         ctx.facts.update(pipe.unet.facts)
         ctx.facts["setup_peak_mib"] = peak_memory(p.device)[0] / 2**20

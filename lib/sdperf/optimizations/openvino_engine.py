@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
+from sdperf.optimizations import artefacts
 from sdperf.optimizations.unet_graph import INPUTS, EngineUNet, UNetGraph
 
 DEVICE = "CPU"
@@ -73,13 +75,16 @@ def convert(unet: torch.nn.Module, example: tuple):
         return ov.convert_model(traced, example_input=example)
 
 
-def compile_model(model, precision: str, shapes: dict | None = None):
+def compile_model(model, precision: str, shapes: dict | None = None, cache_dir=None):
     """Compile for the CPU with the precision hint (none for 'default') and torch's thread count; `shapes`
-    reshapes the model to static input shapes first. Returns (compiled model, precision actually used)."""
+    reshapes the model to static input shapes first; `cache_dir` is OpenVINO's own compiled-model cache (a
+    later worker imports the compiled blob instead of compiling). Returns (compiled model, precision used)."""
     import openvino as ov
 
     check_precision(precision)
     config = {"INFERENCE_NUM_THREADS": torch.get_num_threads()}
+    if cache_dir is not None:
+        config["CACHE_DIR"] = str(cache_dir)
     if precision != "default":
         config["INFERENCE_PRECISION_HINT"] = precision
     if shapes:
@@ -92,20 +97,53 @@ def compile_model(model, precision: str, shapes: dict | None = None):
     return compiled, used
 
 
-def build(unet: torch.nn.Module, example: tuple, *, precision: str = "f32", static: bool = False) -> EngineUNet:
-    """Convert, compile (at the example's shapes when `static`), and wrap.
+def ir_model(unet: torch.nn.Module, example, scratch_root=None, kind: str = "openvino-ir", transform=None,
+             key: dict | None = None):
+    """(OpenVINO model, facts, cache_dir): the UNet converted (and `transform`ed, e.g. quantized by NNCF). With
+    `scratch_root` the IR is saved in the run's artefact cache (fp32 weights kept as they are) and later
+    workers read it instead of converting; `cache_dir` is then the plugin's compiled-model cache beside it.
+    `example` may be a callable (called only when the model is converted); `key` then says what determines the
+    artefact besides the UNet's weights (by default the example's shapes)."""
+    import openvino as ov
 
-    The converted model shares its weights with the torch UNet, so the engine keeps a reference to both."""
+    def make(folder=None) -> tuple[object, dict]:
+        t0 = time.perf_counter()
+        model = convert(unet, example() if callable(example) else example)
+        facts = {"exporter": "torch.jit.trace + openvino.convert_model"}
+        if transform is not None:
+            model, more = transform(model)
+            facts.update(more)
+        facts["export_s"] = time.perf_counter() - t0
+        if folder is not None:
+            ov.save_model(model, str(folder / "unet.xml"), compress_to_fp16=False)
+        return model, facts
+
+    if scratch_root is None:
+        model, facts = make()
+        return model, facts, None
+    name = artefacts.cache_key(kind, unet, **(key or {"shapes": [tuple(x.shape) for x in example]}))
+    folder, facts, hit = artefacts.cached(scratch_root, name, lambda d: make(d)[1])
+    t0 = time.perf_counter()
+    model = ov.Core().read_model(str(folder / "unet.xml"))
+    facts = dict(facts, artefact="loaded from the run's cache" if hit else "converted into the run's cache")
+    if hit:
+        facts.update(export_s=0.0, read_s=time.perf_counter() - t0)
+    return model, facts, Path(scratch_root) / "openvino-model-cache"
+
+
+def build(unet: torch.nn.Module, example: tuple, *, precision: str = "f32", static: bool = False,
+          scratch_root=None) -> EngineUNet:
+    """Convert (or read the cached IR), compile (at the example's shapes when `static`), and wrap.
+
+    A freshly converted model shares its weights with the torch UNet, so the engine keeps a reference to both."""
     import openvino as ov
 
     check_precision(precision)
-    t0 = time.perf_counter()
-    model = convert(unet, example)
-    facts = {"exporter": "torch.jit.trace + openvino.convert_model", "export_s": time.perf_counter() - t0,
-             "dynamic_batch": not static, "engine": f"openvino {ov.__version__}"}
+    model, facts, cache_dir = ir_model(unet, example, scratch_root)
+    facts.update(dynamic_batch=not static, engine=f"openvino {ov.__version__}")
     shapes = dict(zip(INPUTS, (tuple(x.shape) for x in example)))
     t0 = time.perf_counter()
-    compiled, used = compile_model(model, precision, shapes if static else None)
+    compiled, used = compile_model(model, precision, shapes if static else None, cache_dir)
     facts.update(build_s=time.perf_counter() - t0, precision=used, requested_precision=precision,
                  static_shapes=static, threads=torch.get_num_threads())
     state = {"shapes": shapes, "request": compiled.create_infer_request()}
@@ -114,7 +152,7 @@ def build(unet: torch.nn.Module, example: tuple, *, precision: str = "f32", stat
         now = {k: tuple(v.shape) for k, v in feeds.items()}
         if static and now != state["shapes"]:  # a new shape: recompile for it (the first call carries it)
             state.update(shapes=now, request=None)
-            state["request"] = compile_model(model, precision, now)[0].create_infer_request()
+            state["request"] = compile_model(model, precision, now, cache_dir)[0].create_infer_request()
         out = state["request"].infer({k: v.detach().cpu().numpy() for k, v in feeds.items()},
                                      share_inputs=True, share_outputs=False)
         return torch.from_numpy(out[0])

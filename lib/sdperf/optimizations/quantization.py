@@ -104,7 +104,7 @@ def availability(device: str, scheme: str) -> tuple[bool, str]:
     return True, f"OpenVINO CPU plugin int8 kernels; {_cpu_int8_words()}"
 
 
-def apply(pipe, scheme: str, workload: Workload | None = None):
+def apply(pipe, scheme: str, workload: Workload | None = None, scratch_root=None):
     """Quantize the pipeline's UNet with `scheme` and return the pipeline. The OpenVINO schemes need the
     workload: the IR is built for its shapes and the post-training scheme calibrates on its UNet inputs."""
     check_scheme(scheme)
@@ -115,7 +115,7 @@ def apply(pipe, scheme: str, workload: Workload | None = None):
     else:
         if workload is None:
             raise ValueError(f"scheme {scheme!r} needs the workload (static shapes and calibration inputs)")
-        pipe.unet = openvino_nncf(pipe, workload, ptq=scheme == "openvino-nncf-ptq")
+        pipe.unet = openvino_nncf(pipe, workload, ptq=scheme == "openvino-nncf-ptq", scratch_root=scratch_root)
     return pipe
 
 
@@ -169,37 +169,56 @@ def unet_inputs(pipe, workload: Workload) -> list[tuple[torch.Tensor, torch.Tens
     return seen
 
 
-def openvino_nncf(pipe, workload: Workload, ptq: bool):
+def openvino_nncf(pipe, workload: Workload, ptq: bool, scratch_root=None):
     """Convert the UNet (openvino_engine.convert), compress its weights or quantize it post-training with NNCF,
     compile it for the CPU at the workload's static shapes in f32 (so the int8 layers are the only reduced
-    precision), and put it behind the loop's UNet call (unet_graph.EngineUNet)."""
+    precision), and put it behind the loop's UNet call (unet_graph.EngineUNet). With `scratch_root` the
+    quantized IR is kept in the run's artefact cache, so later workers neither calibrate nor quantize again."""
     import nncf
 
     from sdperf.optimizations import openvino_engine
     from sdperf.optimizations.unet_graph import INPUTS, EngineUNet, graph_inputs
 
     nncf.set_log_level(logging.WARNING)
-    calibration = [graph_inputs(*inputs, {}) for inputs in unet_inputs(pipe, workload)]
-    example = tuple(calibration[0][k] for k in INPUTS)
-    model = openvino_engine.convert(pipe.unet, example)
-    with warnings.catch_warnings():  # NNCF's progress bars ask for ipywidgets inside a notebook
-        warnings.filterwarnings("ignore", message=".*ipywidgets")
-        if ptq:
-            data = nncf.Dataset([{k: v.numpy() for k, v in feeds.items()} for feeds in calibration])
-            model = nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calibration))
-        else:
-            model = nncf.compress_weights(model)
-    shapes = {k: tuple(v.shape) for k, v in calibration[0].items()}
-    compiled, used = openvino_engine.compile_model(model, "f32", shapes)
+    seen: dict = {}
+
+    def calibration() -> list[dict]:
+        if "inputs" not in seen:
+            seen["inputs"] = [graph_inputs(*inputs, {}) for inputs in unet_inputs(pipe, workload)]
+        return seen["inputs"]
+
+    def quantize(model):
+        with warnings.catch_warnings():  # NNCF's progress bars ask for ipywidgets inside a notebook
+            warnings.filterwarnings("ignore", message=".*ipywidgets")
+            if ptq:
+                data = nncf.Dataset([{k: v.numpy() for k, v in feeds.items()} for feeds in calibration()])
+                model = nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER,
+                                      subset_size=len(calibration()))
+            else:
+                model = nncf.compress_weights(model)
+        return model, {"calibration_inputs": len(calibration()) if ptq else 0}
+
+    key = {"workload": repr(workload), "scheduler": dict(pipe.scheduler.config), "ptq": ptq, "nncf": nncf.__version__}
+    model, facts, cache_dir = openvino_engine.ir_model(
+        pipe.unet, lambda: tuple(calibration()[0][k] for k in INPUTS), scratch_root,
+        kind="nncf-ptq" if ptq else "nncf-weights", transform=quantize, key=key)
+    # the static shapes of the loop's calls (the pipeline pads prompts to the tokenizer's maximum length)
+    b, f, cfg = workload.batch_size * (2 if workload.guidance_scale > 1.0 else 1), pipe.vae_scale_factor, pipe.unet.config
+    shapes = {"sample": (b, cfg.in_channels, workload.height // f, workload.width // f), "timestep": (),
+              "encoder_hidden_states": (b, pipe.tokenizer.model_max_length, cfg.cross_attention_dim)}
+    if "inputs" in seen:  # calibrated in this process: the loop's real shapes must be the ones compiled for
+        real = {k: tuple(v.shape) for k, v in seen["inputs"][0].items()}
+        if real != shapes:
+            raise RuntimeError(f"UNet call shapes {real} differ from the static shapes {shapes}")
+    compiled, used = openvino_engine.compile_model(model, "f32", shapes, cache_dir)
     request = compiled.create_infer_request()
 
     def run(feeds: dict) -> torch.Tensor:
         out = request.infer({k: v.numpy() for k, v in feeds.items()}, share_inputs=True, share_outputs=False)
         return torch.from_numpy(out[0])
 
-    facts = {"engine": "openvino + nncf", "nncf": nncf.__version__, "precision": used,
-             "nncf_step": "quantize (post-training)" if ptq else "compress_weights",
-             "calibration_inputs": len(calibration) if ptq else 0}
+    facts.update({"engine": "openvino + nncf", "nncf": nncf.__version__, "precision": used,
+                  "nncf_step": "quantize (post-training)" if ptq else "compress_weights"})
     return EngineUNet(run, pipe.unet.config, device="cpu", facts=facts, keep=(pipe.unet, model))
 
 
@@ -208,7 +227,7 @@ NOTEBOOK = "08_quantization"
 
 def _quantized(scheme: str):
     def run(pipe, ctx):
-        pipe = apply(pipe, scheme, workload=ctx.workload())
+        pipe = apply(pipe, scheme, workload=ctx.workload(), scratch_root=ctx.artefacts)
         unet = pipe.unet
         if not isinstance(unet, torch.nn.Module):  # an engine stand-in (EngineUNet) says how it was made
             ctx.facts.update(unet.facts)

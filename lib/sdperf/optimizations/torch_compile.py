@@ -19,6 +19,7 @@ A set-up is written as a spec string: a mode or backend, '+'-joined with flags, 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -29,6 +30,10 @@ from torch._dynamo.utils import counters, get_compilation_metrics
 from torch.utils._triton import has_triton
 
 from sdperf.optimizations.catalog import EXECUTOR, Technique
+
+# torch's CUDA build, imported on a machine without CUDA, warns "No CUDA runtime is found" when inductor first
+# imports cpp_extension; the CPU path it compiles for does not use CUDA_HOME, so the line only adds noise.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 EAGER = "eager"
 INDUCTOR = "inductor"

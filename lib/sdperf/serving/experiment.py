@@ -10,8 +10,7 @@ import pandas as pd
 import seaborn as sns
 import torch
 
-from sdperf import comparison
-from sdperf.measurements import GenerationRun, timed_generation
+from sdperf.measurements import GenerationRun, record_generation, timed_generation
 from sdperf.paths import profile_reports
 from sdperf.serving import loadgen_run, sharing, sync_audit
 from sdperf.serving.settings import ServingSettings
@@ -63,7 +62,7 @@ def calibrate(study: Study, pipe, cfg: ServingSettings) -> Calibration:
     for b in sorted({1, max(cfg.batch_sizes)}):
         run = timed_generation(pipe, study.workload(b), device=study.device, warmup=1, repeats=cfg.repeats,
                                label=f"one request, batch {b}")
-        comparison.record_run(study.recorder, run, f"one request (generate), batch {b}", dtype=study.profile.dtype)
+        record_generation(study.recorder, run, f"one request (generate), batch {b}", dtype=study.profile.dtype)
         runs[b] = run
     return Calibration(runs)
 

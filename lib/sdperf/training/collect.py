@@ -10,7 +10,6 @@ UNet (runtime, libraries, dataset), i.e. what training itself takes.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
