@@ -112,3 +112,19 @@ def test_alone_runs_each_configuration_once_per_round_in_a_rotated_order(smoke):
     assert seen == [(0, 1), (0, 2), (0, 4), (1, 2), (1, 4), (1, 1), (2, 4), (2, 1), (2, 2)]
     assert sorted(raw.groupby("config").size().tolist()) == [3, 3, 3]
     assert set(raw.batch_size) == {1, 2, 4} and (raw.status == "ok").all()
+
+
+def test_nothing_applicable_runs_the_baseline_alone_and_claims_no_noise_floor(smoke):
+    """CUDA graphs on a CPU: nothing to compare, so no twin; the baseline still runs once per round."""
+    machine = SlowingMachine({"fp32-eager": 1.0}, drift=0.0)
+    launched = []
+
+    def launcher(spec, **kw):
+        launched.append(spec["stack"])
+        return machine(spec, **kw)
+
+    m = rounds.run(smoke, [Config("graphs", "cuda_graphs")], rounds=3, launcher=launcher, say=lambda _m: None)
+    assert launched == ["fp32-eager"] * 3
+    assert TWIN not in set(m.raw.config) and all(np.isnan(v[0]) for v in m.noise.values())
+    s = m.summary.set_index("config")
+    assert s.loc["graphs", "status"] == "not_applicable" and s.loc[BASELINE, "rounds"] == 3

@@ -142,6 +142,8 @@ def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
                      for k, u in DRIFT_METRICS]
     for _, ratio, what in rounds.RATIOS:
         lo, hi = m.noise[ratio]
+        if pd.isna(lo):  # no twin ran: nothing was compared, so no noise floor to state
+            continue
         rows.append(dict(scenario="noise floor" + suffix, metric=f"{ratio}_noise_band", value=hi, unit="x", lo=lo,
                          hi=hi, n=m.rounds, method=m.method, key="fp32-eager",
                          note=f"{what}: fp32 eager against its twin, symmetric range over rounds"))
