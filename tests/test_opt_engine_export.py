@@ -75,6 +75,9 @@ def test_openvino_ir_is_cached_and_read_back_unchanged(tiny_pipe, smoke, tmp_pat
     second = openvino_engine.build(tiny_pipe.unet, example, scratch_root=tmp_path)
     assert first.facts["artefact"] == "converted into the run's cache"
     assert second.facts["artefact"] == "loaded from the run's cache"
+    # the engine read from disk owns its weights: it must not hold the torch UNet's 3.4 GB (SD 1.5) besides
+    assert not any(isinstance(k, torch.nn.Module) for k in second._keep)
+    assert any(isinstance(k, torch.nn.Module) for k in first._keep)  # a converted model shares them
     assert (tmp_path / "openvino-model-cache").is_dir()  # the plugin's compiled blobs
     x, t, ctx = example
     assert _rel(second(x, t, encoder_hidden_states=ctx)[0], _eager(tiny_pipe.unet, x, t, ctx)) < F32_REL_TOL

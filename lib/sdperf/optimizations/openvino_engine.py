@@ -157,4 +157,7 @@ def build(unet: torch.nn.Module, example: tuple, *, precision: str = "f32", stat
                                      share_inputs=True, share_outputs=False)
         return torch.from_numpy(out[0])
 
-    return EngineUNet(run, unet.config, device="cpu", facts=facts, keep=(unet, model))
+    # A converted model shares the torch UNet's weights, so both stay; a model read from the cache owns its
+    # weights, and holding the torch UNet beside it would count 3.4 GB (SD 1.5) that a deployment never holds.
+    keep = (model,) if facts.get("artefact", "").startswith("loaded") else (unet, model)
+    return EngineUNet(run, unet.config, device="cpu", facts=facts, keep=keep)
