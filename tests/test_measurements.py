@@ -32,6 +32,19 @@ def test_stage_breakdown_accounts_for_every_stage(tiny_pipe, base_run, workload)
     assert base_run.it_per_s == pytest.approx(base_run.iterations / base_run.loop_seconds)
 
 
+def test_a_short_first_call_warms_every_stage_and_the_timed_calls_stay_whole(tiny_pipe, base_run, workload):
+    calls = []
+    hook = tiny_pipe.unet.register_forward_hook(lambda *_a: calls.append(1))
+    try:
+        run = timed_generation(tiny_pipe, workload, device="cpu", warmup=1, repeats=2, first_call_steps=1)
+    finally:
+        hook.remove()
+    per_generation = workload.steps + 1  # PLMS runs its first timestep twice
+    assert len(calls) == 1 + 2 * per_generation  # the 1-step first call (one UNet call), then two whole generations
+    assert run.stages.set_index("stage").loc["unet", "calls_per_generation"] == per_generation
+    assert torch.equal(run.output.latents, base_run.output.latents)  # the output is a whole generation's
+
+
 def test_same_pipeline_compares_bit_identical(tiny_pipe, base_run, workload):
     again = timed_generation(tiny_pipe, workload, device="cpu", warmup=1, repeats=2, label="again")
     cmp = compare_runs(base_run, again)

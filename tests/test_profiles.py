@@ -86,7 +86,8 @@ def test_missing_key_is_named(params_dir):
         load_profile(params_dir(steps=None))
 
 
-@pytest.mark.parametrize("key,value", [("steps", 0), ("repeats", -1), ("batch_sizes", []), ("resolution", 60)])
+@pytest.mark.parametrize("key,value", [("steps", 0), ("repeats", -1), ("batch_sizes", []), ("resolution", 60),
+                                       ("first_call_steps", 0)])
 def test_bad_numbers_fail(params_dir, key, value):
     with pytest.raises(ConfigError, match=key if key != "batch_sizes" else "batch_sizes"):
         load_profile(params_dir(**{key: value}))

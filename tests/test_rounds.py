@@ -25,14 +25,16 @@ class SlowingMachine:
     """A fake launcher: every configuration has a true cost; the machine slows by `drift` per second of
     (simulated) wall time, and each worker's timed calls take 10 simulated seconds."""
 
-    def __init__(self, costs: dict[str, float], drift: float, jitter: float = 0.0, seed: int = 0):
-        self.costs, self.drift, self.t = costs, drift, 0.0
+    def __init__(self, costs: dict[str, float], drift: float, jitter: float = 0.0, seed: int = 0, t0: float = 0.0):
+        self.costs, self.drift, self.t, self.t0 = costs, drift, t0, t0
+        self.launched: list[str] = []
         self.rng = np.random.default_rng(seed)
         self.jitter = jitter
 
     def __call__(self, spec, **_kw):
         start, self.t = self.t, self.t + 10.0
-        cost = self.costs[spec["stack"]] * (1 + self.drift * (start + 5.0)) * (1 + self.jitter * self.rng.standard_normal())
+        self.launched.append(spec["stack"])
+        cost = self.costs[spec["stack"]] * (1 + self.drift * (start - self.t0 + 5.0)) * (1 + self.jitter * self.rng.standard_normal())
         result = {"status": "ok", "latency_s": cost, "unet_step_s": cost / 4, "s_per_image_seed": cost * 12,
                   "t_start": start, "t_end": self.t, "build_s": 1.0, "setup_s": 0.1, "first_call_s": cost,
                   "s_per_image": cost, "s_per_image_composed": cost, "peak_memory_mib": 100.0,
@@ -128,3 +130,57 @@ def test_nothing_applicable_runs_the_baseline_alone_and_claims_no_noise_floor(sm
     assert TWIN not in set(m.raw.config) and all(np.isnan(v[0]) for v in m.noise.values())
     s = m.summary.set_index("config")
     assert s.loc["graphs", "status"] == "not_applicable" and s.loc[BASELINE, "rounds"] == 3
+
+
+def test_comparisons_of_one_run_share_its_baselines_twin_and_measured_configurations(smoke, tmp_path):
+    """The second comparison of a run measures only what is new: no twin, no opening baseline, and a technique
+    the first one measured is read back with the same rounds; its ratios still come out right."""
+    import time
+
+    costs = {"fp32-eager": 1.0, "grad:no_grad": 0.5, "grad:grad": 2.0, "attention:classic": 1.25}
+    machine = SlowingMachine(costs, drift=0.002, t0=time.time())
+    quiet = dict(rounds=3, launcher=machine, say=lambda _m: None, ledger=tmp_path / "ledger")
+    first = rounds.run(smoke, [Config("fast", "grad:no_grad"), Config("slow", "grad:grad")], **quiet)
+    assert machine.launched.count("fp32-eager") == 3 + 4  # twin x3, baseline x4
+    machine.launched.clear()
+    second = rounds.run(smoke, [Config("no_grad again", "grad:no_grad"), Config("classic", "attention:classic")],
+                        **quiet)
+    # only the new technique, 3 rounds, each closed by a baseline; the run's last baseline opens it
+    assert machine.launched == ["attention:classic", "fp32-eager"] * 3
+    s = second.summary.set_index("config")
+    assert s.loc["no_grad again", "rounds"] == 3
+    assert s.loc["no_grad again", "speedup"] == first.summary.set_index("config").loc["fast", "speedup"]
+    assert s.loc["classic", "speedup"] == pytest.approx(0.8, rel=0.02)
+    assert second.noise == first.noise  # the run's one noise floor
+    machine.launched.clear()
+    rounds.run(smoke, [Config("fast", "grad:no_grad")], **quiet)
+    assert machine.launched == []  # everything asked is already measured
+
+
+def test_a_ledger_skips_a_line_cut_short_and_keeps_concurrent_writers_rows(tmp_path):
+    import multiprocessing
+
+    from sdperf.ledger import Ledger
+
+    book = Ledger(tmp_path)
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_append_many, args=(tmp_path, w)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    with open(tmp_path / "records.jsonl", "a") as fh:
+        fh.write('{"role": "config", "stack": "cut')  # a writer killed mid-line
+    recs = book.records()
+    assert len(recs) == 2 * 200
+    assert {(r["writer"], r["i"]) for r in recs} == {(w, i) for w in range(2) for i in range(200)}
+    assert book.records(batch_size=2) == []
+
+
+def _append_many(root, writer: int) -> None:
+    from sdperf.ledger import Ledger
+
+    book = Ledger(root)
+    for i in range(200):
+        book.append({"role": "config", "stack": "grad:grad", "batch_size": 1, "round": 0, "writer": writer, "i": i,
+                     "pad": "x" * 5000})

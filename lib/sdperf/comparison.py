@@ -17,7 +17,8 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from sdperf import rounds
+from sdperf import environment, rounds
+from sdperf import ledger as ledgers
 from sdperf.optimizations import artefacts
 from sdperf.optimizations.catalog import Stack
 from sdperf.paths import profile_reports
@@ -119,7 +120,8 @@ def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
                  dict(scenario=scenario, metric="setup", value=r.setup_s, unit="s",
                       note="techniques applied (export, build, quantize), first round: cold caches", **common),
                  dict(scenario=scenario, metric="first_call", value=r.first_call_s, unit="s",
-                      note="first generation, first round (lazy compilation lands here)", **common),
+                      note="first call, first round: a generation of the profile's first_call_steps (lazy "
+                      "compilation lands here)", **common),
                  dict(scenario=scenario, metric="peak_memory", value=r.peak_memory_mib, unit="MiB",
                       note="this configuration's own process: peak RSS of the steady-state calls, max over rounds",
                       **common),
@@ -158,9 +160,13 @@ def run_variants(study: Study, items, *, batch_size: int = 1, say: Callable[[str
     cfgs = configs(items, batch_size)
     scratch = profile_reports(study.profile.name) / ".scratch"
     engines = scratch / "engines" / f"{study.notebook}-{uuid.uuid4().hex[:8]}"
+    n_rounds = rounds_ or getattr(study.profile, "rounds", rounds.MIN_ROUNDS)
+    # the run's shared results: what another notebook of this run measured (the baseline, its twin, a technique
+    # it owns) is read back, not measured again (sdperf.ledger)
+    shared = scratch / "rounds" / ledgers.name(environment.run_id(), study.profile.name, n_rounds, overrides)
     try:
-        m = rounds.run(study.profile, cfgs, rounds=rounds_, scratch=scratch, overrides=overrides, say=say,
-                       artefacts=engines)
+        m = rounds.run(study.profile, cfgs, rounds=n_rounds, scratch=scratch, overrides=overrides, say=say,
+                       artefacts=engines, ledger=shared)
     finally:  # engines exported for this comparison: gigabytes each on SD 1.5, and not reused by the next one
         artefacts.clear(engines)
     cmp = Comparison(table=_table(m, cfgs), measured=m, facts=m.facts)

@@ -2,7 +2,7 @@
 the UNet's FLOPs at the workload's shapes, and a variant-vs-baseline comparison (speed ratio and drift)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -98,11 +98,17 @@ def _generation_run(label: str, workload: Workload, timing: Timing, clocks: list
 
 
 def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repeats: int, label: str = "",
-                     latents: torch.Tensor | None = None, grad_mode: str = "inference_mode") -> GenerationRun:
-    """Time whole generations (first call apart) and, from the same calls, each stage's share."""
+                     latents: torch.Tensor | None = None, grad_mode: str = "inference_mode",
+                     first_call_steps: int | None = None) -> GenerationRun:
+    """Time whole generations (first call apart: a generation of `first_call_steps` steps when given) and, from
+    the same calls, each stage's share."""
     latents = initial_latents(pipe, workload) if latents is None else latents
     call, clocks, last = _generation_call(pipe, workload, latents, device, grad_mode)
-    timing = measure(call, device=device, warmup=warmup, repeats=repeats)
+    first = None
+    if first_call_steps:
+        short = replace(workload, steps=first_call_steps)
+        first = lambda: generate(pipe, short, latents, grad_mode=grad_mode)  # noqa: E731
+    timing = measure(call, device=device, warmup=warmup, repeats=repeats, first=first)
     return _generation_run(label, workload, timing, clocks, last, repeats)
 
 

@@ -50,6 +50,9 @@ class Profile:
     weights: str | None = None
     # fresh-process rounds every compared configuration runs in (sdperf.rounds); 3 is the least a range means
     rounds: int = 3
+    # steps of the first call, timed apart: None = a whole generation at `steps`; 1 = a one-step generation, which
+    # runs every stage once (all lazy compilation and allocation land there) at a fraction of the cost
+    first_call_steps: int | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     # Settings of the studies beyond the inference ladder, one mapping each; the package that owns a section
     # validates its keys (sdperf.training / sdperf.quality / sdperf.serving), before any model is built.
@@ -185,6 +188,8 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
         _check_positive_int(name, key, raw[key], minimum=0)
     if "rounds" in raw:
         _check_positive_int(name, "rounds", raw["rounds"], minimum=3)
+    if raw.get("first_call_steps") is not None:
+        _check_positive_int(name, "first_call_steps", raw["first_call_steps"])
     sizes = raw["batch_sizes"]
     if not isinstance(sizes, list) or not sizes:
         raise ConfigError(f"profile {name!r}: batch_sizes must be a non-empty list of integers, got {sizes!r}")

@@ -27,6 +27,7 @@ import multiprocessing
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from sdperf import drift, worker
+from sdperf import ledger as ledgers
 from sdperf.optimizations import allocator as allocators
 from sdperf.optimizations.catalog import BASELINE_KEY, Context, Stack
 
@@ -46,6 +48,8 @@ RATIOS = (("latency_s", "speedup", "per image at the profile's steps"),
           ("unet_step_s", "unet_step_speedup", "per UNet step"),
           ("s_per_image_seed", "seed_speedup", "per image at 50 PLMS steps (composed from the measured stages)"))
 FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
+# A comparison opens on the run's last baseline when nothing ran after it and it closed less than this ago
+REUSE_BASELINE_S = 600
 # Imported once by the fork server, so a worker starts with them loaded (nothing is built there). diffusers and
 # transformers import their model modules lazily, on first use: naming them here saves every worker ~1 s.
 PRELOAD = ["sdperf.worker", "sdperf.measurements", "sdperf.pipelines", "sdperf.optimizations.catalog",
@@ -72,7 +76,7 @@ class Config:
         return cls(name or Stack.of(stack).key, Stack.of(stack).key, batch_size)
 
 
-def schedule(configs: list[Config], rounds: int) -> list[tuple[int, Config]]:
+def schedule(configs: list[Config], rounds: int, *, twin: bool = True) -> list[tuple[int, Config]]:
     """(round, config) in running order: a baseline, then each round's configurations (the twin among them,
     the order rotated by one each round) followed by a baseline. Baseline k closes round k-1 and opens round k."""
     if rounds < 1:
@@ -81,10 +85,10 @@ def schedule(configs: list[Config], rounds: int) -> list[tuple[int, Config]]:
     if len(batches) > 1:
         raise ValueError(f"one run compares one batch size against its baseline; got {sorted(batches)}")
     b = batches.pop()
-    base, others = Config(BASELINE, batch_size=b), list(configs) + [Config(TWIN, batch_size=b)]
+    base, others = Config(BASELINE, batch_size=b), list(configs) + ([Config(TWIN, batch_size=b)] if twin else [])
     seq = [(0, base)]
     for r in range(rounds):
-        k = r % len(others)
+        k = r % max(len(others), 1)
         seq += [(r, c) for c in others[k:] + others[:k]] + [(r + 1, base)]
     return seq
 
@@ -232,67 +236,130 @@ class Measured:
 
 
 def _spec(profile, config: Config, r: int, scratch: Path | None, overrides: dict,
-          artefacts: Path | None = None) -> dict:
+          artefacts: Path | None = None, save_output: bool | None = None) -> dict:
     return {"profile": profile.name, "stack": config.stack, "batch_size": config.batch_size, "round": r,
             "scratch": str(scratch) if scratch else None, "artefacts": str(artefacts) if artefacts else None,
-            "save_output": r == 0, **overrides}
+            "save_output": r == 0 if save_output is None else save_output, **overrides}
+
+
+def _role(config: Config) -> str:
+    return {BASELINE: ledgers.BASELINE_ROLE, TWIN: ledgers.TWIN_ROLE}.get(config.name, ledgers.CONFIG_ROLE)
+
+
+def _entries(records: list[dict], role: str, stack: str) -> list[dict]:
+    return [r for r in records if r["role"] == role and r["stack"] == stack]
+
+
+def _plan(configs: list[Config], gone: dict, records: list[dict], rounds: int, b: int,
+          now: float) -> list[tuple[int, Config]]:
+    """What is left to launch, given what the ledger already holds: a configuration measured over `rounds`
+    rounds (or failed) is read back; the twin runs once per batch size; a comparison opens on the ledger's last
+    baseline when nothing else ran after it and it is recent."""
+    todo, seen = [], set()
+    for c in configs:
+        if c.name in gone or c.stack in seen:
+            continue
+        seen.add(c.stack)
+        done = _entries(records, ledgers.CONFIG_ROLE, c.stack)
+        if any(r["status"] != "ok" for r in done):
+            bad = next(r for r in done if r["status"] != "ok")
+            gone[c.name] = {"status": bad["status"], "note": bad.get("note", "")}
+        elif len(done) < rounds:
+            todo.append(c)
+    base_key = Config(BASELINE).stack
+    twin_done = len([r for r in _entries(records, ledgers.TWIN_ROLE, base_key) if r["status"] == "ok"]) >= rounds
+    have_base = any(r["status"] == "ok" for r in _entries(records, ledgers.BASELINE_ROLE, base_key))
+    if not todo and twin_done:
+        return []
+    if not todo and all(c.name in gone for c in configs) and configs:
+        # nothing to compare (every configuration needs what this machine lacks): no ratio to judge, so no twin;
+        # the baseline alone, once per round, still measures what the notebook reads from it (its UNet share)
+        return [] if have_base else [(r, Config(BASELINE, batch_size=b)) for r in range(rounds)]
+    plan = schedule(todo, rounds, twin=not twin_done) if todo or not twin_done else []
+    last = records[-1] if records else None
+    if plan and last and last["role"] == ledgers.BASELINE_ROLE and last.get("status") == "ok" \
+            and now - float(last.get("t_end", 0)) < REUSE_BASELINE_S:
+        plan = plan[1:]
+    return plan
 
 
 def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: Path | None = None,
         overrides: dict | None = None, say: Callable[[str], None] = print,
-        launcher: Callable | None = None, artefacts: Path | None = None) -> Measured:
+        launcher: Callable | None = None, artefacts: Path | None = None, ledger: Path | None = None) -> Measured:
     """Measure `configs` (and the baseline and its twin) in fresh processes over `rounds` rounds.
 
     A configuration that cannot run here is checked in this process first and not launched; one that fails in a
     round is not launched again. `overrides` may set the worker's warmup/repeats (the tests use it). `scratch`
-    holds what every comparison may reuse (weights, inductor's cache), `artefacts` this run's engines."""
+    holds what every comparison may reuse (weights, inductor's cache), `artefacts` this run's engines, `ledger`
+    the run's shared worker results (sdperf.ledger; a private one when None): what it already holds is read back,
+    not measured again."""
     rounds = rounds or getattr(profile, "rounds", MIN_ROUNDS)
     names = [c.name for c in configs]
     clash = {n for n in names if names.count(n) > 1} | ({BASELINE, TWIN} & set(names))
     if clash:
         raise ValueError(f"configuration names must be unique and not {BASELINE!r}/{TWIN!r}: {', '.join(clash)}")
+    batches = {c.batch_size for c in configs} or {1}
+    if len(batches) > 1:
+        raise ValueError(f"one run compares one batch size against its baseline; got {sorted(batches)}")
+    b = next(iter(batches))
+    if ledger is None:
+        with tempfile.TemporaryDirectory(prefix="sdperf-ledger-") as tmp:
+            return run(profile, configs, rounds=rounds, scratch=scratch, overrides=overrides, say=say,
+                       launcher=launcher, artefacts=artefacts, ledger=Path(tmp))
+    book = ledgers.Ledger(ledger)
     settings = {Stack.of(c.stack).allocator for c in configs}
     fresh_interpreter = settings != {"default"}
     launcher = launcher or launch
-    records, outputs, gone = [], {}, {}
+    gone = {}
     for c in configs:
-        stack = Stack.of(c.stack)
-        ok, reason = stack.availability(Context(profile, batch_size=c.batch_size))
+        ok, reason = Stack.of(c.stack).availability(Context(profile, batch_size=c.batch_size))
         if not ok:
             gone[c.name] = {"status": "not_applicable", "note": f"not applicable: {reason}"}
-    plan = schedule(configs, rounds)
-    if configs and all(c.name in gone for c in configs):
-        # nothing to compare (every configuration needs what this machine lacks): no ratio to judge, so no twin;
-        # the baseline alone, once per round, still measures what the notebook reads from it (e.g. its UNet share)
-        plan = [(r, c) for r, c in plan if c.name == BASELINE][:rounds]
+    plan = _plan(configs, gone, book.records(b), rounds, b, time.time())
+    failed = set()
     for i, (r, c) in enumerate(plan, start=1):
-        if c.name in gone:
+        if c.stack in failed and _role(c) == ledgers.CONFIG_ROLE:
             continue
         say(f"[{i}/{len(plan)}] round {r}: {c.name}")
-        spec = _spec(profile, c, r, scratch, overrides or {}, artefacts)
+        role = _role(c)
+        spec = _spec(profile, c, r, scratch, overrides or {}, artefacts,
+                     save_output=not book.has_output(role, c.stack, b))
         result, output = launcher(spec, setting=Stack.of(c.stack).allocator, fresh_interpreter=fresh_interpreter,
                                   timeout_s=getattr(profile, "cell_timeout_s", None))
         if result["status"] != "ok":
-            gone[c.name] = {"status": result["status"], "note": result.get("note", "")}
+            failed.add(c.stack)
             say(f"  {c.name}: {result['status']}: {result.get('note', '')}")
-        if output is not None and c.name not in outputs:
-            outputs[c.name] = output
-        records.append({"config": c.name, "stack": c.stack, "round": r, **result})
-    for name, why in gone.items():
-        if not any(rec["config"] == name for rec in records):
-            stack = next(c.stack for c in configs if c.name == name)
-            records.append({"config": name, "stack": stack, "round": 0, **why})
-    raw = pd.DataFrame(records)
-    for col in ("t_start", "t_end", "latency_s", "unet_step_s", "s_per_image_seed", "note"):
+        book.append({"role": role, "stack": c.stack, "batch_size": b, "round": r, **result}, output)
+    return _measured(book, configs, gone, rounds, b)
+
+
+def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: int, b: int) -> Measured:
+    """The comparison of `configs` from the ledger: the run's baselines and twin at this batch size, and each
+    configuration's records under its display name here."""
+    records = book.records(b)
+    base_key = Config(BASELINE).stack
+    rows = [{"config": BASELINE, **r} for r in _entries(records, ledgers.BASELINE_ROLE, base_key)]
+    rows += [{"config": TWIN, **r} for r in _entries(records, ledgers.TWIN_ROLE, base_key)]
+    outputs = {BASELINE: book.output(ledgers.BASELINE_ROLE, base_key, b),
+               TWIN: book.output(ledgers.TWIN_ROLE, base_key, b)}
+    for c in configs:
+        mine = _entries(records, ledgers.CONFIG_ROLE, c.stack)
+        if c.name in gone and not mine:
+            rows.append({"config": c.name, "stack": c.stack, "round": 0, **gone[c.name]})
+            continue
+        rows += [{"config": c.name, **r} for r in mine]
+        outputs[c.name] = book.output(ledgers.CONFIG_ROLE, c.stack, b)
+    raw = pd.DataFrame(rows)
+    for col in ("t_start", "t_end", "latency_s", "unet_step_s", "s_per_image_seed", "note", "stack", "status"):
         if col not in raw:
             raw[col] = np.nan
     ratios = per_round_ratios(raw)
     summary, bands = summarize(raw, ratios)
-    facts = {rec["config"]: rec.get("facts") or {} for rec in records if rec.get("status") == "ok"}
+    facts = {r["config"]: r.get("facts") or {} for r in rows if r.get("status") == "ok"}
     drifts = {}
-    if BASELINE in outputs:
+    if outputs.get(BASELINE) is not None:
         for name, out in outputs.items():
-            if name != BASELINE:
+            if name != BASELINE and out is not None:
                 d = drift.compare(out, outputs[BASELINE])
                 d["verdict"] = drift.verdict(d)
                 drifts[name] = d

@@ -138,20 +138,22 @@ def peak_of(fn: Callable[[], object], device: str) -> tuple[int | None, str]:
     return peak_memory(device)
 
 
-def measure(fn: Callable[[], object], *, device: str, warmup: int = 1, repeats: int = 3) -> Timing:
-    """First call timed alone (it carries compile/build/allocator warm-up), then `warmup` untimed calls,
-    then `repeats` timed calls; peak memory covers the steady-state calls."""
+def measure(fn: Callable[[], object], *, device: str, warmup: int = 1, repeats: int = 3,
+            first: Callable[[], object] | None = None) -> Timing:
+    """First call timed alone (it carries compile/build/allocator warm-up; `first` when given, a cheaper call
+    that warms the same code), then `warmup` untimed calls, then `repeats` timed calls; peak memory covers the
+    steady-state calls."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     once = _time_once_cuda if device == "cuda" else _time_once_cpu
     synchronize(device)
-    first = once(fn)
+    first_s = once(first or fn)
     for _ in range(max(warmup - 1, 0)):
         fn()
     reset_peak_memory(device)
     times = [once(fn) for _ in range(repeats)]
     peak, kind = peak_memory(device)
-    return Timing(times=times, first_call=first, peak_memory_bytes=peak, memory_kind=kind)
+    return Timing(times=times, first_call=first_s, peak_memory_bytes=peak, memory_kind=kind)
 
 
 def blocked(fn: Callable[[], object], *, device: str, min_run_time: float = 1.0) -> Timing:

@@ -87,7 +87,8 @@ def measure(spec: dict) -> tuple[dict, object | None]:
     workload = ctx.workload()
     started = time.time()
     run = timed_generation(pipe, workload, device=device, warmup=profile.warmup, repeats=profile.repeats,
-                           grad_mode=stack.grad_mode, label=stack.label)
+                           grad_mode=stack.grad_mode, label=stack.label,
+                           first_call_steps=profile.first_call_steps)
     finished = time.time()
     seed_calls = fewer_steps.unet_calls(pipe, stack.steps or SEED_STEPS)
     s = run.summary()
@@ -95,7 +96,7 @@ def measure(spec: dict) -> tuple[dict, object | None]:
     result = {
         "status": "ok", "note": "", "build_s": build_s, "setup_s": setup_s,
         "setup_peak_mib": None if setup_peak is None else setup_peak / 2**20,
-        "first_call_s": s["first_call_s"], "latency_s": s["latency_s"], "p10_s": s["p10_s"], "p90_s": s["p90_s"],
+        "first_call_s": s["first_call_s"], "first_call_steps": profile.first_call_steps or workload.steps, "latency_s": s["latency_s"], "p10_s": s["p10_s"], "p90_s": s["p90_s"],
         "n": len(run.timing.times), "s_per_image": s["s_per_image"], "unet_step_s": s["unet_step_s"],
         "it_per_s": s["it_per_s"], "iterations": s["iterations"], "steps": workload.steps,
         "seed_steps": stack.steps or SEED_STEPS, "seed_unet_calls": seed_calls,
