@@ -18,9 +18,10 @@ ISA_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512_vnni", "avx51
              "amx_tile", "amx_bf16", "amx_int8", "amx_fp16")
 
 
-def package_versions() -> dict[str, str | None]:
+def package_versions(names=PACKAGES) -> dict[str, str | None]:
+    """Installed version of each distribution named (None when absent)."""
     out = {}
-    for name in PACKAGES:
+    for name in names:
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:

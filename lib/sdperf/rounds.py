@@ -76,15 +76,20 @@ class Config:
         return cls(name or Stack.of(stack).key, Stack.of(stack).key, batch_size)
 
 
+def _batch_size(configs: list[Config]) -> int:
+    """The one batch size of a run (1 when it has no configurations)."""
+    batches = {c.batch_size for c in configs} or {1}
+    if len(batches) > 1:
+        raise ValueError(f"one run compares one batch size against its baseline; got {sorted(batches)}")
+    return batches.pop()
+
+
 def schedule(configs: list[Config], rounds: int, *, twin: bool = True) -> list[tuple[int, Config]]:
     """(round, config) in running order: a baseline, then each round's configurations (the twin among them,
     the order rotated by one each round) followed by a baseline. Baseline k closes round k-1 and opens round k."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    batches = {c.batch_size for c in configs} or {1}
-    if len(batches) > 1:
-        raise ValueError(f"one run compares one batch size against its baseline; got {sorted(batches)}")
-    b = batches.pop()
+    b = _batch_size(configs)
     base, others = Config(BASELINE, batch_size=b), list(configs) + ([Config(TWIN, batch_size=b)] if twin else [])
     seq = [(0, base)]
     for r in range(rounds):
@@ -261,21 +266,20 @@ def _plan(configs: list[Config], gone: dict, records: list[dict], rounds: int, b
             continue
         seen.add(c.stack)
         done = _entries(records, ledgers.CONFIG_ROLE, c.stack)
-        if any(r["status"] != "ok" for r in done):
-            bad = next(r for r in done if r["status"] != "ok")
+        bad = next((r for r in done if r["status"] != "ok"), None)
+        if bad:
             gone[c.name] = {"status": bad["status"], "note": bad.get("note", "")}
         elif len(done) < rounds:
             todo.append(c)
-    base_key = Config(BASELINE).stack
-    twin_done = len([r for r in _entries(records, ledgers.TWIN_ROLE, base_key) if r["status"] == "ok"]) >= rounds
-    have_base = any(r["status"] == "ok" for r in _entries(records, ledgers.BASELINE_ROLE, base_key))
+    twin_done = len([r for r in _entries(records, ledgers.TWIN_ROLE, BASELINE_KEY) if r["status"] == "ok"]) >= rounds
+    have_base = any(r["status"] == "ok" for r in _entries(records, ledgers.BASELINE_ROLE, BASELINE_KEY))
     if not todo and twin_done:
         return []
     if not todo and all(c.name in gone for c in configs) and configs:
         # nothing to compare (every configuration needs what this machine lacks): no ratio to judge, so no twin;
         # the baseline alone, once per round, still measures what the notebook reads from it (its UNet share)
         return [] if have_base else [(r, Config(BASELINE, batch_size=b)) for r in range(rounds)]
-    plan = schedule(todo, rounds, twin=not twin_done) if todo or not twin_done else []
+    plan = schedule(todo, rounds, twin=not twin_done)
     last = records[-1] if records else None
     if plan and last and last["role"] == ledgers.BASELINE_ROLE and last.get("status") == "ok" \
             and now - float(last.get("t_end", 0)) < REUSE_BASELINE_S:
@@ -298,10 +302,7 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
     clash = {n for n in names if names.count(n) > 1} | ({BASELINE, TWIN} & set(names))
     if clash:
         raise ValueError(f"configuration names must be unique and not {BASELINE!r}/{TWIN!r}: {', '.join(clash)}")
-    batches = {c.batch_size for c in configs} or {1}
-    if len(batches) > 1:
-        raise ValueError(f"one run compares one batch size against its baseline; got {sorted(batches)}")
-    b = next(iter(batches))
+    b = _batch_size(configs)
     if ledger is None:
         with tempfile.TemporaryDirectory(prefix="sdperf-ledger-") as tmp:
             return run(profile, configs, rounds=rounds, scratch=scratch, overrides=overrides, say=say,
@@ -318,10 +319,10 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
     plan = _plan(configs, gone, book.records(b), rounds, b, time.time())
     failed = set()
     for i, (r, c) in enumerate(plan, start=1):
-        if c.stack in failed and _role(c) == ledgers.CONFIG_ROLE:
+        role = _role(c)
+        if c.stack in failed and role == ledgers.CONFIG_ROLE:
             continue
         say(f"[{i}/{len(plan)}] round {r}: {c.name}")
-        role = _role(c)
         spec = _spec(profile, c, r, scratch, overrides or {}, artefacts,
                      save_output=not book.has_output(role, c.stack, b))
         result, output = launcher(spec, setting=Stack.of(c.stack).allocator, fresh_interpreter=fresh_interpreter,
@@ -337,11 +338,10 @@ def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: i
     """The comparison of `configs` from the ledger: the run's baselines and twin at this batch size, and each
     configuration's records under its display name here."""
     records = book.records(b)
-    base_key = Config(BASELINE).stack
-    rows = [{"config": BASELINE, **r} for r in _entries(records, ledgers.BASELINE_ROLE, base_key)]
-    rows += [{"config": TWIN, **r} for r in _entries(records, ledgers.TWIN_ROLE, base_key)]
-    outputs = {BASELINE: book.output(ledgers.BASELINE_ROLE, base_key, b),
-               TWIN: book.output(ledgers.TWIN_ROLE, base_key, b)}
+    rows = [{"config": BASELINE, **r} for r in _entries(records, ledgers.BASELINE_ROLE, BASELINE_KEY)]
+    rows += [{"config": TWIN, **r} for r in _entries(records, ledgers.TWIN_ROLE, BASELINE_KEY)]
+    outputs = {BASELINE: book.output(ledgers.BASELINE_ROLE, BASELINE_KEY, b),
+               TWIN: book.output(ledgers.TWIN_ROLE, BASELINE_KEY, b)}
     for c in configs:
         mine = _entries(records, ledgers.CONFIG_ROLE, c.stack)
         if c.name in gone and not mine:

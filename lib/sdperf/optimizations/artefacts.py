@@ -16,11 +16,12 @@ import json
 import os
 import shutil
 import tempfile
-from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from sdperf.environment import package_versions
 
 DONE = "artefact.json"
 PACKAGES = ("torch", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf")
@@ -37,19 +38,9 @@ def weights_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def _versions() -> dict:
-    out = {}
-    for pkg in PACKAGES:
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
 def cache_key(kind: str, module: torch.nn.Module, **what) -> str:
     """The folder name of an artefact: its kind and a hash of everything that determines its content."""
-    spec = json.dumps({"kind": kind, "weights": weights_digest(module), "versions": _versions(), **what},
+    spec = json.dumps({"kind": kind, "weights": weights_digest(module), "versions": package_versions(PACKAGES), **what},
                       sort_keys=True, default=str)
     return f"{kind}-{hashlib.sha256(spec.encode()).hexdigest()[:16]}"
 
