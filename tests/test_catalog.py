@@ -74,3 +74,34 @@ def test_training_launch_and_train_do_not_import_each_other():
     launch = LIB / "training" / "launch.py"
     # train may use launch (resolve_backend), so launch must not come back to train
     assert "sdperf.training.train" not in _imports(launch)
+
+
+@pytest.mark.parametrize("key", ["calibration:unet-twice", "compile:default", "int8:torch-ao-dynamic"])
+def test_a_unet_only_technique_leaves_the_text_encoder_and_vae_as_they_were(smoke, key):
+    """Its worker skips the VAE decode and borrows the baseline's (sdperf.rounds.with_baseline_decode): that is only
+    sound when apply() touches nothing but pipe.unet."""
+    import torch
+
+    from sdperf.pipelines import build_pipeline
+
+    pipe = build_pipeline(smoke)
+    vae, text = pipe.vae, pipe.text_encoder
+    before = {n: {k: v.clone() for k, v in m.state_dict().items()} for n, m in (("vae", vae), ("text", text))}
+    stack = Stack.of(key)
+    assert stack.unet_only
+    pipe = stack.apply(pipe, Context(smoke))
+    assert pipe.vae is vae and pipe.text_encoder is text
+    for name, m in (("vae", pipe.vae), ("text", pipe.text_encoder)):
+        after = m.state_dict()
+        assert before[name].keys() == after.keys()
+        assert all(torch.equal(before[name][k], after[k]) for k in after), name
+
+
+def test_only_techniques_that_touch_the_unet_alone_skip_the_decode():
+    assert not Stack.of(catalog.BASELINE_KEY).unet_only  # the baseline is always timed whole
+    for key in ("attention:classic", "precision:bfloat16", "grad:no_grad", "scheduler:euler@25", "allocator:jemalloc",
+                "deepspeed:inject"):  # each changes more than the UNet (attention: the VAE's too)
+        assert not Stack.of(key).unet_only, key
+    for key in ("engine:openvino-f32", "int8:openvino-nncf-ptq", "compile:freezing", "cuda_graphs"):
+        assert Stack.of(key).unet_only, key
+    assert not Stack.of("engine:openvino-f32+scheduler:dpmpp-2m@20").unet_only  # a whole stack or nothing

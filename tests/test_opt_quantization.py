@@ -12,6 +12,7 @@ from sdperf.experiments import quantization as qx
 from sdperf.generation import Workload, generate, initial_latents
 from sdperf.optimizations import quantization as opt
 from sdperf.pipelines import build_pipeline
+from sdperf.roofline import fit_size
 
 # Measured on the tiny network with random weights (4 PLMS steps): latent error about 8e-3, PSNR about 56 dB.
 # The bounds leave room for other int8 kernels (VNNI, AMX) rounding differently, and fail on a broken scheme.
@@ -129,8 +130,8 @@ def test_fit_size_halves_until_one_call_fits():
         calls.append(n)
         return lambda: sum(range(50_000))  # the probe's cost stands in for any kernel
 
-    assert qx._fit_size(make, 4096, call_budget_s=1e9) == 4096
-    assert qx._fit_size(make, 4096, call_budget_s=0.0) == 128
+    assert fit_size(make, 4096, call_budget_s=1e9) == 4096
+    assert fit_size(make, 4096, call_budget_s=0.0) == 128
     assert set(calls) == {128}  # only the probe size is ever run
 
 

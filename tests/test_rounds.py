@@ -184,3 +184,33 @@ def _append_many(root, writer: int) -> None:
     for i in range(200):
         book.append({"role": "config", "stack": "grad:grad", "batch_size": 1, "round": 0, "writer": writer, "i": i,
                      "pad": "x" * 5000})
+
+
+def test_a_unet_only_worker_gets_the_baseline_decode_interpolated_to_its_time():
+    """Workers that skipped the VAE decode (decoded False) add the baseline's, interpolated in wall time; the UNet
+    step is untouched and rows timed whole are left as they were."""
+    import pandas as pd
+
+    raw = pd.DataFrame([
+        dict(config=BASELINE, status="ok", t_start=0, t_end=10, latency_s=20.0, p10_s=20.0, p90_s=20.0,
+             s_per_image=10.0, s_per_image_seed=100.0, s_per_image_composed=10.0, unet_step_s=3.0, decoded=True,
+             vae_decode_s=4.0),
+        dict(config="engine", status="ok", t_start=10, t_end=20, latency_s=12.0, p10_s=11.0, p90_s=13.0,
+             s_per_image=6.0, s_per_image_seed=50.0, s_per_image_composed=6.0, unet_step_s=2.0, decoded=False,
+             vae_decode_s=None),
+        dict(config=TWIN, status="ok", t_start=20, t_end=30, latency_s=20.0, p10_s=20.0, p90_s=20.0,
+             s_per_image=10.0, s_per_image_seed=100.0, s_per_image_composed=10.0, unet_step_s=3.0, decoded=True,
+             vae_decode_s=4.0),
+        dict(config=BASELINE, status="ok", t_start=30, t_end=40, latency_s=22.0, p10_s=22.0, p90_s=22.0,
+             s_per_image=11.0, s_per_image_seed=110.0, s_per_image_composed=11.0, unet_step_s=3.0, decoded=True,
+             vae_decode_s=6.0),
+    ])
+    out = rounds.with_baseline_decode(raw, batch_size=2).set_index("config")
+    vae = 4.0 + (6.0 - 4.0) * (15 - 5) / (35 - 5)  # the baselines' decode at the engine's midpoint
+    assert out.loc["engine", "latency_s"] == pytest.approx(12.0 + vae)
+    assert out.loc["engine", "p90_s"] == pytest.approx(13.0 + vae)
+    assert out.loc["engine", "s_per_image"] == pytest.approx(6.0 + vae / 2)
+    assert out.loc["engine", "s_per_image_seed"] == pytest.approx(50.0 + vae / 2)
+    assert out.loc["engine", "unet_step_s"] == 2.0
+    assert out.loc[TWIN, "latency_s"] == 20.0
+    assert rounds.with_baseline_decode(raw.drop(columns="decoded"), 2).equals(raw.drop(columns="decoded"))

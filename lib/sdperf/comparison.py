@@ -89,6 +89,9 @@ def _table(m: rounds.Measured, cfgs: list[Config]) -> pd.DataFrame:
     notes = {c.name: Stack.of(c.stack).label for c in cfgs}
     s["note"] = [n if isinstance(n, str) and n else notes.get(v, "") for v, n in zip(s.variant, s.get("note", ""))]
     s["method"] = m.method
+    if "decoded" in m.raw:  # UNet-only stacks: per-image figures composed with the baseline's VAE decode
+        composed = set(m.raw.loc[m.raw.decoded == False, "config"])  # noqa: E712
+        s.loc[s.variant.isin(composed), "method"] = m.method + rounds.WITH_BASELINE_DECODE
     order = [BASELINE, TWIN] + [c.name for c in cfgs]
     s["_o"] = s.variant.map({n: i for i, n in enumerate(order)})
     return s.sort_values("_o").drop(columns="_o").reindex(columns=COLUMNS).reset_index(drop=True)
@@ -105,7 +108,7 @@ def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
             rows.append(dict(scenario=scenario, metric="latency", value=None, unit="", status=r.status,
                              note=r.note, dtype=dtype, method=m.method, key=r.key))
             continue
-        common = dict(n=int(r.rounds), dtype=dtype, method=m.method, key=r.key)
+        common = dict(n=int(r.rounds), dtype=dtype, method=r.method, key=r.key)
         for metric, col, note in (("latency", "latency_s", "median generation at the profile's steps"),
                                   ("s_per_image", "s_per_image", "latency / batch"),
                                   ("unet_step", "unet_step_s", "median UNet call on the guidance batch"),

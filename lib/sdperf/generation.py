@@ -40,7 +40,7 @@ class Workload:
 @dataclass
 class Output:
     latents: torch.Tensor  # final latents, float32 on the CPU
-    images: torch.Tensor  # decoded images in [0, 1], float32 on the CPU, NCHW
+    images: torch.Tensor | None  # decoded images in [0, 1], float32 on the CPU, NCHW; None when not decoded
 
 
 def initial_latents(pipe, workload: Workload) -> torch.Tensor:
@@ -139,16 +139,17 @@ def decode(pipe, latents: torch.Tensor) -> torch.Tensor:
 
 
 def generate(pipe, workload: Workload, latents: torch.Tensor | None = None, clock=no_clock,
-             grad_mode: str = "inference_mode") -> Output:
+             grad_mode: str = "inference_mode", decode_images: bool = True) -> Output:
     """One full text-to-image call; `clock` (a StageClock) times each stage if given; `grad_mode` is one of
-    GRAD_MODES (inference_mode unless a notebook measures what autograd costs)."""
+    GRAD_MODES (inference_mode unless a notebook measures what autograd costs). `decode_images=False` stops at the
+    final latents (images None): how a technique that changes only the UNet is timed (sdperf.worker)."""
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode {grad_mode!r} is not valid; choose one of: {', '.join(GRAD_MODES)}")
     with GRAD_MODES[grad_mode]():
-        return _generate(pipe, workload, latents, clock)
+        return _generate(pipe, workload, latents, clock, decode_images)
 
 
-def _generate(pipe, workload: Workload, latents: torch.Tensor | None, clock) -> Output:
+def _generate(pipe, workload: Workload, latents: torch.Tensor | None, clock, decode_images: bool = True) -> Output:
     device = module_device(pipe.unet)
     if latents is None:
         latents = initial_latents(pipe, workload)
@@ -157,6 +158,8 @@ def _generate(pipe, workload: Workload, latents: torch.Tensor | None, clock) -> 
     # the loop keeps latents in the UNet's dtype, as diffusers does
     latents = latents.to(device, module_dtype(pipe.unet))
     latents = denoise(pipe, workload, latents, embeds, extra, clock)
+    if not decode_images:
+        return Output(latents=latents.detach().float().cpu(), images=None)
     with clock("vae_decode"):
         images = decode(pipe, latents)
     return Output(latents=latents.detach().float().cpu(), images=images.detach().cpu())

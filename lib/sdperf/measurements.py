@@ -75,14 +75,15 @@ def _stage_table(clocks: list[StageClock], steps: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _generation_call(pipe, workload: Workload, latents: torch.Tensor, device: str, grad_mode: str):
+def _generation_call(pipe, workload: Workload, latents: torch.Tensor, device: str, grad_mode: str,
+                     decode_images: bool = True):
     """A call that runs one generation, and the stage clocks and last output it leaves behind."""
     clocks: list[StageClock] = []
     last: list[Output] = []
 
     def call():
         clock = StageClock(device)
-        last[:] = [generate(pipe, workload, latents, clock=clock, grad_mode=grad_mode)]
+        last[:] = [generate(pipe, workload, latents, clock=clock, grad_mode=grad_mode, decode_images=decode_images)]
         clocks.append(clock)
 
     return call, clocks, last
@@ -99,15 +100,15 @@ def _generation_run(label: str, workload: Workload, timing: Timing, clocks: list
 
 def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repeats: int, label: str = "",
                      latents: torch.Tensor | None = None, grad_mode: str = "inference_mode",
-                     first_call_steps: int | None = None) -> GenerationRun:
+                     first_call_steps: int | None = None, decode_images: bool = True) -> GenerationRun:
     """Time whole generations (first call apart: a generation of `first_call_steps` steps when given) and, from
-    the same calls, each stage's share."""
+    the same calls, each stage's share; with `decode_images=False` every call stops at the final latents."""
     latents = initial_latents(pipe, workload) if latents is None else latents
-    call, clocks, last = _generation_call(pipe, workload, latents, device, grad_mode)
+    call, clocks, last = _generation_call(pipe, workload, latents, device, grad_mode, decode_images)
     first = None
     if first_call_steps:
         short = replace(workload, steps=first_call_steps)
-        first = lambda: generate(pipe, short, latents, grad_mode=grad_mode)  # noqa: E731
+        first = lambda: generate(pipe, short, latents, grad_mode=grad_mode, decode_images=decode_images)  # noqa: E731
     timing = measure(call, device=device, warmup=warmup, repeats=repeats, first=first)
     return _generation_run(label, workload, timing, clocks, last, repeats)
 

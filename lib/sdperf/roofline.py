@@ -1,11 +1,13 @@
 """Achieved FLOP/s against this device's measured matmul peak, so a latency also says how close to the roof it is."""
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-from sdperf.timing import Timing, blocked
+from sdperf.timing import Timing, blocked, synchronize
 
 # torch's FLOP counter knows the CUDA attention kernels but not the CPU one that SDPA dispatches to here, so on a
 # CPU it would count every attention as free and overstate nothing but understate the UNet's work.
@@ -30,6 +32,22 @@ def matmul_peak(device: str, dtype: torch.dtype, size: int, min_run_time: float 
     out = torch.empty(size, size, device=device, dtype=dtype)
     timing = blocked(lambda: torch.mm(a, b, out=out), device=device, min_run_time=min_run_time)
     return 2 * size**3 / timing.median, timing
+
+
+def fit_size(fn_of_size, size: int, call_budget_s: float, device: str = "cpu", probe: int = 128) -> int:
+    """The largest power-of-two fraction of `size` whose single call should fit `call_budget_s`, scaled
+    (n^3) from one timed call at `probe`: a scalar fallback kernel at full size could take minutes."""
+    fn = fn_of_size(probe)
+    fn()
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    per = time.perf_counter() - t0
+    n = size
+    while n > probe and per * (n / probe) ** 3 > call_budget_s:
+        n //= 2
+    return n
 
 
 def achieved(flops: int, seconds: float, peak_flops_per_s: float) -> dict:

@@ -55,6 +55,15 @@ def composed_seconds(stages, unet_calls: int) -> float:
             + _stage(stages, "vae_decode", "seconds_per_image_call"))
 
 
+def _decoded(pipe, latents):
+    import torch
+
+    from sdperf.generation import decode, module_device
+
+    with torch.inference_mode():
+        return decode(pipe, latents.to(module_device(pipe.vae))).detach().cpu()
+
+
 def measure(spec: dict) -> tuple[dict, object | None]:
     """Build, apply and time one configuration; (result, output or None). Runs inside the worker process."""
     import torch
@@ -85,11 +94,14 @@ def measure(spec: dict) -> tuple[dict, object | None]:
     setup_s = time.perf_counter() - t0
     setup_peak = peak_memory(device)[0]
     workload = ctx.workload()
+    decoded = not stack.unet_only
     started = time.time()
     run = timed_generation(pipe, workload, device=device, warmup=profile.warmup, repeats=profile.repeats,
                            grad_mode=stack.grad_mode, label=stack.label,
-                           first_call_steps=profile.first_call_steps)
+                           first_call_steps=profile.first_call_steps, decode_images=decoded)
     finished = time.time()
+    if not decoded and spec.get("save_output"):  # the drift rows compare images too: decoded once, untimed
+        run.output.images = _decoded(pipe, run.output.latents)
     seed_calls = fewer_steps.unet_calls(pipe, stack.steps or SEED_STEPS)
     s = run.summary()
     b = workload.batch_size
@@ -102,7 +114,8 @@ def measure(spec: dict) -> tuple[dict, object | None]:
         "seed_steps": stack.steps or SEED_STEPS, "seed_unet_calls": seed_calls,
         "s_per_image_seed": composed_seconds(run.stages, seed_calls) / b,
         "s_per_image_composed": composed_seconds(run.stages, s["iterations"]) / b,
-        "stages": run.stages.to_dict("records"),
+        "stages": run.stages.to_dict("records"), "decoded": decoded,
+        "vae_decode_s": _stage(run.stages, "vae_decode", "seconds_per_image_call") if decoded else None,
         "peak_memory_mib": s["peak_memory_mib"], "memory_kind": run.timing.memory_kind,
         "process_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "t_start": started, "t_end": finished, "threads": torch.get_num_threads(), "pid": os.getpid(),

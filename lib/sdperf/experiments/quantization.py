@@ -3,7 +3,6 @@ fresh processes, in rounds, beside the fp32 twin that gives the noise floor), wi
 explain them and the share of the UNet's work each scheme can reach (measured here, not ratios to fp32)."""
 from __future__ import annotations
 
-import time
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -16,9 +15,9 @@ from sdperf.optimizations import catalog
 from sdperf.optimizations import quantization as opt
 from sdperf.optimizations.fewer_steps import unet_calls
 from sdperf.plots import speedup_bars
-from sdperf.roofline import matmul_peak
+from sdperf.roofline import fit_size, matmul_peak
 from sdperf.study import Study
-from sdperf.timing import blocked, synchronize
+from sdperf.timing import blocked
 
 LINEAR_ONLY = ("torch-ao-dynamic", "torchao-int8-dynamic")
 # Which measured int8 kernel each scheme's matmuls run on (OpenVINO's own kernels are not timed alone; the
@@ -93,22 +92,6 @@ def linear_share(study: Study) -> dict:
     return out
 
 
-def _fit_size(fn_of_size, size: int, call_budget_s: float, device: str = "cpu", probe: int = 128) -> int:
-    """The largest power-of-two fraction of `size` whose single call should fit `call_budget_s`, scaled
-    (n^3) from one timed call at `probe`: a scalar fallback kernel at full size could take minutes."""
-    fn = fn_of_size(probe)
-    fn()
-    synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    synchronize(device)
-    per = time.perf_counter() - t0
-    n = size
-    while n > probe and per * (n / probe) ** 3 > call_budget_s:
-        n //= 2
-    return n
-
-
 def _int_mm(device: str):
     def make(n: int):
         a = torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device)
@@ -138,7 +121,7 @@ def int8_roofs(study: Study, call_budget_s: float) -> pd.DataFrame:
     if device == "cpu":
         kernels.append(("quantized linear_dynamic", _linear_dynamic))
     for kernel, make in kernels:
-        n = _fit_size(make, size, call_budget_s, device)
+        n = fit_size(make, size, call_budget_s, device)
         timing = blocked(make(n), device=device)
         rows.append({"kernel": kernel, "dtype": "int8", "size": n, "gops": 2 * n**3 / timing.median / 1e9,
                      "n_blocks": len(timing.times)})

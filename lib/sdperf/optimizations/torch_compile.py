@@ -306,6 +306,7 @@ def technique(prefix: str, spec: str) -> Technique:
     s = parse(spec)
     return Technique(f"{prefix}:{spec}", f"torch.compile {spec}" if s.compiled else spec, EXECUTOR, NOTEBOOK,
                      apply=_compiled(spec), availability=lambda ctx: availability(ctx.device, spec),
+                     unet_only=True,
                      note="compiled lazily: the compile lands in the first call, reported apart")
 
 
