@@ -27,11 +27,16 @@ def count_flops(fn, *args, **kwargs) -> int:
 
 def matmul_peak(device: str, dtype: torch.dtype, size: int, min_run_time: float = 1.0) -> tuple[float, Timing]:
     """Measured FLOP/s of a square size x size matmul in `dtype`: the practical roof for dense layers."""
+    timing = blocked(matmul_call(device, dtype, size), device=device, min_run_time=min_run_time)
+    return 2 * size**3 / timing.median, timing
+
+
+def matmul_call(device: str, dtype: torch.dtype, size: int):
+    """One size x size torch.mm in `dtype` on random inputs, into a preallocated output: what a roof times."""
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     out = torch.empty(size, size, device=device, dtype=dtype)
-    timing = blocked(lambda: torch.mm(a, b, out=out), device=device, min_run_time=min_run_time)
-    return 2 * size**3 / timing.median, timing
+    return lambda: torch.mm(a, b, out=out)
 
 
 def fit_size(fn_of_size, size: int, call_budget_s: float, device: str = "cpu", probe: int = 128) -> int:

@@ -147,6 +147,20 @@ def launch(spec: dict, *, setting: str = "default", fresh_interpreter: bool = Fa
 
 # ---------------------------------------------------------------- the arithmetic of a run
 
+def _mid(rows: pd.DataFrame) -> pd.Series:
+    """The wall-clock midpoint of each worker's timed calls: where a baseline is read for it."""
+    return (rows.t_start + rows.t_end) / 2
+
+
+def baseline_at(raw: pd.DataFrame, column: str, t_mid) -> np.ndarray:
+    """The fp32 baseline's `column` interpolated (linearly, in wall time) to `t_mid`, from the run's baseline
+    workers that measured it: how every ratio and every borrowed stage reads the baseline."""
+    base = raw[(raw.config == BASELINE) & (raw.status == "ok") & raw[column].notna()]
+    base = base.assign(t_mid=_mid(base)).sort_values("t_mid")
+    if base.empty:
+        raise ValueError(f"no baseline worker of this run measured {column!r}")
+    return np.interp(t_mid, base.t_mid, base[column])
+
 WITH_BASELINE_DECODE = ("; a technique that changes only the UNet is timed without the VAE decode and its "
                         "per-image figures add the baseline's decode, interpolated likewise (composed)")
 
@@ -160,12 +174,7 @@ def with_baseline_decode(raw: pd.DataFrame, batch_size: int) -> pd.DataFrame:
         return raw
     raw = raw.copy()
     part = (raw.decoded == False) & (raw.status == "ok")  # noqa: E712
-    base = raw[(raw.config == BASELINE) & (raw.status == "ok") & raw.vae_decode_s.notna()]
-    base = base.assign(t_mid=(base.t_start + base.t_end) / 2).sort_values("t_mid")
-    if base.empty:
-        raise ValueError("UNet-only workers need a baseline with a timed VAE decode in the same run")
-    t_mid = (raw.loc[part, "t_start"] + raw.loc[part, "t_end"]) / 2
-    vae = np.interp(t_mid, base.t_mid, base.vae_decode_s)
+    vae = baseline_at(raw, "vae_decode_s", _mid(raw[part]))
     for col in ("latency_s", "p10_s", "p90_s"):
         if col in raw:
             raw.loc[part, col] = raw.loc[part, col] + vae
@@ -178,19 +187,14 @@ def with_baseline_decode(raw: pd.DataFrame, batch_size: int) -> pd.DataFrame:
 def per_round_ratios(raw: pd.DataFrame) -> pd.DataFrame:
     """One row per (configuration, round): each ratio against the baseline interpolated (linearly, in wall time)
     to the midpoint of the configuration's timed calls."""
-    ok = raw[raw.status == "ok"].copy()
-    ok["t_mid"] = (ok.t_start + ok.t_end) / 2
-    base = ok[ok.config == BASELINE].sort_values("t_mid")
-    rows = []
-    for r in ok[ok.config != BASELINE].itertuples():
-        row = {"config": r.config, "round": r.round}
-        for field_, name, _ in RATIOS:
-            ref = float(np.interp(r.t_mid, base.t_mid, base[field_]))
-            row[name] = ref / getattr(r, field_)
-            row[f"baseline_{field_}"] = ref
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["config", "round"] + [n for _, n, _ in RATIOS]
-                        + [f"baseline_{f}" for f, _, _ in RATIOS])
+    ok = raw[raw.status == "ok"]
+    mine = ok[ok.config != BASELINE]
+    out = pd.DataFrame({"config": mine.config.to_numpy(), "round": mine["round"].to_numpy()})
+    for field_, name, _ in RATIOS:
+        ref = baseline_at(ok, field_, _mid(mine)) if len(mine) else np.array([])
+        out[name] = ref / mine[field_].to_numpy(dtype=float)
+        out[f"baseline_{field_}"] = ref
+    return out[["config", "round"] + [n for _, n, _ in RATIOS] + [f"baseline_{f}" for f, _, _ in RATIOS]]
 
 
 def noise_band(values) -> tuple[float, float]:

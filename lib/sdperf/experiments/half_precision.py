@@ -17,7 +17,7 @@ from sdperf.environment import cpu_isa
 from sdperf.measurements import block_comparison, timed_generation, unet_flops
 from sdperf.optimizations import half_precision
 from sdperf.optimizations.catalog import Stack
-from sdperf.roofline import achieved, fit_size, matmul_peak
+from sdperf.roofline import achieved, fit_size, matmul_call, matmul_peak
 from sdperf.study import Study
 
 VARIANTS = ("float16", "bfloat16")
@@ -89,7 +89,7 @@ def matmul_roofs(study: Study, call_budget_s: float = 2.0) -> pd.DataFrame:
     rows = []
     for name in ("float32",) + VARIANTS:
         dtype = getattr(torch, name)
-        n = fit_size(lambda k: _mm(study.device, dtype, k), size, call_budget_s, study.device)
+        n = fit_size(lambda k: matmul_call(study.device, dtype, k), size, call_budget_s, study.device)
         peak, t = matmul_peak(study.device, dtype, n)
         rows.append({"dtype": name, "size": n, "matmul_gflops": peak / 1e9, "n_blocks": len(t.times)})
         note = "torch.mm, blocked_autorange median"
@@ -100,12 +100,6 @@ def matmul_roofs(study: Study, call_budget_s: float = 2.0) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["vs_float32"] = df["matmul_gflops"] / float(df.loc[df.dtype == "float32", "matmul_gflops"].iloc[0])
     return df
-
-
-def _mm(device: str, dtype: torch.dtype, n: int):
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    return lambda: torch.mm(a, b)
 
 
 def roofline(study: Study, table: pd.DataFrame, roofs: pd.DataFrame) -> pd.DataFrame:
