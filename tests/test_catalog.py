@@ -76,10 +76,11 @@ def test_training_launch_and_train_do_not_import_each_other():
     assert "sdperf.training.train" not in _imports(launch)
 
 
-@pytest.mark.parametrize("key", ["calibration:unet-twice", "compile:default", "int8:torch-ao-dynamic"])
-def test_a_unet_only_technique_leaves_the_text_encoder_and_vae_as_they_were(smoke, key):
+@pytest.mark.parametrize("key", ["calibration:unet-twice", "compile:default", "int8:torch-ao-dynamic",
+                                 "scheduler:dpmpp-2m@20"])
+def test_a_loop_only_technique_leaves_the_text_encoder_and_vae_as_they_were(smoke, key):
     """Its worker skips the VAE decode and borrows the baseline's (sdperf.rounds.with_baseline_decode): that is only
-    sound when apply() touches nothing but pipe.unet."""
+    sound when apply() touches nothing but the denoising loop (pipe.unet, pipe.scheduler)."""
     import torch
 
     from sdperf.pipelines import build_pipeline
@@ -88,7 +89,7 @@ def test_a_unet_only_technique_leaves_the_text_encoder_and_vae_as_they_were(smok
     vae, text = pipe.vae, pipe.text_encoder
     before = {n: {k: v.clone() for k, v in m.state_dict().items()} for n, m in (("vae", vae), ("text", text))}
     stack = Stack.of(key)
-    assert stack.unet_only
+    assert stack.loop_only
     pipe = stack.apply(pipe, Context(smoke))
     assert pipe.vae is vae and pipe.text_encoder is text
     for name, m in (("vae", pipe.vae), ("text", pipe.text_encoder)):
@@ -97,11 +98,13 @@ def test_a_unet_only_technique_leaves_the_text_encoder_and_vae_as_they_were(smok
         assert all(torch.equal(before[name][k], after[k]) for k in after), name
 
 
-def test_only_techniques_that_touch_the_unet_alone_skip_the_decode():
-    assert not Stack.of(catalog.BASELINE_KEY).unet_only  # the baseline is always timed whole
-    for key in ("attention:classic", "precision:bfloat16", "grad:no_grad", "scheduler:euler@25", "allocator:jemalloc",
-                "deepspeed:inject"):  # each changes more than the UNet (attention: the VAE's too)
-        assert not Stack.of(key).unet_only, key
-    for key in ("engine:openvino-f32", "int8:openvino-nncf-ptq", "compile:freezing", "cuda_graphs"):
-        assert Stack.of(key).unet_only, key
-    assert not Stack.of("engine:openvino-f32+scheduler:dpmpp-2m@20").unet_only  # a whole stack or nothing
+def test_only_techniques_that_touch_the_loop_alone_skip_the_decode():
+    assert not Stack.of(catalog.BASELINE_KEY).loop_only  # the baseline is always timed whole
+    for key in ("attention:classic", "precision:bfloat16", "grad:no_grad", "allocator:jemalloc",
+                "deepspeed:inject"):  # each changes more than the loop (attention: the VAE's too)
+        assert not Stack.of(key).loop_only, key
+    for key in ("engine:openvino-f32", "int8:openvino-nncf-ptq", "compile:freezing", "cuda_graphs",
+                "scheduler:euler@25"):
+        assert Stack.of(key).loop_only, key
+    assert Stack.of("engine:openvino-f32+scheduler:dpmpp-2m@20").loop_only  # both change only the loop
+    assert not Stack.of("engine:openvino-f32+attention:classic").loop_only  # a whole stack or nothing

@@ -91,7 +91,7 @@ def test_peak_memory_is_the_configurations_own_process(measured):
     assert math.isclose(twice["peak_memory_mib"], base["peak_memory_mib"], rel_tol=0.25)
 
 
-def test_a_unet_only_worker_times_no_decode_and_borrows_the_baselines(measured):
+def test_a_loop_only_worker_times_no_decode_and_borrows_the_baselines(measured):
     cmp, _ = measured
     raw = cmp.measured.raw[cmp.measured.raw.status == "ok"]
     twice, base = raw[raw.config == "twice"], raw[raw.config == BASELINE]

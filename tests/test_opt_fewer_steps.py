@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 
+import pandas as pd
 import pytest
 import torch
 
@@ -127,3 +128,19 @@ def test_drift_is_measured_from_the_reference_generation(smoke, scratch_reports)
     assert 0 < other["latent_rel_error"] < float("inf") and "random weights" in other["verdict"]
     rows = read_results("smoke")
     assert not rows[(rows.notebook == "test_fewer_steps") & (rows.metric == "image_psnr_db")].empty
+
+
+def test_a_profile_without_scheduler_drift_generates_nothing_and_says_why(smoke, scratch_reports, monkeypatch,
+                                                                          capsys):
+    import dataclasses
+
+    from sdperf.study import open_study
+
+    study = open_study("smoke", notebook="test_fewer_steps")
+    study.profile = dataclasses.replace(study.profile, scheduler_drift=False)
+    monkeypatch.setattr(fx, "generate", lambda *a, **k: pytest.fail("no drift generation may run"))
+    d = fx.drift_from_reference(study, "scheduler:plms@4", ["scheduler:dpmpp-2m@2"])
+    assert d.empty and list(d.columns) == fx.DRIFT_COLUMNS
+    assert "scheduler_drift false" in capsys.readouterr().out
+    fx.plot(study, pd.DataFrame({"variant": ["fp32 eager"], "status": ["ok"], "unet_calls": [51],
+                                 "s_per_image_seed": [1.0]}), d)  # the figure still draws, saying why

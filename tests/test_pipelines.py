@@ -105,18 +105,26 @@ def test_every_scheduler_runs_the_loop(name):
     assert torch.isfinite(out.latents).all()
 
 
-def test_unet_weights_cache_gives_the_same_network_as_building_it(smoke, tmp_path):
-    """The first process saves the seeded UNet, a later one reads it back: bit-identical to a fresh build."""
+def test_weights_cache_gives_the_same_networks_as_building_them(smoke, tmp_path):
+    """The first process saves the seeded UNet, VAE and text encoder, a later one reads them back: bit-identical
+    to a fresh build, non-persistent buffers (CLIP's position ids) included, and the same images."""
     from sdperf.pipelines import build_pipeline
 
-    fresh = build_pipeline(smoke).unet.state_dict()
-    first = build_pipeline(smoke, weights_cache=tmp_path).unet.state_dict()
-    files = list(tmp_path.iterdir())
-    assert len(files) == 1 and files[0].suffix == ".safetensors"  # no temporary file left beside it
-    again = build_pipeline(smoke, weights_cache=tmp_path).unet
-    assert not any(t.is_meta for t in again.parameters())
-    for state in (first, again.state_dict()):
-        assert state.keys() == fresh.keys() and all(torch.equal(state[k], fresh[k]) for k in fresh)
+    parts = ("unet", "vae", "text_encoder")
+    fresh_pipe = build_pipeline(smoke)
+    fresh = {c: {**dict(getattr(fresh_pipe, c).named_parameters()), **dict(getattr(fresh_pipe, c).named_buffers())}
+             for c in parts}
+    build_pipeline(smoke, weights_cache=tmp_path)
+    files = sorted(tmp_path.iterdir())
+    assert len(files) == 3 and all(f.suffix == ".safetensors" for f in files)  # no temporary file left beside
+    again_pipe = build_pipeline(smoke, weights_cache=tmp_path)
+    for c in parts:
+        again = getattr(again_pipe, c)
+        tensors = {**dict(again.named_parameters()), **dict(again.named_buffers())}
+        assert not any(t.is_meta for t in tensors.values())
+        assert tensors.keys() == fresh[c].keys() and all(torch.equal(tensors[k], fresh[c][k]) for k in tensors)
+    w = Workload(PROMPT, 1, 2, 7.5, smoke.resolution, smoke.resolution, 0)
+    assert torch.equal(generate(again_pipe, w).images, generate(fresh_pipe, w).images)
     other_seed = build_pipeline(dataclasses.replace(smoke, seed=smoke.seed + 1), weights_cache=tmp_path)
-    assert len(list(tmp_path.iterdir())) == 2
-    assert not torch.equal(other_seed.unet.conv_in.weight, again.conv_in.weight)
+    assert len(list(tmp_path.iterdir())) == 6
+    assert not torch.equal(other_seed.unet.conv_in.weight, again_pipe.unet.conv_in.weight)

@@ -93,6 +93,13 @@ def test_bad_numbers_fail(params_dir, key, value):
         load_profile(params_dir(**{key: value}))
 
 
+def test_scheduler_drift_must_be_a_boolean(params_dir):
+    assert load_profile(params_dir()).scheduler_drift is True  # measured unless a profile says otherwise
+    assert load_profile(params_dir(scheduler_drift=False)).scheduler_drift is False
+    with pytest.raises(ConfigError, match="scheduler_drift must be true or false, got 'no'"):
+        load_profile(params_dir(scheduler_drift="no"))
+
+
 def test_missing_weights_folder_fails(params_dir, tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_profile(params_dir(weights=str(tmp_path / "no-such-folder")))

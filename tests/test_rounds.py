@@ -1,6 +1,7 @@
 """The arithmetic of a run of rounds, with a simulated machine: order, interpolation, noise band, verdicts."""
 from __future__ import annotations
 
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -186,7 +187,7 @@ def _append_many(root, writer: int) -> None:
                      "pad": "x" * 5000})
 
 
-def test_a_unet_only_worker_gets_the_baseline_decode_interpolated_to_its_time():
+def test_a_loop_only_worker_gets_the_baseline_decode_interpolated_to_its_time():
     """Workers that skipped the VAE decode (decoded False) add the baseline's, interpolated in wall time; the UNet
     step is untouched and rows timed whole are left as they were."""
     import pandas as pd
@@ -214,3 +215,26 @@ def test_a_unet_only_worker_gets_the_baseline_decode_interpolated_to_its_time():
     assert out.loc["engine", "unet_step_s"] == 2.0
     assert out.loc[TWIN, "latency_s"] == 20.0
     assert rounds.with_baseline_decode(raw.drop(columns="decoded"), 2).equals(raw.drop(columns="decoded"))
+
+
+def test_workers_start_from_a_new_interpreter_only_when_a_runnable_configuration_needs_another_allocator(
+        smoke, monkeypatch):
+    """An allocator this machine lacks is not applicable: it must not send every other worker of the run through
+    a new interpreter (~10 s of imports each) for nothing; one that runs does, baselines included, so all are
+    started alike."""
+    from sdperf.optimizations import allocator
+
+    def run_with(available: bool) -> set:
+        monkeypatch.setattr(allocator, "find_library", lambda _s: Path("/lib/libjemalloc.so.2") if available else None)
+        machine, starts = SlowingMachine({"fp32-eager": 1.0, "grad:grad": 1.0, "allocator:jemalloc": 1.0}, 0.0), set()
+
+        def launcher(spec, **kw):
+            starts.add(kw["fresh_interpreter"])
+            return machine(spec, **kw)
+
+        rounds.run(smoke, [Config("grad", "grad:grad"), Config("jemalloc", "allocator:jemalloc")], rounds=3,
+                   launcher=launcher, say=lambda _m: None)
+        return starts
+
+    assert run_with(False) == {False}
+    assert run_with(True) == {True}

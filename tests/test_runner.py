@@ -201,3 +201,37 @@ def test_index_shows_results_figures_and_links(study):
     assert "href='notebooks/00_good.ipynb'" in page and "href='notebooks/00_good.html'" in page
     assert "ISA flags present" in page and env["cpu_model"] in page
     assert "http://" not in page and "https://" not in page and "<script" not in page
+
+
+def test_a_profiles_notebook_parameters_reach_the_notebook_and_a_typo_fails_before_anything_runs(tmp_path,
+                                                                                                 monkeypatch):
+    import yaml
+
+    params = tmp_path / "params"
+    params.mkdir()
+    smoke = yaml.safe_load((paths.REPO_ROOT / "params" / "smoke.yml").read_text())
+    monkeypatch.setenv("SDPERF_PARAMS_DIR", str(params))
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
+    monkeypatch.setattr(environment, "git_commit", lambda *a, **k: CLEAN_SHA)
+    nbdir, marker = tmp_path / "notebooks", tmp_path / "variants.marker"
+    nbdir.mkdir()
+    path = make_notebook(nbdir / "09_fewer_steps.ipynb",
+                         [f"from pathlib import Path\nPath({str(marker)!r}).write_text(repr(variants))"])
+    nb = nbformat.read(str(path), as_version=4)
+    nb.cells[1].source += '\nvariants = ["scheduler:plms@25"]  # list: catalog keys'
+    nbformat.write(nb, str(path))
+
+    def profile(notebooks: dict) -> str:
+        (params / "p.yml").write_text(yaml.safe_dump(dict(smoke, notebooks=notebooks)))
+        return "p"
+
+    run_quiet(profile({"09_fewer_steps": {"variants": ["scheduler:euler@20"]}}), notebooks_dir=nbdir)
+    assert marker.read_text() == "['scheduler:euler@20']"  # the profile's value, over the notebook's default
+    marker.unlink()
+    for notebooks, message in (({"09_fewer_steps": {"variantz": []}}, r"09_fewer_steps has no parameter "
+                                                                        r"'variantz'; valid parameters: variants"),
+                               ({"99_nope": {}}, r"unknown notebook '99_nope'; valid notebooks: 00_baseline"),
+                               ({"09_fewer_steps": ["x"]}, "must be a mapping")):
+        with pytest.raises(ConfigError, match=message):
+            runner.run(profile(notebooks), notebooks_dir=nbdir, force=True)
+        assert not marker.exists()

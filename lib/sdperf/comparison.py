@@ -21,7 +21,7 @@ from sdperf import environment, rounds
 from sdperf import ledger as ledgers
 from sdperf.optimizations import artefacts
 from sdperf.optimizations.catalog import Stack
-from sdperf.paths import profile_reports
+from sdperf.paths import scratch_dir
 from sdperf.rounds import BASELINE, TWIN, Config
 from sdperf.study import Study
 
@@ -89,7 +89,7 @@ def _table(m: rounds.Measured, cfgs: list[Config]) -> pd.DataFrame:
     notes = {c.name: Stack.of(c.stack).label for c in cfgs}
     s["note"] = [n if isinstance(n, str) and n else notes.get(v, "") for v, n in zip(s.variant, s.get("note", ""))]
     s["method"] = m.method
-    if "decoded" in m.raw:  # UNet-only stacks: per-image figures composed with the baseline's VAE decode
+    if "decoded" in m.raw:  # loop-only stacks: per-image figures composed with the baseline's VAE decode
         composed = set(m.raw.loc[m.raw.decoded == False, "config"])  # noqa: E712
         s.loc[s.variant.isin(composed), "method"] = m.method + rounds.WITH_BASELINE_DECODE
     order = [BASELINE, TWIN] + [c.name for c in cfgs]
@@ -161,7 +161,7 @@ def run_variants(study: Study, items, *, batch_size: int = 1, say: Callable[[str
     twin; a configuration that cannot run here is recorded as not applicable with its reason, one that fails as
     failed with its error, and the rest still run. Rows go to results.csv with their method."""
     cfgs = configs(items, batch_size)
-    scratch = profile_reports(study.profile.name) / ".scratch"
+    scratch = scratch_dir(study.profile.name)
     engines = scratch / "engines" / f"{study.notebook}-{uuid.uuid4().hex[:8]}"
     n_rounds = rounds_ or getattr(study.profile, "rounds", rounds.MIN_ROUNDS)
     # the run's shared results: what another notebook of this run measured (the baseline, its twin, a technique

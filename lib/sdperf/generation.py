@@ -142,7 +142,7 @@ def generate(pipe, workload: Workload, latents: torch.Tensor | None = None, cloc
              grad_mode: str = "inference_mode", decode_images: bool = True) -> Output:
     """One full text-to-image call; `clock` (a StageClock) times each stage if given; `grad_mode` is one of
     GRAD_MODES (inference_mode unless a notebook measures what autograd costs). `decode_images=False` stops at the
-    final latents (images None): how a technique that changes only the UNet is timed (sdperf.worker)."""
+    final latents (images None): how a technique that changes only the denoising loop is timed (sdperf.worker)."""
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode {grad_mode!r} is not valid; choose one of: {', '.join(GRAD_MODES)}")
     with GRAD_MODES[grad_mode]():

@@ -23,5 +23,10 @@ def profile_reports(profile: str) -> Path:
     return reports_root() / profile
 
 
+def scratch_dir(profile: str) -> Path:
+    """What runs of a profile reuse but never publish (seeded weights, compiler caches, worker records)."""
+    return profile_reports(profile) / ".scratch"
+
+
 def figures_dir(profile: str) -> Path:
     return profile_reports(profile) / "figures"

@@ -21,7 +21,7 @@ SCHEDULERS = ("plms", "ddim", "euler", "dpmpp-2m")
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
 AUTO = "auto"
-SECTIONS = ("training", "quality", "serving")
+SECTIONS = ("training", "quality", "serving", "notebooks")
 PROFILE_ENV = "SDPERF_PROFILE"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -53,12 +53,18 @@ class Profile:
     # steps of the first call, timed apart: None = a whole generation at `steps`; 1 = a one-step generation, which
     # runs every stage once (all lazy compilation and allocation land there) at a fraction of the cost
     first_call_steps: int | None = None
+    # 09_fewer_steps' untimed drift generations (the reference sampler at 50 steps, each scheduler at its own): on
+    # random weights they measure trajectories, not quality, and cost ~7 minutes of SD 1.5 on 2 cores
+    scheduler_drift: bool = True
     notes: tuple[str, ...] = field(default_factory=tuple)
     # Settings of the studies beyond the inference ladder, one mapping each; the package that owns a section
     # validates its keys (sdperf.training / sdperf.quality / sdperf.serving), before any model is built.
     training: dict = field(default_factory=dict)
     quality: dict = field(default_factory=dict)
     serving: dict = field(default_factory=dict)
+    # Notebook parameters `sdperf run` sets over a notebook's own defaults: {notebook: {parameter: value}}, checked
+    # by sdperf.runner against the notebooks' parameter cells before anything runs (nbval runs the defaults)
+    notebooks: dict = field(default_factory=dict)
 
     @property
     def latent_size(self) -> int:
@@ -188,6 +194,8 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
         _check_positive_int(name, key, raw[key], minimum=0)
     if "rounds" in raw:
         _check_positive_int(name, "rounds", raw["rounds"], minimum=3)
+    if not isinstance(raw.get("scheduler_drift", True), bool):
+        raise ConfigError(f"profile {name!r}: scheduler_drift must be true or false, got {raw['scheduler_drift']!r}")
     if raw.get("first_call_steps") is not None:
         _check_positive_int(name, "first_call_steps", raw["first_call_steps"])
     sizes = raw["batch_sizes"]

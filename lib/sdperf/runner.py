@@ -63,10 +63,42 @@ def select(only: list[str] | None, names: list[str]) -> list[str]:
 
 def validate(profile_name: str | None, only: list[str] | None,
              notebooks_dir: Path | None = None) -> tuple[Profile, list[str]]:
-    """Cheap checks first (YAML, names), then the device probe that needs torch."""
+    """Cheap checks first (YAML, names, the profile's notebook parameters), then the device probe that needs
+    torch."""
     profile = load_profile(profile_name, check_runtime=False)
     selected = select(only, notebook_names(notebooks_dir))
+    check_notebook_parameters(profile, selected, notebooks_dir)
     return load_profile(profile.name), selected
+
+
+def check_notebook_parameters(profile: Profile, selected: list[str], notebooks_dir: Path | None = None) -> None:
+    """The profile's `notebooks:` section names study notebooks, and for each notebook of this run parameters
+    that its `parameters` cell declares: a typo fails here, naming the valid choices, instead of papermill
+    silently adding a variable the notebook never reads."""
+    known = notebook_names()
+    for name, params in profile.notebooks.items():
+        if name not in known:
+            raise ConfigError(f"profile {profile.name!r}: notebooks: unknown notebook {name!r}; valid notebooks: "
+                              f"{', '.join(known)}")
+        if not isinstance(params, dict):
+            raise ConfigError(f"profile {profile.name!r}: notebooks: {name} must be a mapping of parameter: value, "
+                              f"got {params!r}")
+        path = Path(notebooks_dir or paths.notebooks_dir()) / f"{name}.ipynb"
+        if name not in selected or not path.is_file():
+            continue
+        import papermill
+
+        declared = sorted(papermill.inspect_notebook(str(path)))
+        for key in params:
+            if key == "profile" or key not in declared:
+                valid = [d for d in declared if d != "profile"]
+                raise ConfigError(f"profile {profile.name!r}: notebooks: {name} has no parameter {key!r}; valid "
+                                  f"parameters: {', '.join(valid) or '(none)'}")
+
+
+def notebook_parameters(profile: Profile, name: str) -> dict:
+    """What papermill injects into notebook `name`: the profile, and the profile's own settings for it."""
+    return {"profile": profile.name, **profile.notebooks.get(name, {})}
 
 
 # ---------------------------------------------------------------- stamps and skipping
@@ -202,7 +234,7 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
     succeeded = False
     try:
         papermill.execute_notebook(
-            str(notebook), str(tmp), parameters={"profile": profile.name}, kernel_name="python3",
+            str(notebook), str(tmp), parameters=notebook_parameters(profile, name), kernel_name="python3",
             execution_timeout=profile.cell_timeout_s, cwd=str(paths.REPO_ROOT), progress_bar=False,
             log_output=False)
         succeeded = True

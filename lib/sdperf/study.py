@@ -7,6 +7,7 @@ import torch
 
 from sdperf import environment, plots
 from sdperf.generation import Workload
+from sdperf.paths import scratch_dir
 from sdperf.pipelines import build_pipeline
 from sdperf.profiles import Profile, load_profile
 from sdperf.results import Recorder
@@ -26,8 +27,10 @@ class Study:
         return self.profile.device
 
     def pipeline(self, dtype: str = "float32"):
-        """A freshly built pipeline of the profile's architecture in `dtype` (same seed, same weights)."""
-        return build_pipeline(self.profile, dtype=DTYPES[dtype])
+        """A freshly built pipeline of the profile's architecture in `dtype` (same seed, same weights: read from
+        the profile's scratch weights cache, which the worker processes share, once a build has saved them)."""
+        weights = scratch_dir(self.profile.name) / "weights"
+        return build_pipeline(self.profile, dtype=DTYPES[dtype], weights_cache=weights)
 
     def workload(self, batch_size: int = 1, steps: int | None = None) -> Workload:
         return Workload.from_profile(self.profile, batch_size=batch_size, steps=steps)

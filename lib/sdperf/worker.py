@@ -94,7 +94,7 @@ def measure(spec: dict) -> tuple[dict, object | None]:
     setup_s = time.perf_counter() - t0
     setup_peak = peak_memory(device)[0]
     workload = ctx.workload()
-    decoded = not stack.unet_only
+    decoded = not stack.loop_only
     started = time.time()
     run = timed_generation(pipe, workload, device=device, warmup=profile.warmup, repeats=profile.repeats,
                            grad_mode=stack.grad_mode, label=stack.label,

@@ -59,10 +59,19 @@ def timing_table(cmp: Comparison) -> pd.DataFrame:
     return t.reindex(columns=TIMING_COLUMNS).reset_index(drop=True)
 
 
+DRIFT_COLUMNS = ["variant", "unet_calls", "latent_rel_error", "image_psnr_db", "verdict"]
+NO_DRIFT = ("not measured: this profile sets scheduler_drift false (random weights: the drift is a trajectory "
+            "difference, not quality, and its 50-step reference costs minutes here)")
+
+
 def drift_from_reference(study: Study, reference: str, keys: list[str]) -> pd.DataFrame:
     """Untimed generations on one pipeline from the same initial latents: the reference scheduler at its steps,
-    then each key at its own; the final latents and images compared (drift.compare). Recorded per key."""
+    then each key at its own; the final latents and images compared (drift.compare). Recorded per key. A profile
+    with scheduler_drift false gets an empty table, and the reason is printed."""
     ref_name, ref_steps = parse(reference)
+    if not study.profile.scheduler_drift:
+        print(NO_DRIFT)
+        return pd.DataFrame(columns=DRIFT_COLUMNS)
     pipe = study.pipeline("float32")
     latents = initial_latents(pipe, study.workload(1))
     opt.apply(pipe, ref_name)
@@ -123,6 +132,9 @@ def plot(study: Study, timing: pd.DataFrame, drifts: pd.DataFrame):
                       textcoords="offset points")
     left.set(xlabel="UNet calls per image", ylabel="s / image (composed from measured stages)",
              title=f"cost per image ({study.device})", xlim=(0, np.nanmax(ok["unet_calls"]) * 1.1))
+    if drifts.empty:
+        right.text(0.5, 0.5, NO_DRIFT.replace(" (", "\n("), ha="center", va="center", wrap=True, fontsize=8,
+                   transform=right.transAxes)
     right.scatter(drifts["unet_calls"], drifts["image_psnr_db"], zorder=3)
     for r in drifts.itertuples():
         right.annotate(r.variant, (r.unet_calls, r.image_psnr_db), fontsize=7, xytext=(3, 3),

@@ -18,7 +18,7 @@ from sdperf.drift import relative_error
 from sdperf.generation import Workload, encode
 from sdperf.optimizations import torch_compile as tc
 from sdperf.optimizations.catalog import Context, Stack
-from sdperf.paths import profile_reports
+from sdperf.paths import scratch_dir
 from sdperf.plots import speedup_bars
 from sdperf.study import Study
 
@@ -33,7 +33,7 @@ def forget_compiled() -> None:
 
 def inductor_cache(study: Study) -> Path:
     """The inductor cache the workers share (optimizations.torch_compile sets it from the scratch folder)."""
-    return profile_reports(study.profile.name) / ".scratch" / "inductor"
+    return scratch_dir(study.profile.name) / "inductor"
 
 
 def cuda_graph_modes_here(study: Study) -> pd.DataFrame:

@@ -28,4 +28,4 @@ def unet_twice(pipe, _ctx=None):
 
 def techniques() -> list[Technique]:
     return [Technique("calibration:unet-twice", "UNet run twice per call (known 0.5x per step)", CALIBRATION,
-                      "10_ladder", apply=unet_twice, unet_only=True, note="a check of the method, not an optimization")]
+                      "10_ladder", apply=unet_twice, loop_only=True, note="a check of the method, not an optimization")]

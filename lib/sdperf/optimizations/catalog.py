@@ -68,10 +68,11 @@ class Technique:
     `changes_output`: whether the technique may move the image away from fp32 eager on the same seed (precision,
     int8, another scheduler); a lossless one that moves it is a bug the drift rows show. `dtype` is the precision
     it runs in, `grad_mode` the autograd mode of its generation, `steps` a scheduler's step count, `allocator` a
-    process setting the worker is started under (it cannot change inside a running process). `unet_only`: it
-    replaces or wraps `pipe.unet` and touches nothing else, so its worker times generations without the VAE decode
-    (the same for it as for fp32) and its per-image figures add the baseline's decode, said so in the row's method:
-    on cpu that saves two 4 s decodes per process, which is what whole-image timing bought for such a technique."""
+    process setting the worker is started under (it cannot change inside a running process). `loop_only`: it
+    changes the denoising loop and nothing else (replaces or wraps `pipe.unet`, or swaps `pipe.scheduler`), so the
+    VAE decode is the same module on latents of the same shape as fp32's: its worker times generations without
+    the decode and its per-image figures add the baseline's, said so in the row's method. On cpu that saves two
+    4 s decodes per process, which is what whole-image timing bought for such a technique."""
 
     key: str
     label: str
@@ -84,7 +85,7 @@ class Technique:
     grad_mode: str | None = None
     steps: int | None = None
     allocator: str | None = None
-    unet_only: bool = False
+    loop_only: bool = False
     note: str = ""
 
     def __post_init__(self):
@@ -206,9 +207,9 @@ class Stack:
         return self._last("allocator", "default")
 
     @property
-    def unet_only(self) -> bool:
-        """Every technique changes only the UNet (the empty stack, the baseline, is timed whole)."""
-        return bool(self.techniques) and all(t.unet_only for t in self.techniques)
+    def loop_only(self) -> bool:
+        """Every technique changes only the denoising loop (the empty stack, the baseline, is timed whole)."""
+        return bool(self.techniques) and all(t.loop_only for t in self.techniques)
 
     @property
     def changes_output(self) -> bool:

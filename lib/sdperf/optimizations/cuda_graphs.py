@@ -147,5 +147,5 @@ def apply(pipe, warmup: int = WARMUP_CALLS):
 def techniques() -> list[Technique]:
     """cuda_graphs: the UNet step captured once per input shape and replayed."""
     return [Technique("cuda_graphs", "CUDA graph (UNet step)", GRAPHS, "05_cuda_graphs",
-                      apply=lambda pipe, ctx: apply(pipe), unet_only=True, availability=lambda ctx: availability(ctx.device),
+                      apply=lambda pipe, ctx: apply(pipe), loop_only=True, availability=lambda ctx: availability(ctx.device),
                       note="one capture per CFG batch shape; inputs copied into static tensors")]

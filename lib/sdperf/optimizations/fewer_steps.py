@@ -77,6 +77,7 @@ def technique(prefix: str, arg: str) -> Technique:
     return Technique(f"{prefix}:{name}@{n}", f"{name}, {n} steps", SCHEDULER, NOTEBOOK,
                      apply=lambda pipe, ctx: apply(pipe, name),
                      availability=lambda ctx: availability(ctx.device, name), changes_output=True, steps=n,
+                     loop_only=True,
                      note="fewer UNet calls; the image moves with the sampler and its step count")
 
 

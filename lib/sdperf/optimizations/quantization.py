@@ -244,4 +244,4 @@ def techniques() -> list[Technique]:
     """int8:<scheme>: the UNet quantized by that scheme (see SCHEMES)."""
     return [Technique(f"int8:{scheme}", LABELS[scheme], EXECUTOR, NOTEBOOK, apply=_quantized(scheme),
                       availability=lambda ctx, s=scheme: availability(ctx.device, s), changes_output=True,
-                      unet_only=True, note=SCHEMES[scheme]) for scheme in SCHEMES]
+                      loop_only=True, note=SCHEMES[scheme]) for scheme in SCHEMES]
