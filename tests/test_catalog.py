@@ -77,7 +77,8 @@ def test_training_launch_and_train_do_not_import_each_other():
 
 
 @pytest.mark.parametrize("key", ["calibration:unet-twice", "compile:default", "int8:torch-ao-dynamic",
-                                 "scheduler:dpmpp-2m@20"])
+                                 "scheduler:dpmpp-2m@20", "attention:classic", "attention:sliced:auto",
+                                 "grad:no_grad", "deepspeed:unet-fp32"])
 def test_a_loop_only_technique_leaves_the_text_encoder_and_vae_as_they_were(smoke, key):
     """Its worker skips the VAE decode and borrows the baseline's (sdperf.rounds.with_baseline_decode): that is only
     sound when apply() touches nothing but the denoising loop (pipe.unet, pipe.scheduler)."""
@@ -88,6 +89,7 @@ def test_a_loop_only_technique_leaves_the_text_encoder_and_vae_as_they_were(smok
     pipe = build_pipeline(smoke)
     vae, text = pipe.vae, pipe.text_encoder
     before = {n: {k: v.clone() for k, v in m.state_dict().items()} for n, m in (("vae", vae), ("text", text))}
+    processors = {n: type(p) for n, p in vae.attn_processors.items()}
     stack = Stack.of(key)
     assert stack.loop_only
     pipe = stack.apply(pipe, Context(smoke))
@@ -96,15 +98,17 @@ def test_a_loop_only_technique_leaves_the_text_encoder_and_vae_as_they_were(smok
         after = m.state_dict()
         assert before[name].keys() == after.keys()
         assert all(torch.equal(before[name][k], after[k]) for k in after), name
+    assert {n: type(p) for n, p in pipe.vae.attn_processors.items()} == processors
+    assert not any(p.requires_grad for m in (pipe.vae, pipe.text_encoder) for p in m.parameters())
 
 
 def test_only_techniques_that_touch_the_loop_alone_skip_the_decode():
     assert not Stack.of(catalog.BASELINE_KEY).loop_only  # the baseline is always timed whole
-    for key in ("attention:classic", "precision:bfloat16", "grad:no_grad", "allocator:jemalloc",
-                "deepspeed:inject"):  # each changes more than the loop (attention: the VAE's too)
-        assert not Stack.of(key).loop_only, key
+    for key in ("precision:bfloat16", "parameters:trainable", "grad:grad+parameters:trainable",
+                "allocator:jemalloc", "deepspeed:inject"):  # each changes more than the loop (the VAE's weights,
+        assert not Stack.of(key).loop_only, key  # what its decode records, the whole process, the pipeline)
     for key in ("engine:openvino-f32", "int8:openvino-nncf-ptq", "compile:freezing", "cuda_graphs",
-                "scheduler:euler@25"):
+                "scheduler:euler@25", "attention:classic", "grad:no_grad", "deepspeed:unet-fp32"):
         assert Stack.of(key).loop_only, key
     assert Stack.of("engine:openvino-f32+scheduler:dpmpp-2m@20").loop_only  # both change only the loop
-    assert not Stack.of("engine:openvino-f32+attention:classic").loop_only  # a whole stack or nothing
+    assert not Stack.of("engine:openvino-f32+precision:bfloat16").loop_only  # a whole stack or nothing

@@ -61,6 +61,16 @@ def test_psnr_matches_closed_form():
     assert drift.relative_error(x * 1.1, x) == pytest.approx(0.1)
 
 
+def test_psnr_is_torchmetrics_psnr_without_its_import():
+    from torchmetrics.functional.image import peak_signal_noise_ratio
+
+    g = torch.Generator().manual_seed(0)
+    img = torch.rand(2, 3, 32, 32, generator=g)
+    noisy = (img + 0.03 * torch.randn(img.shape, generator=g)).clamp(0, 1)
+    assert drift.psnr(noisy, img) == pytest.approx(float(peak_signal_noise_ratio(noisy.double(), img.double(),
+                                                                                  data_range=1.0)), rel=1e-6)
+
+
 def test_nan_output_is_reported_broken():
     x, img = torch.randn(1, 4, 8, 8), torch.rand(1, 3, 16, 16)
     bad = img.clone()

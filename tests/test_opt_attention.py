@@ -84,7 +84,7 @@ def test_dispatcher_does_not_reach_the_sd_unet():
 def test_classic_processor_keeps_the_picture(smoke, workload, reference):
     pipe = opt.use_processor(build_pipeline(smoke), "classic")
     assert all(isinstance(m.processor, AttnProcessor) for m in opt.attention_modules(pipe.unet))
-    assert all(isinstance(m.processor, AttnProcessor) for m in opt.attention_modules(pipe.vae))
+    assert not any(isinstance(m.processor, AttnProcessor) for m in opt.attention_modules(pipe.vae))  # UNet only
     assert drift(pipe, workload, reference) < TOLERANCE
 
 

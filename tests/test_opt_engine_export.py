@@ -10,7 +10,7 @@ import torch
 from sdperf import drift
 from sdperf.generation import Workload, generate
 from sdperf.optimizations import engine_export, openvino_engine, tensorrt_engine
-from sdperf.optimizations.unet_graph import example_inputs
+from sdperf.optimizations.unet_graph import EngineUNet, example_inputs
 
 F32_REL_TOL = 1e-4  # fp32 engines reorder and fuse float ops: ~1e-6 here; 1e-4 leaves room, a wrong graph is ~1
 BF16_REL_BOUND = 0.1  # bf16 keeps 8 mantissa bits: ~1e-2 relative drift per forward is expected, 0.1 is broken
@@ -176,3 +176,22 @@ def test_tensorrt_profile_spans_the_batch_range_and_skips_the_scalar_timestep(sm
     assert profile.shapes == {
         "sample": ((2, 4, latent, latent), (4, 4, latent, latent), (8, 4, latent, latent)),
         "encoder_hidden_states": ((2, 77, 768), (4, 77, 768), (8, 77, 768))}
+
+
+def test_an_engine_stacks_on_a_half_precision_pipeline(smoke, tmp_path):
+    """precision:bfloat16 + engine:openvino-bf16 (the ladder's pick on a bf16 CPU): the engine traces a float32 copy
+    of the bf16 UNet and hands its output back in the loop's dtype, so the bf16 VAE decodes it; the images stay
+    close to the bf16 pipeline's own."""
+    from sdperf.optimizations.catalog import Context, Stack
+    from sdperf.pipelines import build_pipeline
+
+    stack = Stack.of("precision:bfloat16+engine:openvino-f32")  # f32 execution: the drift is the weights' alone
+    ctx = Context(smoke, artefacts=tmp_path)
+    workload = Workload.from_profile(smoke, batch_size=1)
+    half = Stack.of("precision:bfloat16").apply(build_pipeline(smoke), ctx)
+    reference = generate(half, workload).images
+    pipe = stack.apply(build_pipeline(smoke), ctx)
+    assert pipe.vae.dtype == torch.bfloat16 and isinstance(pipe.unet, EngineUNet)
+    out = generate(pipe, workload).images
+    assert out.shape == reference.shape and torch.isfinite(out).all()
+    assert drift.psnr(out, reference) > 30  # bf16 arithmetic in the eager loop vs f32 in the engine

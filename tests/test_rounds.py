@@ -238,3 +238,20 @@ def test_workers_start_from_a_new_interpreter_only_when_a_runnable_configuration
 
     assert run_with(False) == {False}
     assert run_with(True) == {True}
+
+
+def test_a_worker_takes_the_launchers_sdperf_settings_not_the_fork_servers(smoke, monkeypatch):
+    """The fork server keeps the environment of the moment it started: a worker adopts the launcher's SDPERF_*
+    variables from its spec (a stale params folder made every later worker fail to find its profile)."""
+    import os
+
+    from sdperf import worker
+
+    monkeypatch.setenv("SDPERF_PARAMS_DIR", "/launcher/params")
+    monkeypatch.delenv("SDPERF_PROFILE", raising=False)
+    spec = rounds._spec(smoke, Config.of("grad:no_grad"), 0, None, {})
+    assert spec["env"]["SDPERF_PARAMS_DIR"] == "/launcher/params" and "SDPERF_PROFILE" not in spec["env"]
+    monkeypatch.setenv("SDPERF_PARAMS_DIR", "/stale/params")  # what a fork server started earlier would hold
+    monkeypatch.setenv("SDPERF_PROFILE", "stale")
+    worker._adopt(spec["env"])
+    assert os.environ["SDPERF_PARAMS_DIR"] == "/launcher/params" and "SDPERF_PROFILE" not in os.environ

@@ -84,17 +84,28 @@ def _batch_size(configs: list[Config]) -> int:
     return batches.pop()
 
 
-def schedule(configs: list[Config], rounds: int, *, twin: bool = True) -> list[tuple[int, Config]]:
+def schedule(configs: list[Config], rounds: int, *, twin: bool = True,
+             every: int | None = None) -> list[tuple[int, Config]]:
     """(round, config) in running order: a baseline, then each round's configurations (the twin among them,
-    the order rotated by one each round) followed by a baseline. Baseline k closes round k-1 and opens round k."""
+    the order rotated by one each round) followed by a baseline. Baseline k closes round k-1 and opens round k.
+    With `every`, a baseline also follows each `every` configurations inside a round, so that in a long round
+    (a whole run's configurations) none is timed further than that from a baseline on either side."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if every is not None and every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
     b = _batch_size(configs)
     base, others = Config(BASELINE, batch_size=b), list(configs) + ([Config(TWIN, batch_size=b)] if twin else [])
     seq = [(0, base)]
     for r in range(rounds):
         k = r % max(len(others), 1)
-        seq += [(r, c) for c in others[k:] + others[:k]] + [(r + 1, base)]
+        order = others[k:] + others[:k]
+        step = every or max(len(order), 1)
+        for i in range(0, len(order), step):
+            last = i + step >= len(order)
+            seq += [(r, c) for c in order[i:i + step]] + [(r + 1 if last else r, base)]
+        if not order:
+            seq.append((r + 1, base))
     return seq
 
 
@@ -161,6 +172,7 @@ def baseline_at(raw: pd.DataFrame, column: str, t_mid) -> np.ndarray:
         raise ValueError(f"no baseline worker of this run measured {column!r}")
     return np.interp(t_mid, base.t_mid, base[column])
 
+
 WITH_BASELINE_DECODE = ("; a technique that changes only the denoising loop is timed without the VAE decode and "
                         "its per-image figures add the baseline's decode, interpolated likewise (composed)")
 
@@ -183,6 +195,7 @@ def with_baseline_decode(raw: pd.DataFrame, batch_size: int) -> pd.DataFrame:
             raw.loc[part, col] = raw.loc[part, col] + vae / batch_size
     raw.loc[part, "vae_decode_s"] = vae
     return raw
+
 
 def per_round_ratios(raw: pd.DataFrame) -> pd.DataFrame:
     """One row per (configuration, round): each ratio against the baseline interpolated (linearly, in wall time)
@@ -276,7 +289,8 @@ def _spec(profile, config: Config, r: int, scratch: Path | None, overrides: dict
           artefacts: Path | None = None, save_output: bool | None = None) -> dict:
     return {"profile": profile.name, "stack": config.stack, "batch_size": config.batch_size, "round": r,
             "scratch": str(scratch) if scratch else None, "artefacts": str(artefacts) if artefacts else None,
-            "save_output": r == 0 if save_output is None else save_output, **overrides}
+            "save_output": r == 0 if save_output is None else save_output, "env": worker.sdperf_environment(),
+            **overrides}
 
 
 def _role(config: Config) -> str:
@@ -288,7 +302,7 @@ def _entries(records: list[dict], role: str, stack: str) -> list[dict]:
 
 
 def _plan(configs: list[Config], gone: dict, records: list[dict], rounds: int, b: int,
-          now: float) -> list[tuple[int, Config]]:
+          now: float, every: int | None = None) -> list[tuple[int, Config]]:
     """What is left to launch, given what the ledger already holds: a configuration measured over `rounds`
     rounds (or failed) is read back; the twin runs once per batch size; a comparison opens on the ledger's last
     baseline when nothing else ran after it and it is recent."""
@@ -311,7 +325,7 @@ def _plan(configs: list[Config], gone: dict, records: list[dict], rounds: int, b
         # nothing to compare (every configuration needs what this machine lacks): no ratio to judge, so no twin;
         # the baseline alone, once per round, still measures what the notebook reads from it (its UNet share)
         return [] if have_base else [(r, Config(BASELINE, batch_size=b)) for r in range(rounds)]
-    plan = schedule(todo, rounds, twin=not twin_done)
+    plan = schedule(todo, rounds, twin=not twin_done, every=every)
     last = records[-1] if records else None
     if plan and last and last["role"] == ledgers.BASELINE_ROLE and last.get("status") == "ok" \
             and now - float(last.get("t_end", 0)) < REUSE_BASELINE_S:
@@ -321,14 +335,15 @@ def _plan(configs: list[Config], gone: dict, records: list[dict], rounds: int, b
 
 def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: Path | None = None,
         overrides: dict | None = None, say: Callable[[str], None] = print,
-        launcher: Callable | None = None, artefacts: Path | None = None, ledger: Path | None = None) -> Measured:
+        launcher: Callable | None = None, artefacts: Path | None = None, ledger: Path | None = None,
+        every: int | None = None) -> Measured:
     """Measure `configs` (and the baseline and its twin) in fresh processes over `rounds` rounds.
 
     A configuration that cannot run here is checked in this process first and not launched; one that fails in a
     round is not launched again. `overrides` may set the worker's warmup/repeats (the tests use it). `scratch`
     holds what every comparison may reuse (weights, inductor's cache), `artefacts` this run's engines, `ledger`
     the run's shared worker results (sdperf.ledger; a private one when None): what it already holds is read back,
-    not measured again."""
+    not measured again. `every`: a baseline after each that many configurations inside a round (schedule)."""
     rounds = rounds or getattr(profile, "rounds", MIN_ROUNDS)
     names = [c.name for c in configs]
     clash = {n for n in names if names.count(n) > 1} | ({BASELINE, TWIN} & set(names))
@@ -338,7 +353,7 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
     if ledger is None:
         with tempfile.TemporaryDirectory(prefix="sdperf-ledger-") as tmp:
             return run(profile, configs, rounds=rounds, scratch=scratch, overrides=overrides, say=say,
-                       launcher=launcher, artefacts=artefacts, ledger=Path(tmp))
+                       launcher=launcher, artefacts=artefacts, ledger=Path(tmp), every=every)
     book = ledgers.Ledger(ledger)
     launcher = launcher or launch
     gone = {}
@@ -349,7 +364,7 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
     # every worker of a run starts the same way: from a new interpreter when one configuration that runs needs
     # another allocator (it cannot change inside a process), else from the fork server (~10 s less per worker)
     fresh_interpreter = {Stack.of(c.stack).allocator for c in configs if c.name not in gone} - {"default"} != set()
-    plan = _plan(configs, gone, book.records(b), rounds, b, time.time())
+    plan = _plan(configs, gone, book.records(b), rounds, b, time.time(), every)
     failed = set()
     for i, (r, c) in enumerate(plan, start=1):
         role = _role(c)

@@ -124,12 +124,32 @@ def measure(spec: dict) -> tuple[dict, object | None]:
     return result, run.output
 
 
+ENV_PREFIX = "SDPERF_"
+
+
+def sdperf_environment() -> dict[str, str]:
+    """The SDPERF_* variables of the launching process (params and reports folders, run id, profile)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+
+
+def _adopt(env: dict[str, str] | None) -> None:
+    """Take the launcher's SDPERF_* variables as they are now. A fork server keeps the environment of the moment
+    it started, so a process that changed them since (a test's folders, a new run id) would otherwise get
+    workers that read profiles and write results somewhere else."""
+    if env is None:
+        return
+    for k in [k for k in os.environ if k.startswith(ENV_PREFIX) and k not in env]:
+        del os.environ[k]
+    os.environ.update(env)
+
+
 def run_to(spec: dict, out: Path) -> None:
     """measure(), with its result (or the error that stopped it) written atomically into `out`."""
     import torch
 
     from sdperf.results import atomic_write_bytes, atomic_write_text
 
+    _adopt(spec.get("env"))
     out = Path(out)
     try:
         result, output = measure(spec)

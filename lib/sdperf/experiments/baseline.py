@@ -7,9 +7,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import architectures, published, rounds
+from sdperf import architectures, environment, published, rounds
+from sdperf import ledger as ledgers
 from sdperf.measurements import unet_flops
 from sdperf.optimizations.catalog import BASELINE_KEY
+from sdperf.paths import scratch_dir
 from sdperf.pipelines import component_parameters
 from sdperf.roofline import achieved, matmul_peak
 from sdperf.rounds import Config
@@ -58,18 +60,37 @@ def _stages(ok: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _run_baselines(study: Study, b: int) -> pd.DataFrame:
+    """The fp32 eager processes at batch `b` that this run's ledger already holds (the baselines and twin of the
+    rounds `sdperf run` measures before the notebooks), when there are at least the profile's rounds of them:
+    the same configuration through the same worker, so 00 describes batch `b` from them instead of again."""
+    p = study.profile
+    path = scratch_dir(p.name) / "rounds" / ledgers.name(environment.run_id(), p.name, p.rounds, None)
+    recs = [r for r in ledgers.Ledger(path).records(b) if r["stack"] == BASELINE_KEY and r.get("status") == "ok"
+            and r["role"] in (ledgers.BASELINE_ROLE, ledgers.TWIN_ROLE)] if path.is_dir() else []
+    if len(recs) < p.rounds:
+        return pd.DataFrame()
+    return pd.DataFrame([{"config": f"{LABEL}, batch {b}", **r} for r in recs])
+
+
 def measure_batches(study: Study, say=print) -> BaselineRuns:
     """The baseline at every batch size of the profile (images per prompt, as in the NeMo table), each in a
     process of its own, the batch sizes in turn for the profile's rounds (rounds.alone): the same worker and
     the same spread over rounds as every comparison of the study."""
     p = study.profile
-    configs = [Config(f"{LABEL}, batch {b}", BASELINE_KEY, b) for b in p.batch_sizes]
-    raw = rounds.alone(p, configs, say=say)
-    ok = raw[raw.status == "ok"]
+    known = {b: _run_baselines(study, b) for b in p.batch_sizes}
+    configs = [Config(f"{LABEL}, batch {b}", BASELINE_KEY, b) for b in p.batch_sizes if known[b].empty]
+    raw = pd.concat([rounds.alone(p, configs, say=say) if configs else pd.DataFrame(), *known.values()],
+                    ignore_index=True)
+    ok = raw[raw.status == "ok"] if len(raw) else raw
     if ok.empty:
         raise RuntimeError(f"every baseline worker failed: {raw.note.dropna().unique().tolist()}")
-    method = (f"fresh process per batch size, {ok['round'].nunique()} rounds in turn; median [min-max] over "
-              "rounds of each process's median")
+    fresh = (f"fresh process per batch size, {p.rounds} rounds in turn; median [min-max] over the processes' "
+             "medians")
+    reused = ("the run's fp32 eager processes at this batch size (baselines and twin of the rounds measured up "
+              "front, sdperf.prefetch: the same worker); median [min-max] over the processes' medians")
+    methods = {b: reused if not known[b].empty else fresh for b in p.batch_sizes}
+    method = "; ".join(f"batch {b}: {m}" for b, m in methods.items())
     rows, recs = [], []
     for b, g in ok.groupby("batch_size"):
         row = {"batch_size": int(b), "rounds": len(g), "iterations": int(g.iterations.iloc[0]),
@@ -77,13 +98,14 @@ def measure_batches(study: Study, say=print) -> BaselineRuns:
         for metric, col, unit, note in METRICS:
             row[col], row[col + "_lo"], row[col + "_hi"] = g[col].median(), g[col].min(), g[col].max()
             recs.append(dict(scenario=f"{LABEL}, batch {int(b)}", metric=metric, value=row[col], unit=unit,
-                             lo=row[col + "_lo"], hi=row[col + "_hi"], n=len(g), method=method, key=BASELINE_KEY,
-                             note=note))
+                             lo=row[col + "_lo"], hi=row[col + "_hi"], n=len(g), method=methods[int(b)],
+                             key=BASELINE_KEY, note=note))
         rows.append(row)
     one = ok[ok.batch_size == min(ok.batch_size)]
     stages = _stages(one)
     recs += [dict(scenario=f"{LABEL}, batch {int(one.batch_size.iloc[0])}", metric=f"stage:{r.stage}",
-                  value=r.seconds_per_image_call, unit="s", lo=r.lo, hi=r.hi, n=len(one), method=method,
+                  value=r.seconds_per_image_call, unit="s", lo=r.lo, hi=r.hi, n=len(one),
+                  method=methods[int(one.batch_size.iloc[0])],
                   key=BASELINE_KEY, note=f"{r.calls_per_generation} call(s) per generation, "
                   f"{r.share_percent:.1f}% of the generation") for r in stages.itertuples()]
     study.recorder.add_many(recs)

@@ -132,16 +132,19 @@ def plot(study: Study, timing: pd.DataFrame, drifts: pd.DataFrame):
                       textcoords="offset points")
     left.set(xlabel="UNet calls per image", ylabel="s / image (composed from measured stages)",
              title=f"cost per image ({study.device})", xlim=(0, np.nanmax(ok["unet_calls"]) * 1.1))
-    if drifts.empty:
-        right.text(0.5, 0.5, NO_DRIFT.replace(" (", "\n("), ha="center", va="center", wrap=True, fontsize=8,
-                   transform=right.transAxes)
-    right.scatter(drifts["unet_calls"], drifts["image_psnr_db"], zorder=3)
-    for r in drifts.itertuples():
-        right.annotate(r.variant, (r.unet_calls, r.image_psnr_db), fontsize=7, xytext=(3, 3),
-                       textcoords="offset points")
-    right.axhline(40, color="grey", ls=":", label="40 dB: the study's 'visually identical' line")
     right.set(xlabel="UNet calls per image", ylabel="PSNR vs the reference (dB)",
               title="drift from the reference image (random weights: trajectory, not quality)")
-    right.legend(fontsize=8)
+    if drifts.empty:  # nothing measured: the reason, and no axis furniture that suggests a measurement
+        right.text(0.5, 0.5, NO_DRIFT.replace(" (", "\n("), ha="center", va="center", wrap=True, fontsize=8,
+                   transform=right.transAxes)
+        right.set_xticks([])
+        right.set_yticks([])
+    else:
+        right.scatter(drifts["unet_calls"], drifts["image_psnr_db"], zorder=3)
+        for r in drifts.itertuples():
+            right.annotate(r.variant, (r.unet_calls, r.image_psnr_db), fontsize=7, xytext=(3, 3),
+                           textcoords="offset points")
+        right.axhline(40, color="grey", ls=":", label="40 dB: the study's 'visually identical' line")
+        right.legend(fontsize=8)
     study.save_figure(fig, "steps_cost_and_drift")
     return fig

@@ -2,8 +2,8 @@
 
 A half precision this device runs far slower than fp32 (no half-precision matrix instructions) could spend the
 whole budget of the notebook in its repeats; so each one is first compared with fp32 on one real UNet block
-(cheap), and when that ratio predicts its whole generations would overrun the profile's variant_budget_s, it is
-recorded as skipped with the block-level ratio instead of run.
+(cheap; sdperf.half_budget, shared with 10 and 12 in a run), and when that ratio predicts its whole generations
+would overrun the profile's variant_budget_s, it is recorded as skipped with the block-level ratio instead of run.
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import published
+from sdperf import half_budget, published
 from sdperf.comparison import TWIN, Comparison, release, run_variants
 from sdperf.environment import cpu_isa
-from sdperf.measurements import block_comparison, timed_generation, unet_flops
+from sdperf.measurements import unet_flops
 from sdperf.optimizations import half_precision
 from sdperf.optimizations.catalog import Stack
 from sdperf.roofline import achieved, fit_size, matmul_call, matmul_peak
@@ -28,53 +28,42 @@ def name(dtype: str) -> str:
     return f"{dtype} weights+activations"
 
 
-def over_budget(fp32_latency_s: float, block_speedup: float, generations: int, budget_s: float) -> bool:
-    """Whether `generations` whole generations at the block's ratio to fp32 would overrun the budget."""
-    return fp32_latency_s / block_speedup * generations > budget_s
-
-
-def _block_only(study: Study, dtype: str, block: dict, generations: int) -> dict:
+def _block_only(study: Study, probe: half_budget.Probe, reason: str) -> dict:
     """Record the block-level comparison that stands in for the whole generations, and the skip with its reason."""
-    p = study.profile
-    scenario = f"{dtype}, UNet {block['block']} only (real shapes), batch 1"
-    study.recorder.timing(f"float32, UNet {block['block']} only (real shapes), batch 1", block["baseline_timing"],
-                          dtype="float32")
-    study.recorder.timing(scenario, block["variant_timing"], dtype=dtype)
+    dtype, block = probe.dtype, probe.block
+    scenario = f"{dtype}, UNet {block} only (real shapes), batch 1"
+    fp32_timing, half_timing = probe.timings()
+    study.recorder.timing(f"float32, UNet {block} only (real shapes), batch 1", fp32_timing, dtype="float32")
+    study.recorder.timing(scenario, half_timing, dtype=dtype)
     note = "one block in this process, in turn; ratio of medians, range from p10/p90 of both"
     study.recorder.add_many([
-        dict(scenario=scenario, metric="speedup_vs_fp32", value=block["speedup"], unit="x", lo=block["speedup_lo"],
-             hi=block["speedup_hi"], n=len(block["variant_timing"].times), dtype=dtype, method=note),
-        dict(scenario=scenario, metric="block_rel_error", value=block["block_rel_error"], unit="", dtype=dtype)])
-    reason = (f"one UNet block runs at {block['speedup']:.3f}x float32's speed here "
-              f"[{block['speedup_lo']:.3f}-{block['speedup_hi']:.3f}], so the {generations} whole generations of "
-              f"each round's process would exceed variant_budget_s={p.variant_budget_s}; the block-level ratio is recorded under "
-              f"'{scenario}'")
+        dict(scenario=scenario, metric="speedup_vs_fp32", value=probe.speedup, unit="x", lo=probe.speedup_lo,
+             hi=probe.speedup_hi, n=len(probe.block_times), dtype=dtype, method=note),
+        dict(scenario=scenario, metric="block_rel_error", value=probe.block_rel_error, unit="", dtype=dtype)])
+    reason = f"{reason}; the block-level ratio is recorded under '{scenario}'"
     study.recorder.skipped(f"{name(dtype)}, batch 1", reason)
     return {"variant": name(dtype), "key": f"precision:{dtype}", "status": BLOCK_ONLY, "note": reason,
-            "speedup": block["speedup"], "speedup_lo": block["speedup_lo"], "speedup_hi": block["speedup_hi"],
-            "block_rel_error": block["block_rel_error"]}
+            "speedup": probe.speedup, "speedup_lo": probe.speedup_lo, "speedup_hi": probe.speedup_hi,
+            "block_rel_error": probe.block_rel_error}
 
 
 def compare_precisions(study: Study) -> tuple[pd.DataFrame, Comparison]:
     """Each half precision against fp32 (run_variants), unless one UNet block says its generations would overrun
-    the budget: then the block's ratio is recorded and the precision skipped. The table has a `dtype` column."""
+    the budget (sdperf.half_budget): then the block's ratio is recorded and the precision skipped. The table has
+    a `dtype` column."""
     p = study.profile
-    workload = study.workload(1)
     generations = p.warmup + p.repeats  # one round's worker process; the budget bounds each process
-    pipe32 = study.pipeline("float32")
-    fp32_s = timed_generation(pipe32, workload, device=study.device, warmup=1, repeats=1).timing.median
     items, skipped = [], []
     for dtype in VARIANTS:
         ok, _ = half_precision.availability(study.device, dtype)
         if ok:  # one that cannot run here is recorded as not applicable by run_variants, with its reason
-            block = block_comparison(pipe32, workload, half_precision.HALF[dtype], device=study.device,
-                                     warmup=p.warmup, repeats=p.repeats)
-            if over_budget(fp32_s, block["speedup"], generations, p.variant_budget_s):
-                skipped.append(_block_only(study, dtype, block, generations))
+            probe = half_budget.probe(study, dtype)
+            why = probe.skip_reason(generations, p.variant_budget_s,
+                                    f"the {generations} whole generations of each round's process")
+            if why:
+                skipped.append(_block_only(study, probe, why))
                 continue
         items.append((name(dtype), f"precision:{dtype}"))
-    pipe32 = None
-    release()
     cmp = run_variants(study, items)
     table = pd.concat([cmp.table, pd.DataFrame(skipped)], ignore_index=True)
     table.insert(2, "dtype", [Stack.of(k).dtype for k in table.key])

@@ -27,8 +27,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sdperf import published, rounds
-from sdperf.comparison import BASELINE, Comparison, published_row, release, run_variants
+from sdperf import half_budget, published, rounds
+from sdperf.comparison import BASELINE, Comparison, published_row, run_variants
 from sdperf.errors import ConfigError
 from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Context, Stack
@@ -102,36 +102,19 @@ def plan(study: Study, name: str, keys, skips: dict[str, str] | None = None) -> 
 
 
 def half_budget_skips(study: Study, keys, say: Callable[[str], None] = print) -> dict[str, str]:
-    """For each half-precision key: time one real UNet block in it against float32 (in this process); if the
-    configuration's whole generations over the rounds would overrun `variant_budget_s`, the reason to skip it."""
-    halves = {k for k in keys if catalog.get(k).family == catalog.PRECISION
-              and catalog.get(k).availability(Context(study.profile))[0]}
-    if not halves:
-        return {}
-    import torch
-
-    from sdperf.measurements import block_comparison, timed_generation
-
-    p = study.profile
+    """For each half-precision key: when one real UNet block in it (sdperf.half_budget, measured once per run)
+    predicts that the configuration's whole generations over the rounds would overrun `variant_budget_s`, the
+    reason to skip it."""
+    p, out = study.profile, {}
     calls = p.rounds * (p.warmup + p.repeats)
-    pipe, out = study.pipeline("float32"), {}
-    try:
-        fp32_s = timed_generation(pipe, study.workload(1), device=study.device, warmup=p.warmup,
-                                  repeats=1).timing.median
-        for key in sorted(halves):
-            dtype = catalog.get(key).dtype
-            block = block_comparison(pipe, study.workload(1), getattr(torch, dtype), device=study.device,
-                                     warmup=p.warmup, repeats=p.repeats)
-            predicted = fp32_s / block["speedup"] * calls
-            say(f"{key}: one UNet block takes {1 / block['speedup']:.2f}x the float32 time; predicted "
-                f"{predicted:.0f} s for {calls} generations (budget {p.variant_budget_s} s)")
-            if predicted > p.variant_budget_s:
-                out[key] = (f"one UNet block in {dtype} takes {1 / block['speedup']:.2f}x the float32 time here "
-                            f"(measured now, in-process), so {calls} whole generations ({p.rounds} rounds) would "
-                            f"take about {predicted:.0f} s, over variant_budget_s={p.variant_budget_s} s")
-    finally:
-        del pipe
-        release()
+    for key in sorted(k for k in keys if catalog.get(k).family == catalog.PRECISION
+                      and catalog.get(k).availability(Context(study.profile))[0]):
+        probe = half_budget.probe(study, catalog.get(key).dtype)
+        say(f"{key}: one UNet block takes {1 / probe.speedup:.2f}x the float32 time; predicted "
+            f"{probe.predicted_s(calls):.0f} s for {calls} generations (budget {p.variant_budget_s} s)")
+        why = probe.skip_reason(calls, p.variant_budget_s, f"{calls} whole generations ({p.rounds} rounds)")
+        if why:
+            out[key] = why
     return out
 
 

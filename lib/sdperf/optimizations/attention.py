@@ -90,10 +90,13 @@ def sdpa_availability(device: str, backend: str, dtype: str = "float32",
 
 
 def use_processor(pipe, name: str):
-    """Set one attention processor on every attention layer of the UNet and the VAE."""
+    """Set one attention processor on every attention layer of the UNet.
+
+    The UNet only, like every attention technique here (SDPA backends, slicing, the dispatcher): its 32 layers are
+    where attention costs time, and the VAE's single mid-block layer keeps PyTorch's own choice, so an attention
+    technique changes only the denoising loop and its worker borrows the baseline's decode (catalog loop_only)."""
     _choice("attention processor", name, PROCESSORS)
-    for module in (pipe.unet, pipe.vae):
-        module.set_attn_processor(PROCESSORS[name]())
+    pipe.unet.set_attn_processor(PROCESSORS[name]())
     return pipe
 
 
@@ -124,9 +127,10 @@ def check_slice_size(slice_size) -> None:
 
 
 def use_slicing(pipe, slice_size="auto"):
-    """diffusers' sliced attention: the classic computation a slice of heads at a time (SlicedAttnProcessor)."""
+    """diffusers' sliced attention on the UNet (what enable_attention_slicing slices): the classic computation a
+    slice of heads at a time (SlicedAttnProcessor)."""
     check_slice_size(slice_size)
-    pipe.enable_attention_slicing(slice_size)
+    pipe.unet.set_attention_slice(slice_size)
     return pipe
 
 
@@ -196,12 +200,12 @@ def technique(prefix: str, arg: str) -> Technique:
     kind, _, rest = arg.partition(":")
     key = f"{prefix}:{arg}"
     if kind == "classic" and not rest:
-        return Technique(key, "classic (AttnProcessor)", ATTENTION, NOTEBOOK,
+        return Technique(key, "classic (AttnProcessor)", ATTENTION, NOTEBOOK, loop_only=True,
                          apply=_with_facts(lambda p: use_processor(p, "classic")),
                          note="softmax(QK^T)V with batched matmuls, the score matrix in memory")
     if kind == "sdpa" and rest:
         _choice("SDPA backend", rest, BACKENDS)
-        return Technique(key, f"SDPA {rest} only", ATTENTION, NOTEBOOK,
+        return Technique(key, f"SDPA {rest} only", ATTENTION, NOTEBOOK, loop_only=True,
                          apply=_with_facts(lambda p: use_sdpa_backend(p, rest)),
                          availability=lambda ctx: sdpa_availability(ctx.device, rest, ctx.profile.dtype,
                                                                     head_shapes(_skeleton(ctx))),
@@ -209,12 +213,12 @@ def technique(prefix: str, arg: str) -> Technique:
     if kind == "sliced":
         size = int(rest) if rest.isdigit() else (rest or "auto")
         check_slice_size(size)
-        return Technique(key, f"sliced attention ({size})", ATTENTION, NOTEBOOK,
+        return Technique(key, f"sliced attention ({size})", ATTENTION, NOTEBOOK, loop_only=True,
                          apply=_with_facts(lambda p: use_slicing(p, size)),
                          note="enable_attention_slicing: SlicedAttnProcessor on the UNet")
     if kind == "dispatcher" and rest:
         check_dispatcher_backend(rest)
-        return Technique(key, f"set_attention_backend('{rest}')", ATTENTION, NOTEBOOK,
+        return Technique(key, f"set_attention_backend('{rest}')", ATTENTION, NOTEBOOK, loop_only=True,
                          apply=_with_facts(lambda p: use_dispatcher(p, rest)),
                          availability=lambda ctx: dispatcher_availability(_skeleton(ctx)),
                          note="diffusers' attention dispatcher")

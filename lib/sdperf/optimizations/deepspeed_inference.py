@@ -205,6 +205,6 @@ def techniques() -> list[Technique]:
                   NOTEBOOK, apply=_counted(lambda p: apply(p, "float16", clip_adapter=True)), availability=kernels,
                   changes_output=True, dtype="float16", note="sdperf's adapter for transformers >= 5.6"),
         Technique("deepspeed:unet-fp32", "init_inference(pipe.unet, fp32): pass-through", EXECUTOR, NOTEBOOK,
-                  apply=_counted(lambda p: apply_to_unet(p, "float32")),
+                  apply=_counted(lambda p: apply_to_unet(p, "float32")), loop_only=True,
                   note="pass-through: DeepSpeed's transformer policies match none of the UNet's layers"),
     ]

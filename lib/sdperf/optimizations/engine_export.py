@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sdperf.optimizations import onnx_runtime, openvino_engine, tensorrt_engine
-from sdperf.optimizations.unet_graph import EXPORTERS, example_inputs
+from sdperf.optimizations.unet_graph import EXPORTERS, example_inputs, float32_unet
 from sdperf.optimizations.catalog import EXECUTOR, Technique
 
 ENGINES = {"onnxruntime": onnx_runtime, "openvino": openvino_engine, "tensorrt": tensorrt_engine}
@@ -83,7 +83,7 @@ def build(unet, name: str, *, batch: int, latent_size: int, exporter: str = "dyn
 
 def apply(pipe, name: str, *, batch: int, latent_size: int, **kw):
     """Replace `pipe.unet` by the engine; the PyTorch UNet is freed unless the engine needs its weights."""
-    pipe.unet = build(pipe.unet, name, batch=batch, latent_size=latent_size, **kw)
+    pipe.unet = build(float32_unet(pipe.unet), name, batch=batch, latent_size=latent_size, **kw)
     return pipe
 
 

@@ -69,8 +69,12 @@ _MODE_LABELS = {"inference_mode": "inference_mode (fresh pipeline)", "no_grad": 
 
 def techniques() -> list[Technique]:
     """grad:<mode> runs the generation under that autograd mode; parameters:trainable makes every network's
-    parameters require grad first (how a model loaded for fine-tuning arrives)."""
-    out = [Technique(f"grad:{mode}", label, GRAD_MODE, NOTEBOOK, grad_mode=mode,
+    parameters require grad first (how a model loaded for fine-tuning arrives).
+
+    A grad mode alone is loop-only: with frozen networks autograd records nothing in any mode, so what a mode can
+    cost is per-operator bookkeeping, measured where the time is (text encoder and denoising loop); the decode is
+    the baseline's. parameters:trainable is not: it makes the VAE record its graph too, so its stacks decode."""
+    out = [Technique(f"grad:{mode}", label, GRAD_MODE, NOTEBOOK, grad_mode=mode, loop_only=True,
                      availability=lambda ctx, m=mode: availability(ctx.device, m), note=_WHAT_EACH_MODE_RECORDS[mode])
            for mode, label in _MODE_LABELS.items()]
     out.append(Technique("parameters:trainable", "parameters trainable", PARAMETERS_FAMILY, NOTEBOOK,

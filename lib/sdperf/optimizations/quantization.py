@@ -177,7 +177,7 @@ def openvino_nncf(pipe, workload: Workload, ptq: bool, scratch_root=None):
     import nncf
 
     from sdperf.optimizations import openvino_engine
-    from sdperf.optimizations.unet_graph import INPUTS, EngineUNet, graph_inputs
+    from sdperf.optimizations.unet_graph import INPUTS, EngineUNet, float32_unet, graph_inputs
 
     nncf.set_log_level(logging.WARNING)
     seen: dict = {}
@@ -200,7 +200,7 @@ def openvino_nncf(pipe, workload: Workload, ptq: bool, scratch_root=None):
 
     key = {"workload": repr(workload), "scheduler": dict(pipe.scheduler.config), "ptq": ptq, "nncf": nncf.__version__}
     model, facts, cache_dir = openvino_engine.ir_model(
-        pipe.unet, lambda: tuple(calibration()[0][k] for k in INPUTS), scratch_root,
+        float32_unet(pipe.unet), lambda: tuple(calibration()[0][k] for k in INPUTS), scratch_root,
         kind="nncf-ptq" if ptq else "nncf-weights", transform=quantize, key=key)
     # the static shapes of the loop's calls (the pipeline pads prompts to the tokenizer's maximum length)
     b, f, cfg = workload.batch_size * (2 if workload.guidance_scale > 1.0 else 1), pipe.vae_scale_factor, pipe.unet.config

@@ -62,6 +62,17 @@ def graph_inputs(sample, timestep, encoder_hidden_states, extra: dict) -> dict[s
             "encoder_hidden_states": encoder_hidden_states.float().contiguous()}
 
 
+def float32_unet(unet: torch.nn.Module) -> torch.nn.Module:
+    """The UNet an exporter traces: float32, like the graph's inputs. A half-precision pipeline's UNet (a stack such
+    as precision:bfloat16 + engine:openvino-bf16, where the text encoder and VAE stay in bf16) is copied up with
+    the weights the pipeline holds; the engine's own precision setting then decides what it computes in."""
+    if next(unet.parameters()).dtype == torch.float32:
+        return unet
+    import copy
+
+    return copy.deepcopy(unet).float()
+
+
 class EngineUNet:
     """Stands in for `pipe.unet`: the same call and config, the graph run by an engine.
 
@@ -79,7 +90,7 @@ class EngineUNet:
         self._keep = keep
 
     def __call__(self, sample, timestep, encoder_hidden_states=None, return_dict: bool = False, **extra):
-        out = self._run(graph_inputs(sample, timestep, encoder_hidden_states, extra))
+        out = self._run(graph_inputs(sample, timestep, encoder_hidden_states, extra)).to(sample.dtype)
         if return_dict:
             from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
 

@@ -7,8 +7,9 @@ move?), CLIP score against the captions (does it still follow them?) and PSNR im
 picture move?). Speed is each technique's stand-alone row, found by key (sdperf.standalone), as notebooks 01-09
 measured it on this machine at this commit, with its range and verdict; this notebook times nothing itself.
 
-Rule (as in 10_ladder): a half-precision rung is first timed on one real UNet block against fp32; if its images
-would overrun the profile's `variant_budget_s`, it is recorded as skipped with the measured ratio.
+Rule (as in 01 and 10, sdperf.half_budget): a half-precision rung is first timed on one real UNet block against
+fp32 (once per run); if its images would overrun the profile's `variant_budget_s`, it is recorded as skipped with
+the measured ratio.
 """
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sdperf import drift
+from sdperf import drift, half_budget
 from sdperf.comparison import release
-from sdperf.measurements import block_comparison
 from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Context, Stack
 from sdperf.quality import fid, images, score
@@ -54,6 +54,10 @@ def check_keys(keys: list[str]) -> dict[str, Stack]:
 def generate(study: Study, s: QualitySettings, keys: list[str], say: Callable[[str], None] = print) -> list[Rung]:
     """The fp32 eager images, then each rung's on the same captions and noise (first row: the baseline)."""
     stacks = check_keys(keys)
+    if not stacks:  # nothing to set beside the baseline: its images would be scored against themselves
+        say(f"no rungs asked (the notebook's rungs parameter, or the {study.profile.name} profile's notebooks: "
+            "section): no rung images generated")
+        return []
     p = study.profile
     plan = images.plan(choose_captions(s, s.ladder_n_images, p.seed), [p.guidance_scale], p.seed)
     root = images_root(study) / "rungs"
@@ -61,14 +65,13 @@ def generate(study: Study, s: QualitySettings, keys: list[str], say: Callable[[s
     try:
         m = images.generate_with(base_pipe, plan, fresh_folder(root / "fp32"), steps=s.steps,
                                  resolution=p.resolution)
-        ratios = _half_ratios(study, base_pipe, stacks.values())
     finally:
         del base_pipe
         release()
     per_image = float(np.median(m["seconds"]))
     out = [Rung(BASELINE, "", "ok", root / "fp32")]
     for key, stack in stacks.items():
-        out.append(_generate_rung(study, s, key, stack, plan, root, per_image, ratios, say))
+        out.append(_generate_rung(study, s, key, stack, plan, root, per_image, say))
     return out
 
 
@@ -76,27 +79,18 @@ def _halves(stack: Stack, ctx: Context) -> set[str]:
     return {t.dtype for t in stack.techniques if t.family == catalog.PRECISION and t.availability(ctx)[0]}
 
 
-def _half_ratios(study: Study, pipe, stacks) -> dict[str, float]:
-    """float32 time / half time of one real UNet block, for each half precision among the rungs (measured now)."""
-    p, ctx = study.profile, Context(study.profile)
-    halves = set().union(*[_halves(st, ctx) for st in stacks])
-    return {h: block_comparison(pipe, study.workload(1), getattr(torch, h), device=study.device, warmup=p.warmup,
-                                repeats=p.repeats)["speedup"] for h in sorted(halves)}
-
-
-def _generate_rung(study, s, key, stack, plan, root, per_image, ratios, say) -> Rung:
+def _generate_rung(study, s, key, stack, plan, root, per_image, say) -> Rung:
     p, ctx = study.profile, Context(study.profile, scratch=images_root(study) / ".scratch")
     label = stack.label
     ok, reason = stack.availability(ctx)
     if not ok:
         say(f"{key}: not applicable: {reason}")
         return Rung(label, key, "not_applicable", note=f"not applicable: {reason}")
-    for half in sorted(_halves(stack, ctx) & set(ratios)):
-        predicted = per_image / ratios[half] * len(plan)
-        if predicted > p.variant_budget_s:
-            why = (f"one UNet block in {half} takes {1 / ratios[half]:.2f}x the float32 time here (measured "
-                   f"now), so {len(plan)} images (predicted {predicted:.0f} s from the fp32 images' "
-                   f"{per_image:.2f} s each) would exceed variant_budget_s={p.variant_budget_s} s")
+    for half in sorted(_halves(stack, ctx)):
+        why = half_budget.probe(study, half).skip_reason(
+            len(plan), p.variant_budget_s, f"{len(plan)} images (from the fp32 images' {per_image:.2f} s each)",
+            fp32_generation_s=per_image)
+        if why:
             say(f"{key}: skipped: {why}")
             return Rung(label, key, "skipped", note=f"skipped: {why}")
     folder = root / images.safe_name(key)
@@ -123,6 +117,8 @@ def _pixels(manifest: pd.DataFrame) -> torch.Tensor:
 
 def score_rungs(study: Study, s: QualitySettings, scorers: score.Scorers, rungs: list[Rung]) -> pd.DataFrame:
     """One row per rung: FID and CLIP against the baseline's images, PSNR, stand-alone speed-up if measured."""
+    if not rungs:
+        return pd.DataFrame(columns=["rung", "key", "status", "n_images", "note"])
     base_m = images.read_manifest(rungs[0].folder)
     base = score.score_files(scorers, list(base_m["path"]), list(base_m["caption"]))
     base_px, speed = _pixels(base_m), _standalone_speed(study, [r.key for r in rungs[1:]])
@@ -185,6 +181,11 @@ def _record(study: Study, s: QualitySettings, table: pd.DataFrame) -> None:
 
 def plot(study: Study, s: QualitySettings, table: pd.DataFrame):
     """The frontier: stand-alone speed-up (x) against FID vs the fp32 images and CLIP score (y)."""
+    if table.empty:
+        fig, ax = plt.subplots(figsize=(6, 1.6))
+        ax.text(0.5, 0.5, "no rungs in this run: no speed-quality frontier", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
     ok = table[table.status == "ok"].copy()
     ok["speedup_vs_fp32"] = pd.to_numeric(ok["speedup_vs_fp32"], errors="coerce")
     timed = ok[ok.speedup_vs_fp32.notna()]

@@ -1,0 +1,137 @@
+"""A run's stand-alone comparisons measured up front, in one schedule, before its notebooks read them.
+
+Each comparing notebook (01-10) asks sdperf.rounds for its configurations, and each such call brackets its rounds
+with fp32 baseline processes of its own: nine comparisons paid ~28 baseline processes (~10 min on cpu) and a fork
+server each. `sdperf run` knows which notebooks will run and, from their parameters (the profile's `notebooks:`
+section over each notebook's defaults), which catalog keys each compares stand-alone at batch 1. It measures them
+all in ONE rounds.run call into the run's ledger (sdperf.ledger): every round holds every configuration once, in
+turn, the twin among them, and a baseline follows every `EVERY` configurations, so none is timed further than
+that from a baseline on either side. When a notebook then asks, rounds.run finds its configurations in the ledger
+and reads them back: the same workers, rounds, interpolated baseline and noise floor, with fewer baselines.
+
+What a notebook decides only while it runs (the ladder's stacks, chosen from the others' results) it still
+measures itself, and a notebook run alone (papermill, JupyterLab) measures everything itself, as before.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from sdperf import environment, ledger as ledgers, paths, rounds
+from sdperf.errors import ConfigError
+from sdperf.optimizations import artefacts, catalog
+from sdperf.optimizations.catalog import Context, Stack
+from sdperf.paths import scratch_dir
+from sdperf.profiles import Profile
+
+EVERY = 12  # configurations between two baselines inside a round (~2.5 min of processes on cpu)
+# notebook -> its parameter listing the catalog keys it compares stand-alone
+KEY_LISTS = {"02_inference_mode": "variants", "03_attention": "variants", "04_torch_compile": "variants",
+             "07_engine_export": "engines", "08_quantization": "schemes", "09_fewer_steps": "variants"}
+COMPILE_NOTEBOOK, PRECISION_NOTEBOOK, LADDER_NOTEBOOK = "04_torch_compile", "01_half_precision", "10_ladder"
+
+
+def parameters(name: str, profile: Profile, notebooks_dir: Path | None = None) -> dict:
+    """The parameters notebook `name` will run with: its defaults, then the profile's notebooks: section."""
+    import ast
+
+    import papermill
+
+    path = Path(notebooks_dir or paths.notebooks_dir()) / f"{name}.ipynb"
+    declared = papermill.inspect_notebook(str(path))
+    out = {}
+    for key, spec in declared.items():
+        try:
+            out[key] = ast.literal_eval(spec["default"])
+        except (ValueError, SyntaxError):  # not a literal: the notebook's own business
+            continue
+    return {**out, **profile.notebooks.get(name, {})}
+
+
+def _half_precisions(profile: Profile) -> list[str]:
+    """01's precisions that run here and fit the budget (sdperf.half_budget: the probe 01 then reads back)."""
+    from sdperf import environment as env
+    from sdperf import half_budget
+    from sdperf.study import Study
+
+    study = Study(notebook="prefetch", profile=profile, env=env.record(profile.name, profile.device), recorder=None)
+    ctx, out = Context(profile), []
+    for key in catalog.keys(notebook=PRECISION_NOTEBOOK, family=catalog.PRECISION):
+        t = catalog.get(key)
+        if not t.availability(ctx)[0]:
+            continue
+        probe = half_budget.probe(study, t.dtype)
+        if probe.skip_reason(profile.warmup + profile.repeats, profile.variant_budget_s, "") is None:
+            out.append(key)
+    with contextlib.suppress(OSError, AttributeError):  # the probe's pipeline is freed: give its heap back to the
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # system before this process waits out hours of notebooks
+    return out
+
+
+def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
+    """The catalog keys notebook `name` compares stand-alone at batch 1 when run with `params` (valid keys only:
+    a bad one is the notebook's own error to report)."""
+    if name in KEY_LISTS:
+        wanted = list(params.get(KEY_LISTS[name]) or [])
+    elif name == PRECISION_NOTEBOOK:
+        wanted = _half_precisions(profile)
+    elif name == "06_deepspeed":
+        wanted = catalog.keys(notebook=name)
+    elif name == LADDER_NOTEBOOK and params.get("check_method", True):
+        wanted = catalog.keys(notebook=name, family=catalog.CALIBRATION)
+    else:
+        wanted = []
+    out = []
+    for key in wanted:
+        try:
+            out.append(Stack.of(key).key)
+        except (ConfigError, ValueError, KeyError):
+            continue
+    return out
+
+
+def plan(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None) -> list[rounds.Config]:
+    """One configuration per distinct stack the selected notebooks compare, in study order."""
+    return [c for cs in by_notebook(profile, notebooks, notebooks_dir).values() for c in cs]
+
+
+def by_notebook(profile: Profile, notebooks: list[str],
+                notebooks_dir: Path | None = None) -> dict[str, list[rounds.Config]]:
+    """The configurations each selected notebook adds (a stack asked twice counts for the first notebook)."""
+    seen, out = set(), {}
+    for name in notebooks:
+        for key in keys_of(name, parameters(name, profile, notebooks_dir), profile):
+            if key not in seen and Stack.of(key).allocator == "default":  # another allocator: its own interpreters
+                seen.add(key)
+                out.setdefault(name, []).append(rounds.Config.of(key))
+    return out
+
+
+def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None,
+        say: Callable[[str], None] = print, launcher: Callable | None = None) -> float:
+    """Measure the selected notebooks' stand-alone configurations into the run's ledger; the seconds it took.
+    `launcher` replaces the worker launch (the tests' simulated machine)."""
+    started = time.time()
+    owners = by_notebook(profile, notebooks, notebooks_dir)
+    configs = [c for cs in owners.values() for c in cs]
+    if not configs:
+        return 0.0
+    scratch = scratch_dir(profile.name)
+    if COMPILE_NOTEBOOK in notebooks and parameters(COMPILE_NOTEBOOK, profile, notebooks_dir).get("cold_cache", True):
+        shutil.rmtree(scratch / "inductor", ignore_errors=True)  # 04's round 0 compiles cold (its cold_cache)
+    n_rounds = getattr(profile, "rounds", rounds.MIN_ROUNDS)
+    shared = scratch / "rounds" / ledgers.name(environment.run_id(), profile.name, n_rounds, None)
+    engines = scratch / "engines" / f"prefetch-{uuid.uuid4().hex[:8]}"
+    say(f"stand-alone rounds up front for {', '.join(owners)}: {len(configs)} configurations, {n_rounds} rounds, "
+        f"a baseline after every {EVERY}")
+    try:
+        rounds.run(profile, configs, rounds=n_rounds, scratch=scratch, say=say, artefacts=engines, ledger=shared,
+                   every=EVERY, launcher=launcher)
+    finally:
+        artefacts.clear(engines)
+    return time.time() - started

@@ -1,0 +1,72 @@
+"""sdperf run measures the notebooks' stand-alone comparisons up front, in one schedule with a baseline every few
+configurations, and each notebook reads its configurations back from the run's ledger instead of measuring again."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sdperf import ledger as ledgers
+from sdperf import prefetch, rounds
+from sdperf.experiments import baseline
+from sdperf.paths import scratch_dir
+from sdperf.rounds import BASELINE, TWIN, Config
+from sdperf.study import open_study
+from test_rounds import SlowingMachine
+
+COSTS = {"fp32-eager": 1.0, "grad:inference_mode": 1.0, "grad:no_grad": 0.5, "grad:grad": 2.0,
+         "grad:grad+parameters:trainable": 4.0, "scheduler:dpmpp-2m@20": 1.0, "scheduler:euler@25": 1.0,
+         "scheduler:plms@25": 1.0}
+
+
+def test_a_long_round_gets_a_baseline_after_every_n_configurations():
+    cs = [Config(f"c{i}", "grad:no_grad") for i in range(5)]
+    seq = rounds.schedule(cs, 2, every=2)
+    names = [c.name for _, c in seq]
+    assert names[0] == BASELINE and names[-1] == BASELINE
+    runs, gap = [], 0
+    for n in names[1:]:
+        if n == BASELINE:
+            runs.append(gap)
+            gap = 0
+        else:
+            gap += 1
+    assert max(runs) == 2 and sum(runs) == 2 * 6  # 5 configurations and the twin, twice
+    for r in (0, 1):  # every round holds every configuration once
+        assert sorted(c.name for rr, c in seq if rr == r and c.name != BASELINE) == sorted([*(c.name for c in cs), TWIN])
+    assert [c.name for _, c in rounds.schedule(cs[:2], 1)] == [BASELINE, "c0", "c1", TWIN, BASELINE]  # default
+
+
+def test_the_plan_reads_each_notebooks_keys_from_its_parameters(smoke):
+    assert [c.stack for c in prefetch.plan(smoke, ["04_torch_compile"])] == ["compile:default"]  # smoke's override
+    assert [c.stack for c in prefetch.plan(smoke, ["09_fewer_steps"])] == [
+        "scheduler:dpmpp-2m@20", "scheduler:euler@25", "scheduler:plms@25"]  # the notebook's defaults
+    odd = replace(smoke, notebooks={"09_fewer_steps": {"variants": ["scheduler:nope@3", "scheduler:euler@25"]},
+                                    "02_inference_mode": {"variants": ["grad:no_grad", "allocator:glibc-tuned"]}})
+    got = [c.stack for c in prefetch.plan(odd, ["02_inference_mode", "09_fewer_steps", "13_serving"])]
+    assert got == ["grad:no_grad", "scheduler:euler@25"]  # a bad key is the notebook's to report; an allocator
+    # needs interpreters of its own; a notebook that compares nothing adds nothing
+
+
+def test_the_notebooks_read_back_what_the_run_measured_up_front(smoke, scratch_reports, monkeypatch):
+    monkeypatch.setenv("SDPERF_RUN_ID", "run-prefetch")
+    machine = SlowingMachine(COSTS, drift=0.01)
+    prefetch.run(smoke, ["02_inference_mode", "09_fewer_steps"], launcher=machine, say=lambda _m: None)
+    up_front = len(machine.launched)
+    configs = 7 + 1  # 02's four and 09's three, and the twin
+    baselines = machine.launched.count("fp32-eager") - smoke.rounds  # the twin's processes run fp32 eager too
+    assert up_front == smoke.rounds * configs + baselines
+    assert baselines == 1 + smoke.rounds * -(-configs // prefetch.EVERY)  # fewer than a comparison each
+    # 02 asks for its configurations under its own names: nothing is launched, the ratios are the truth's
+    shared = scratch_dir(smoke.name) / "rounds" / ledgers.name("run-prefetch", smoke.name, smoke.rounds, None)
+    m = rounds.run(smoke, [Config("no_grad", "grad:no_grad"), Config("grad on", "grad:grad")], rounds=smoke.rounds,
+                   launcher=machine, say=lambda _m: None, ledger=shared)
+    assert len(machine.launched) == up_front
+    s = m.summary.set_index("config")
+    for name, truth in (("no_grad", 2.0), ("grad on", 0.5), (TWIN, 1.0)):
+        assert s.loc[name, "speedup_lo"] == pytest.approx(truth, rel=0.02)
+        assert s.loc[name, "speedup_hi"] == pytest.approx(truth, rel=0.02)
+    # 00 describes batch 1 from the run's fp32 processes instead of launching its own
+    found = baseline._run_baselines(open_study("smoke", notebook="00_test"), 1)
+    assert len(found) == baselines + smoke.rounds and set(found["stack"]) == {"fp32-eager"}
+    assert baseline._run_baselines(open_study("smoke", notebook="00_test"), 2).empty
