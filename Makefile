@@ -22,10 +22,11 @@ unit: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q $(XDIST)
 
 # nbval runs every notebook on the tiny smoke profile, writing into a scratch reports folder;
-# loadscope keeps each notebook's cells together on one worker.
+# loadscope keeps each notebook's cells together on one worker. A kernel may take over a minute to start while
+# the other worker runs torchrun ranks or an SD pipeline (13 did not answer in nbval's default 60 s on a fresh clone).
 notebooks: install
 	OMP_NUM_THREADS=1 SDPERF_PROFILE=smoke SDPERF_REPORTS_DIR=$$(mktemp -d) $(PY) -m pytest -q -p no:cacheprovider \
-		$(XDIST) --nbval-lax --nbval-current-env --nbval-cell-timeout=900 notebooks
+		$(XDIST) --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-kernel-startup-timeout=300 notebooks
 
 install: $(STAMP)
 
