@@ -28,6 +28,7 @@ from sdperf.optimizations import artefacts, catalog
 from sdperf.optimizations.catalog import Context, Stack
 from sdperf.paths import scratch_dir
 from sdperf.profiles import Profile
+from sdperf.runner import notebook_parameters
 
 EVERY = 12  # configurations between two baselines inside a round (~2.5 min of processes on cpu)
 # notebook -> its parameter listing the catalog keys it compares stand-alone
@@ -37,7 +38,8 @@ COMPILE_NOTEBOOK, PRECISION_NOTEBOOK, LADDER_NOTEBOOK = "04_torch_compile", "01_
 
 
 def parameters(name: str, profile: Profile, notebooks_dir: Path | None = None) -> dict:
-    """The parameters notebook `name` will run with: its defaults, then the profile's notebooks: section."""
+    """The parameters notebook `name` will run with: its defaults, then what the runner injects (the profile's
+    notebooks: section, runner.notebook_parameters)."""
     import ast
 
     import papermill
@@ -50,7 +52,7 @@ def parameters(name: str, profile: Profile, notebooks_dir: Path | None = None) -
             out[key] = ast.literal_eval(spec["default"])
         except (ValueError, SyntaxError):  # not a literal: the notebook's own business
             continue
-    return {**out, **profile.notebooks.get(name, {})}
+    return {**out, **notebook_parameters(profile, name)}
 
 
 def _half_precisions(profile: Profile) -> list[str]:
