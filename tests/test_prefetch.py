@@ -3,12 +3,14 @@ configurations, and each notebook reads its configurations back from the run's l
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from sdperf import ledger as ledgers
 from sdperf import prefetch, rounds
-from sdperf.experiments import baseline
+from sdperf.experiments import baseline, engine_export
 from sdperf.paths import scratch_dir
 from sdperf.rounds import BASELINE, TWIN, Config
 from sdperf.study import open_study
@@ -70,3 +72,44 @@ def test_the_notebooks_read_back_what_the_run_measured_up_front(smoke, scratch_r
     found = baseline._run_baselines(open_study("smoke", notebook="00_test"), 1)
     assert len(found) == baselines + smoke.rounds and set(found["stack"]) == {"fp32-eager"}
     assert baseline._run_baselines(open_study("smoke", notebook="00_test"), 2).empty
+
+
+class EngineMachine(SlowingMachine):
+    """The simulated machine, where every worker also hands back the same generation (no engine moves the
+    latents) and the launches are counted per batch size."""
+
+    def __call__(self, spec, **kw):
+        result, _ = super().__call__(spec, **kw)
+        self.launched[-1] = (spec["stack"], spec["batch_size"])
+        return result, SimpleNamespace(latents=torch.ones(1, 4, 8, 8), images=torch.ones(1, 3, 64, 64))
+
+
+def test_07s_batch_sweep_is_measured_up_front_where_00_finds_its_batches_too(smoke, scratch_reports, monkeypatch):
+    monkeypatch.setenv("SDPERF_RUN_ID", "run-sweep")
+    engines = ["engine:onnxruntime-fp32", "engine:openvino-f32"]
+    machine = EngineMachine({"fp32-eager": 1.0, "engine:onnxruntime-fp32": 0.8, "engine:openvino-f32": 0.5}, 0.0)
+    R, gens = smoke.rounds, 1 + max(smoke.warmup - 1, 0) + smoke.repeats
+
+    def estimate(b):  # 07's rule, scaled from batch 1: baselines, the twin and the engine (build 1 s, set-up 0.1 s)
+        one = 1.1 + b * gens * 1.0
+        return (R + 1) * one + R * (one + 1.1 + b * gens * 0.5)
+    budget = (estimate(2) + estimate(4)) / 2  # batch 2 fits, batch 4 does not
+    profile = replace(smoke, notebooks={"07_engine_export": {"engines": engines, "sweep_batch_sizes": [1, 2, 4],
+                                                             "sweep_budget_s": budget}})
+    prefetch.run(profile, ["00_baseline", "07_engine_export"], launcher=machine, say=lambda _m: None)
+    at = {b: [s for s, bb in machine.launched if bb == b] for b in (1, 2, 4)}
+    assert at[4] == [] and at[2].count("engine:openvino-f32") == R  # the fastest engine that keeps the latents
+    assert set(at[2]) == {"fp32-eager", "engine:openvino-f32"} and at[2].count("fp32-eager") > R  # baselines, twin
+
+    def boom(*_a, **_k):
+        raise AssertionError("a notebook launched a worker the run had measured up front")
+    monkeypatch.setattr(rounds, "launch", boom)
+    study = open_study("smoke", notebook="07_test")
+    cmp = engine_export.compare_engines(study, engines)
+    best = engine_export.best_engine(cmp)
+    assert best == "engine:openvino-f32"
+    swept = engine_export.batch_sweep(study, cmp, best, [1, 2, 4], budget).set_index("batch_size")
+    assert list(swept.status) == ["ok", "ok", "skipped"]
+    assert swept.loc[2, "unet_step_speedup"] == pytest.approx(2.0)
+    found = baseline._run_baselines(open_study("smoke", notebook="00_test"), 2)
+    assert len(found) == at[2].count("fp32-eager") and baseline._run_baselines(study, 4).empty

@@ -58,6 +58,11 @@ class Comparison:
     def method(self) -> str:
         return self.measured.method
 
+    @classmethod
+    def of(cls, m: rounds.Measured, cfgs: list[Config]) -> "Comparison":
+        """The comparison of `cfgs` from rounds that measured them (rows and facts; nothing is recorded)."""
+        return cls(table=_table(m, cfgs), measured=m, facts=m.facts)
+
     def ok(self) -> pd.DataFrame:
         return self.table[self.table.status == "ok"]
 
@@ -172,7 +177,7 @@ def run_variants(study: Study, items, *, batch_size: int = 1, say: Callable[[str
                        artefacts=engines, ledger=shared)
     finally:  # engines exported for this comparison: gigabytes each on SD 1.5, and not reused by the next one
         artefacts.clear(engines)
-    cmp = Comparison(table=_table(m, cfgs), measured=m, facts=m.facts)
+    cmp = Comparison.of(m, cfgs)
     record(study, cmp, batch_size)
     return cmp
 

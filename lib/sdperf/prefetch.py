@@ -9,7 +9,9 @@ turn, the twin among them, and a baseline follows every `EVERY` configurations, 
 that from a baseline on either side. When a notebook then asks, rounds.run finds its configurations in the ledger
 and reads them back: the same workers, rounds, interpolated baseline and noise floor, with fewer baselines.
 
-What a notebook decides only while it runs (the ladder's stacks, chosen from the others' results) it still
+07's batch sweep (its best lossless engine at its larger batch sizes, sdperf.engine_sweep) follows, decided from
+the same batch-1 rounds as 07 will decide it: one schedule per batch size, whose fp32 processes 00 then describes
+as well. What a notebook decides only while it runs (the ladder's stacks, chosen from the others' results) it still
 measures itself, and a notebook run alone (papermill, JupyterLab) measures everything itself, as before.
 """
 from __future__ import annotations
@@ -30,11 +32,12 @@ from sdperf.paths import scratch_dir
 from sdperf.profiles import Profile
 from sdperf.runner import notebook_parameters
 
-EVERY = 12  # configurations between two baselines inside a round (~2.5 min of processes on cpu)
+EVERY = 13  # configurations between two baselines inside a round (~2.7 min of processes on cpu: the 24 of cpu and the twin in two halves)
 # notebook -> its parameter listing the catalog keys it compares stand-alone
 KEY_LISTS = {"02_inference_mode": "variants", "03_attention": "variants", "04_torch_compile": "variants",
              "07_engine_export": "engines", "08_quantization": "schemes", "09_fewer_steps": "variants"}
 COMPILE_NOTEBOOK, PRECISION_NOTEBOOK, LADDER_NOTEBOOK = "04_torch_compile", "01_half_precision", "10_ladder"
+ENGINE_NOTEBOOK = "07_engine_export"
 
 
 def parameters(name: str, profile: Profile, notebooks_dir: Path | None = None) -> dict:
@@ -114,6 +117,25 @@ def by_notebook(profile: Profile, notebooks: list[str],
     return out
 
 
+def sweep(profile: Profile, notebooks: list[str], measured: rounds.Measured, configs: list[rounds.Config],
+          notebooks_dir: Path | None = None) -> list[rounds.Config]:
+    """07's batch sweep beyond batch 1: its best lossless engine at each of its batch sizes that fits its budget,
+    chosen from the batch-1 rounds `measured` by the rule 07 applies to the same rounds (sdperf.engine_sweep)."""
+    from sdperf import engine_sweep
+    from sdperf.comparison import Comparison
+
+    if ENGINE_NOTEBOOK not in notebooks:
+        return []
+    params = parameters(ENGINE_NOTEBOOK, profile, notebooks_dir)
+    cmp = Comparison.of(measured, configs)
+    best = engine_sweep.best_engine(cmp, keys_of(ENGINE_NOTEBOOK, params, profile))
+    if best is None:
+        return []
+    sizes = engine_sweep.within_budget(profile, cmp, best, list(params.get("sweep_batch_sizes") or []),
+                                       float(params.get("sweep_budget_s", float("inf"))))
+    return [rounds.Config.of(best, None, b) for b in sizes]
+
+
 def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None,
         say: Callable[[str], None] = print, launcher: Callable | None = None) -> float:
     """Measure the selected notebooks' stand-alone configurations into the run's ledger; the seconds it took.
@@ -132,8 +154,12 @@ def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = Non
     say(f"stand-alone rounds up front for {', '.join(owners)}: {len(configs)} configurations, {n_rounds} rounds, "
         f"a baseline after every {EVERY}")
     try:
-        rounds.run(profile, configs, rounds=n_rounds, scratch=scratch, say=say, artefacts=engines, ledger=shared,
-                   every=EVERY, launcher=launcher)
+        m = rounds.run(profile, configs, rounds=n_rounds, scratch=scratch, say=say, artefacts=engines,
+                       ledger=shared, every=EVERY, launcher=launcher)
+        for c in sweep(profile, notebooks, m, configs, notebooks_dir):
+            say(f"07's batch sweep up front: {c.stack} at batch {c.batch_size}, {n_rounds} rounds")
+            rounds.run(profile, [c], rounds=n_rounds, scratch=scratch, say=say, artefacts=engines, ledger=shared,
+                       every=EVERY, launcher=launcher)
     finally:
         artefacts.clear(engines)
     return time.time() - started

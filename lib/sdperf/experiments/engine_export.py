@@ -9,13 +9,12 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from sdperf import published
+from sdperf import engine_sweep, published
 from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
 from sdperf.optimizations import catalog, engine_export, openvino_engine
 from sdperf.plots import speedup_bars
 
 DTYPES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "f16": "float16", "fp16": "float16"}
-LOSSLESS_REL_ERROR = 1e-3  # an engine whose latents move more than this is not a drop-in for the sweep
 SETUP_COLUMNS = ["variant", "engine", "exporter", "export_s", "build_s", "setup_s", "setup_warm_s", "first_call_s",
                  "export_mib", "setup_peak_mib", "precision", "dynamic_batch"]
 
@@ -117,24 +116,9 @@ def setup_table(cmp: Comparison) -> pd.DataFrame:
 
 
 def best_engine(cmp: Comparison) -> str | None:
-    """The key of the engine with the fastest UNet step among those that keep the latents (rel. error <= 1e-3)."""
-    ok = cmp.ok()
-    ok = ok[ok.key.astype(str).str.startswith("engine:") & (ok.latent_rel_error <= LOSSLESS_REL_ERROR)]
-    if ok.empty:
-        return None
-    return ok.loc[ok.unet_step_speedup.idxmax(), "key"]
-
-
-def _sweep_estimate_s(study, cmp: Comparison, key: str, b: int) -> float:
-    """Seconds a run_variants call at batch b should take, scaled from batch 1: every process builds, sets up,
-    makes its first call and its repeats; generation time grows with the batch."""
-    p, rounds = study.profile, cmp.measured.rounds
-    base, eng = cmp.row(BASELINE), cmp.ok().set_index("key").loc[key]
-    gens = 1 + max(p.warmup - 1, 0) + p.repeats
-
-    def one(r):
-        return r["build_s"] + r["setup_s"] + b * gens * r["latency_s"]
-    return (rounds + 1) * one(base) + rounds * (one(base) + one(eng))  # baselines, the twin, the engine
+    """The key of the engine with the fastest UNet step among those that keep the latents (sdperf.engine_sweep:
+    the rule `sdperf run` also applies to measure the sweep's larger batches up front)."""
+    return engine_sweep.best_engine(cmp)
 
 
 def batch_sweep(study, cmp: Comparison, key: str, batch_sizes: list[int], budget_s: float) -> pd.DataFrame:
@@ -145,7 +129,7 @@ def batch_sweep(study, cmp: Comparison, key: str, batch_sizes: list[int], budget
         if b == 1:
             c = cmp
         else:
-            est = _sweep_estimate_s(study, cmp, key, b)
+            est = engine_sweep.estimate_s(study.profile, cmp, key, b)
             if est > budget_s:
                 reason = (f"estimated {est:.0f} s for batch {b} (scaled from batch 1) exceeds sweep_budget_s="
                           f"{budget_s:.0f}")
