@@ -32,7 +32,8 @@ from sdperf.paths import scratch_dir
 from sdperf.profiles import Profile
 from sdperf.runner import notebook_parameters
 
-EVERY = 13  # configurations between two baselines inside a round (~2.7 min of processes on cpu: the 24 of cpu and the twin in two halves)
+EVERY = 13  # configurations between two baselines inside a round (~2.7 min of processes on cpu; cpu's 23 configurations
+#            and the twin make 24, two chunks of 12 as with 12; 13 leaves room for one more without a third chunk)
 # notebook -> its parameter listing the catalog keys it compares stand-alone
 KEY_LISTS = {"02_inference_mode": "variants", "03_attention": "variants", "04_torch_compile": "variants",
              "07_engine_export": "engines", "08_quantization": "schemes", "09_fewer_steps": "variants"}
