@@ -107,6 +107,21 @@ ARCHS: dict[str, Architecture] = {
                             num_attention_heads=20, max_position_embeddings=77, hidden_act="gelu",
                             projection_dim=1280),
     ),
+    # The study's own reference model (sdperf.reference), trained here on the shapes domain at 32 px: SD's
+    # components (AutoencoderKL, CLIP text tower, UNet2DConditionModel with cross-attention) at a few million
+    # parameters. Its VAE downsamples 4x (8x8x4 latents); its scaling factor is set from the trained latents.
+    "sdref": Architecture(
+        name="sdref", family="sd",
+        unet=dict(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=[64, 128],
+                  norm_num_groups=32, attention_head_dim=8, cross_attention_dim=64,
+                  down_block_types=["CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                  up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D"]),
+        vae=dict(_SD_VAE, block_out_channels=[32, 64, 64], layers_per_block=1, norm_num_groups=16,
+                 down_block_types=["DownEncoderBlock2D"] * 3, up_block_types=["UpDecoderBlock2D"] * 3,
+                 sample_size=32, scaling_factor=1.0),
+        text_encoder=dict(_TINY_TEXT, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                          num_attention_heads=4, projection_dim=64),
+    ),
     # Tiny twins: same code path, same tokenizer, seconds on a CPU. Shapes follow diffusers' own unit tests.
     "tiny": Architecture(
         name="tiny", family="sd",

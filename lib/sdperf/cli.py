@@ -91,6 +91,12 @@ def _generate(args) -> int:
     return 0
 
 
+def _train_reference(args) -> int:
+    from sdperf.reference import train
+
+    return train.main(seed=args.seed, out=args.out, quick=args.quick, show=not args.no_progress)
+
+
 def _int(what: str, text: str) -> int:
     try:
         return int(text)
@@ -134,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--steps", type=int, metavar="N", help="denoising steps (default: the profile's; NeMo: 50)")
     gen.add_argument("--dtype", help="pipeline precision (default: the profile's dtype)")
     gen.add_argument("--no-progress", action="store_true", help="no progress bars")
+    ref = add("train-reference", _train_reference, "train the study's reference text-to-image model and its "
+              "evaluator into models/reference/ (about 45 minutes on 2 cores; run again to resume after a kill)",
+              profile=False)
+    ref.add_argument("--seed", type=int, default=0, help="seed of every stage (default 0, the committed model)")
+    ref.add_argument("--out", metavar="DIR", help="output folder (default models/reference)")
+    ref.add_argument("--quick", action="store_true", help="a few steps of every stage: checks the code, not a model")
+    ref.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
 

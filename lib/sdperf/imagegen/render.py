@@ -43,10 +43,11 @@ def render(pipe, profile: Profile, items: list[tuple[str, float, int]], steps: i
     if len(guidance) != 1:
         raise ValueError(f"a batch must share one guidance scale, got {sorted(guidance)}")
     with torch.inference_mode():
-        return _render(pipe, [workload(profile, caption, g, seed, steps) for caption, g, seed in items])
+        return render_workloads(pipe, [workload(profile, caption, g, seed, steps) for caption, g, seed in items])
 
 
-def _render(pipe, singles: list[Workload]) -> np.ndarray:
+def render_workloads(pipe, singles: list[Workload]) -> np.ndarray:
+    """uint8 NHWC images of single-image workloads sharing one guidance scale and step count, in one batch."""
     device = generation.module_device(pipe.unet)
     dtype = generation.module_dtype(pipe.unet)
     batch = replace(singles[0], batch_size=len(singles))

@@ -39,6 +39,10 @@ KEYS = {
     "clip_weights": Key("file", "an open_clip checkpoint file for clip_arch, or null for random init"),
     "ladder_n_images": Key("int", "an integer >= 2 (images per ladder rung)"),
     "score_batch": Key("int", "an integer >= 1 (images per Inception / CLIP forward)"),
+    # the same protocol on the study's trained reference model (sdperf.reference), scored by its evaluator
+    "reference_n_images": Key("int", "an integer >= 2 (reference-model images per guidance scale)"),
+    "reference_guidance_scales": Key("float_list", "a non-empty list of guidance scales >= 1"),
+    "reference_steps": Key("int", "an integer >= 1 (PLMS steps of the reference-model images; NeMo: 50)"),
 }
 
 
@@ -59,6 +63,9 @@ class QualitySettings:
     clip_weights: Path | None
     ladder_n_images: int
     score_batch: int
+    reference_n_images: int
+    reference_guidance_scales: tuple[float, ...]
+    reference_steps: int
     pipeline_weights: str | None
 
     @property
@@ -124,7 +131,7 @@ def _path(profile: str, key: str, value, spec: Key) -> Path | None:
 
 def _value(profile: str, key: str, value, spec: Key):
     if spec.kind == "int":
-        minimum = 2 if key in ("n_images", "ladder_n_images") else 1
+        minimum = 2 if key in ("n_images", "ladder_n_images", "reference_n_images") else 1
         if not _is_int(value) or value < minimum:
             raise _fail(profile, key, value, spec)
         return value

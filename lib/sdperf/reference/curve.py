@@ -1,0 +1,132 @@
+"""NeMo's FID-vs-CLIP protocol in miniature, on the reference model: adherence and domain FID over guidance.
+
+NeMo draws COCO captions, makes one image per caption at each guidance scale 1.5-8 with 50 PLMS steps, and plots
+FID against CLIP score. Here: `n` captions of the domain (quality.PROMPT_SEED), caption i with noise seed i at every
+scale (common random numbers: points differ by guidance, not by noise), 50 PLMS steps; adherence (the CLIP
+analogue) with a BCa bootstrap interval over images, domain FID against held-out renders with a percentile
+bootstrap interval over the generated images.
+"""
+from __future__ import annotations
+
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from sdperf.reference import domain, evaluator, quality
+
+NEMO_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+MODEL = "the study's reference model (sdperf.reference, trained here; not SD 1.5)"
+
+
+def run(pipe, net: evaluator.Evaluator, real: quality.Real, guidance_scales, n: int, steps: int,
+        keep: int = 4) -> tuple[pd.DataFrame, dict[float, np.ndarray]]:
+    """(one row per guidance scale, the first `keep` images of each scale for the samples grid)."""
+    items = quality.prompts(n)
+    captions, truth = [s.caption for s in items], domain.labels_many(items)
+    rows, kept = [], {}
+    for g in guidance_scales:
+        start = time.perf_counter()
+        images = quality.generate(pipe, captions, list(range(n)), g, steps)
+        seconds = time.perf_counter() - start
+        scores = evaluator.adherence_checks(evaluator.predict(net, images), truth)
+        feats = evaluator.features(net, images)
+        mean, lo, hi = quality.mean_interval(scores)
+        fid_lo, fid_hi = quality.fid_interval(feats, real)
+        rows.append({"guidance": float(g), "n_images": n, "steps": steps, "adherence": mean, "adherence_lo": lo,
+                     "adherence_hi": hi, "domain_fid": quality.domain_fid(feats, real), "fid_lo": fid_lo,
+                     "fid_hi": fid_hi, "s_per_image": seconds / n})
+        kept[float(g)] = images[:keep]
+    return pd.DataFrame(rows), kept
+
+
+def plot(table: pd.DataFrame, title: str):
+    """FID against adherence (NeMo's axes, CLIP -> adherence), and each against guidance, with 95% intervals."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    ax = axes[0]
+    xerr = np.vstack([table.adherence - table.adherence_lo, table.adherence_hi - table.adherence])
+    yerr = np.vstack([table.domain_fid - table.fid_lo, table.fid_hi - table.domain_fid])
+    ax.errorbar(table.adherence, table.domain_fid, xerr=xerr, yerr=yerr, fmt="o-", capsize=3)
+    for g, x, y in zip(table.guidance, table.adherence, table.domain_fid):
+        ax.annotate(f"{g:g}", (x, y), textcoords="offset points", xytext=(6, -10), fontsize=8, color="0.3")
+    ax.set(xlabel="prompt adherence (share of caption claims found)", ylabel="domain FID (lower is better)",
+           title="FID vs adherence (labels: guidance scale)")
+    axes[1].errorbar(table.guidance, table.adherence, yerr=xerr, fmt="o-", capsize=3)
+    axes[1].set(xlabel="guidance scale", ylabel="prompt adherence", ylim=(0, 1), title="adherence vs guidance")
+    axes[2].errorbar(table.guidance, table.domain_fid, yerr=yerr, fmt="o-", capsize=3)
+    axes[2].set(xlabel="guidance scale", ylabel="domain FID", ylim=(0, None), title="domain FID vs guidance")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def grid(kept: dict[float, np.ndarray], captions: list[str]):
+    """Rows: captions; columns: guidance scales (the same noise across a row)."""
+    scales = sorted(kept)
+    rows = min(len(v) for v in kept.values())
+    fig, axes = plt.subplots(rows, len(scales), figsize=(1.3 * len(scales), 1.45 * rows), squeeze=False)
+    for j, g in enumerate(scales):
+        for i in range(rows):
+            ax = axes[i][j]
+            ax.imshow(kept[g][i], interpolation="nearest")
+            ax.set_xticks([]), ax.set_yticks([])
+            if i == 0:
+                ax.set_title(f"g={g:g}", fontsize=8)
+    fig.suptitle("samples per guidance scale (same caption and noise across a row):\n" +
+                 "\n".join(f"row {i + 1}: {c}" for i, c in enumerate(captions[:rows])), fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+METHOD = ("n captions of the reference domain, caption i with noise seed i at every scale, PLMS; adherence: mean "
+          "over images [BCa bootstrap 95%]; domain FID: evaluator features vs held-out renders [percentile "
+          "bootstrap 95% over generated images]")
+
+
+def for_study(study, s, folder=None):
+    """Load and verify the committed reference model, run the curve at the profile's quality.reference_* settings
+    (`s`: sdperf.quality.settings.QualitySettings), store its rows and figures. The model runs on the CPU."""
+    from sdperf.reference import store
+
+    guidance_scales, n, steps = s.reference_guidance_scales, s.reference_n_images, s.reference_steps
+    pipe, net, manifest = store.load(folder)
+    real = quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
+    table, kept = run(pipe, net, real, guidance_scales, n, steps)
+    _record(study, table, manifest)
+    captions = [s.caption for s in quality.prompts(min(len(v) for v in kept.values()))]
+    study.save_figure(plot(table, f"{MODEL}: {n} images per guidance scale, {steps} PLMS steps, "
+                                  f"{study.env['device_name']}; bars: 95% bootstrap intervals"), "reference_curve")
+    study.save_figure(grid(kept, captions), "reference_samples")
+    return table, manifest
+
+
+def _record(study, table: pd.DataFrame, manifest: dict) -> None:
+    model = f"reference model (commit {manifest['commit']}, files verified against models/reference/manifest.json)"
+    rows = []
+    for r in table.to_dict("records"):
+        scenario = f"reference model, guidance {r['guidance']:g}, {r['steps']} PLMS steps"
+        rows += [dict(scenario=scenario, metric="reference_adherence", value=r["adherence"], unit="share",
+                      lo=r["adherence_lo"], hi=r["adherence_hi"], n=r["n_images"], method=METHOD, note=model),
+                 dict(scenario=scenario, metric="reference_domain_fid", value=r["domain_fid"], unit="",
+                      lo=r["fid_lo"], hi=r["fid_hi"], n=r["n_images"], method=METHOD, note=model),
+                 dict(scenario=scenario, metric="reference_s_per_image", value=r["s_per_image"], unit="s",
+                      n=r["n_images"], note="generation and decoding in batches of 100 prompts (not a timing "
+                      "comparison: quality is this notebook's subject)")]
+    study.recorder.add_many(rows)
+
+
+def verdict(table: pd.DataFrame) -> str:
+    """The curve's shape in words, from the numbers: where adherence goes, where FID is lowest, which
+    differences the intervals resolve."""
+    t = table.sort_values("guidance").reset_index(drop=True)
+    first, last = t.iloc[0], t.iloc[-1]
+    best_a = t.loc[t.adherence.idxmax()]
+    best_f = t.loc[t.domain_fid.idxmin()]
+    apart = first.adherence_hi < last.adherence_lo or last.adherence_hi < first.adherence_lo
+    return (f"adherence goes from {first.adherence:.3f} [{first.adherence_lo:.3f}-{first.adherence_hi:.3f}] at "
+            f"guidance {first.guidance:g} to {last.adherence:.3f} [{last.adherence_lo:.3f}-{last.adherence_hi:.3f}] "
+            f"at {last.guidance:g} ({'intervals apart' if apart else 'intervals overlap'}); highest at "
+            f"{best_a.guidance:g} ({best_a.adherence:.3f}). Domain FID is lowest at guidance {best_f.guidance:g}: "
+            f"{best_f.domain_fid:.2f} [{best_f.fid_lo:.2f}-{best_f.fid_hi:.2f}] (at {first.guidance:g}: "
+            f"{first.domain_fid:.2f}, at {last.guidance:g}: {last.domain_fid:.2f}).")

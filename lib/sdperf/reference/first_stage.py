@@ -1,0 +1,66 @@
+"""The reference model's first stage: its AutoencoderKL, and the training set encoded into latents once.
+
+The autoencoder learns to reconstruct fresh renders (L1 reconstruction plus a small KL term, SD's first-stage
+objective without its perceptual and adversarial terms, which need pretrained networks). The UNet then trains on
+the posterior means of `train_scenes` renders, scaled to unit variance as SD's 0.18215 does for its VAE; that scale
+goes into the VAE's config, where StableDiffusionPipeline reads it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sdperf.reference import domain, loop, model
+from sdperf.reference.evaluator import to_input
+from sdperf.reference.recipe import Recipe
+
+VAE_SEED_OFFSET, TRAIN_SET_SEED_OFFSET = 1, 2  # scene seeds of the VAE's renders and the UNet's training set
+
+
+def train_vae(recipe: Recipe, checkpoint: Path, show: bool = True):
+    """(trained AutoencoderKL in eval mode, training curve)."""
+    vae = model.build(recipe.seed).vae.train().requires_grad_(True)
+    opt = torch.optim.AdamW(vae.parameters(), lr=recipe.vae_lr, weight_decay=0.0)
+    sched = loop.cosine_with_warmup(opt, min(100, recipe.vae_steps), recipe.vae_steps)
+    g = torch.Generator().manual_seed(recipe.seed + VAE_SEED_OFFSET)
+    scene_seed = recipe.seed + VAE_SEED_OFFSET
+
+    def step(s: int) -> float:
+        items = domain.scenes(scene_seed, recipe.vae_batch, start=s * recipe.vae_batch)
+        x = to_input(domain.render_many(items, recipe.resolution))
+        posterior = vae.encode(x).latent_dist
+        rec = vae.decode(posterior.sample(generator=g)).sample
+        value = F.l1_loss(rec, x) + recipe.vae_kl * posterior.kl().mean()
+        opt.zero_grad(set_to_none=True)
+        value.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        return float(value.detach())
+
+    parts = {"vae": vae, "optimizer": opt, "schedule": sched, "noise": loop.GeneratorState(g)}
+    curve = loop.run(checkpoint, parts, recipe.vae_steps, step, every=recipe.checkpoint_every, desc="autoencoder",
+                     show=show)
+    return vae.eval().requires_grad_(False), curve
+
+
+@torch.inference_mode()
+def encode_training_set(recipe: Recipe, vae, tokenizer, batch: int = 500) -> dict:
+    """The UNet's data: scaled latents, the token ids of each distinct caption, which caption each latent has,
+    and the ids of the empty caption (the unconditional input)."""
+    items = domain.scenes(recipe.seed + TRAIN_SET_SEED_OFFSET, recipe.train_scenes)
+    means = []
+    for i in range(0, len(items), batch):
+        x = to_input(domain.render_many(items[i:i + batch], recipe.resolution))
+        means.append(vae.encode(x).latent_dist.mean)
+    latents = torch.cat(means)
+    scale = float(1.0 / latents.std())
+    captions = sorted({s.caption for s in items})
+    where = {c: i for i, c in enumerate(captions)}
+    return {"latents": (latents * scale).contiguous(), "scaling_factor": scale,
+            "caption_index": torch.as_tensor(np.array([where[s.caption] for s in items]), dtype=torch.long),
+            "ids": model.tokenize(tokenizer, captions), "empty": model.tokenize(tokenizer, [""])[0],
+            "n_captions": len(captions)}

@@ -1,0 +1,97 @@
+"""A resumable training loop: checkpoints written atomically, so a killed stage resumes where it saved.
+
+Every stage of `sdperf train-reference` is `run(path, parts, steps, step_fn)`: `parts` are the objects whose state
+must survive a kill (modules, optimizers, learning-rate schedules, EMA copies, random generators), `step_fn(step)`
+takes step `step` and returns its loss. A step's data is drawn from the step number alone, and the noise
+generator's state is one of the parts, so a resumed run takes the same steps an uninterrupted one would.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from sdperf.results import atomic_write_bytes, atomic_write_text
+
+CURVE_EVERY = 10  # steps averaged into one point of the training curve
+
+
+class GeneratorState:
+    """A torch.Generator as a checkpoint part."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def state_dict(self) -> dict:
+        return {"state": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["state"])
+
+
+def save(path: Path, obj) -> None:
+    """torch.save to a temporary file renamed into place: a kill leaves the old checkpoint or the new one."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(Path(path), buf.getvalue())
+
+
+def load(path: Path):
+    return torch.load(Path(path), map_location="cpu", weights_only=True)
+
+
+def save_json(path: Path, obj) -> None:
+    atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def cosine_with_warmup(optimizer, warmup: int, total: int):
+    """Linear warm-up to the base rate, then a cosine decay to a tenth of it."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def run(path: Path, parts: dict, steps: int, step_fn, every: int = 200, desc: str = "", show: bool = True,
+        on_save=None, write: bool = True) -> list[dict]:
+    """Take steps [saved step, steps) and return the training curve [{step, loss}] (mean loss per CURVE_EVERY).
+
+    The checkpoint at `path` is written every `every` steps and at the end; `on_save(step)` runs after each write
+    (a test kills the process there). Under torchrun every rank collects the parts' states (a part may gather
+    across ranks) and only the rank with `write` writes them."""
+    from tqdm.auto import tqdm
+
+    path = Path(path)
+    start, curve = 0, []
+    if path.is_file():
+        state = load(path)
+        for name, part in parts.items():
+            part.load_state_dict(state["parts"][name])
+        start, curve = int(state["step"]), list(state["curve"])
+    window: list[float] = []
+    with tqdm(total=steps, initial=start, desc=desc, disable=not show, unit="step", dynamic_ncols=True) as bar:
+        for step in range(start, steps):
+            window.append(float(step_fn(step)))
+            done = step + 1
+            if done % CURVE_EVERY == 0 or done == steps:
+                curve.append({"step": done, "loss": sum(window) / len(window)})
+                bar.set_postfix(loss=f"{curve[-1]['loss']:.4f}")
+                window = []
+            bar.update(1)
+            if done % every == 0 or done == steps:
+                states = {name: part.state_dict() for name, part in parts.items()}
+                if write:
+                    save(path, {"step": done, "curve": curve, "parts": states})
+                if on_save is not None:
+                    on_save(done)
+    return curve
+
+
+def finished(path: Path, steps: int) -> bool:
+    """Whether the checkpoint at `path` has taken all `steps`."""
+    return Path(path).is_file() and int(load(path)["step"]) >= steps

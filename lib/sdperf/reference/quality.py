@@ -1,0 +1,107 @@
+"""Judging images of the reference domain: adherence and domain FID with bootstrap intervals, paired deltas.
+
+Images come from the study's one generation path (`sdperf.imagegen.render.render_workloads`: the loop of
+`sdperf.generation`, one noise seed per image, many prompts of one guidance scale per UNet call). Prompts are
+captions of scenes drawn from PROMPT_SEED, which no training stage or held-out set uses; the FID's real side is the
+evaluator's held-out renders.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sdperf.reference import domain, evaluator
+
+PROMPT_SEED = 2_000_003
+N_RESAMPLES = 2000
+CONFIDENCE = 0.95
+
+
+def prompts(n: int) -> list[domain.Scene]:
+    return domain.scenes(PROMPT_SEED, n)
+
+
+def generate(pipe, captions: list[str], seeds: list[int], guidance: float, steps: int,
+             batch: int = 100) -> np.ndarray:
+    """uint8 NHWC images, caption i with latent seed i, `batch` prompts per UNet call."""
+    from sdperf.generation import Workload
+    from sdperf.imagegen.render import render_workloads
+
+    side = pipe.unet.config.sample_size * pipe.vae_scale_factor
+    out = []
+    with torch.inference_mode():
+        for i in range(0, len(captions), batch):
+            work = [Workload(prompt=c, batch_size=1, steps=steps, guidance_scale=float(guidance), height=side,
+                             width=side, seed=int(s)) for c, s in zip(captions[i:i + batch], seeds[i:i + batch])]
+            out.append(render_workloads(pipe, work))
+    return np.concatenate(out)
+
+
+@dataclass
+class Real:
+    """The FID's real side: features of held-out renders."""
+
+    features: torch.Tensor
+
+    @classmethod
+    def of(cls, net: evaluator.Evaluator, n: int) -> "Real":
+        _, images = evaluator.held_out(n, net.resolution)
+        return cls(evaluator.features(net, images))
+
+
+def _mu_sigma(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from sdperf.quality import fid
+
+    return fid.mu_sigma(fid.stats_of(f), "fake")
+
+
+def domain_fid(fake: torch.Tensor, real: Real) -> float:
+    """FID between generated and held-out features (sdperf.quality.fid's Frechet distance)."""
+    from sdperf.quality import fid
+
+    return fid.frechet_distance(*_mu_sigma(fake), *_mu_sigma(real.features))
+
+
+def fid_interval(fake: torch.Tensor, real: Real, seed: int = 0, n_resamples: int = 200) -> tuple[float, float]:
+    """Percentile bootstrap over the generated images (the real side fixed): FID's spread from the sample."""
+    from sdperf.quality import fid
+
+    rng = np.random.default_rng(seed)
+    mu_r, sigma_r = _mu_sigma(real.features)
+    values = [fid.frechet_distance(*_mu_sigma(fake[torch.as_tensor(rng.integers(len(fake), size=len(fake)))]),
+                                   mu_r, sigma_r) for _ in range(n_resamples)]
+    lo, hi = np.percentile(values, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2])
+    return float(lo), float(hi)
+
+
+def mean_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): scipy's BCa bootstrap of the mean (percentile when all values are equal)."""
+    from scipy.stats import bootstrap
+
+    values = np.asarray(values, dtype=float)
+    if np.ptp(values) == 0:
+        return float(values.mean()), float(values.mean()), float(values.mean())
+    ci = bootstrap((values,), np.mean, n_resamples=N_RESAMPLES, confidence_level=CONFIDENCE, method="BCa",
+                   random_state=np.random.default_rng(seed)).confidence_interval
+    return float(values.mean()), float(ci.low), float(ci.high)
+
+
+def paired_delta(variant: np.ndarray, base: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of per-prompt differences variant - base with its bootstrap interval: same prompts, same latents."""
+    variant, base = np.asarray(variant, dtype=float), np.asarray(base, dtype=float)
+    if variant.shape != base.shape:
+        raise ValueError(f"paired scores need equal shapes, got {variant.shape} and {base.shape}")
+    return mean_interval(variant - base, seed)
+
+
+def judge(pipe, net: evaluator.Evaluator, real: Real, n: int, guidance: float, steps: int) -> dict:
+    """Adherence (mean and interval) and domain FID (value and interval) of n images at one guidance scale."""
+    items = prompts(n)
+    images = generate(pipe, [s.caption for s in items], list(range(n)), guidance, steps)
+    scores = evaluator.adherence_checks(evaluator.predict(net, images), domain.labels_many(items))
+    feats = evaluator.features(net, images)
+    mean, lo, hi = mean_interval(scores)
+    return {"n": n, "guidance": guidance, "steps": steps, "adherence": mean, "adherence_ci": [lo, hi],
+            "fid": domain_fid(feats, real), "fid_ci": list(fid_interval(feats, real))}

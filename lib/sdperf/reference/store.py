@@ -1,0 +1,131 @@
+"""Where the trained reference model lives, how it is written, and how a reader checks it is what was trained.
+
+`models/reference/` is a diffusers folder (model_index.json, unet/, vae/, text_encoder/, tokenizer/, scheduler/), so
+a profile's `weights:` can name it and every technique applies unchanged, plus `evaluator/` and `manifest.json`:
+the sha256 of every file, the exact command, commit, versions, machine and recipe that made them, the training
+times and the judgement. The weights are stored in float16 (half the repository's size) and load as float32;
+every figure of the study is about those stored weights. `verify` refuses a folder whose files differ from the
+manifest, naming them.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+from sdperf.errors import ConfigError
+from sdperf.paths import REPO_ROOT
+from sdperf.reference import loop
+from sdperf.reference.evaluator import Evaluator
+
+MANIFEST = "manifest.json"
+EVALUATOR_DIR = "evaluator"
+STORED_DTYPE = torch.float16
+
+
+def default_dir() -> Path:
+    return REPO_ROOT / "models" / "reference"
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save_pipeline(pipe, out: Path) -> None:
+    """The pipeline as a diffusers folder, weights in STORED_DTYPE (the pipeline itself is left as it was)."""
+    import copy
+
+    stored = copy.deepcopy(pipe).to(dtype=STORED_DTYPE)
+    stored.save_pretrained(str(out), safe_serialization=True)
+
+
+def save_evaluator(trained, out: Path, seed: int, steps: int) -> None:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in trained.net.state_dict().items()}, str(out / "evaluator.safetensors"))
+    loop.save_json(out / "evaluator.json", {"resolution": trained.net.resolution, "seed": seed, "steps": steps,
+                                            "accuracy": trained.accuracy, "n_held_out": trained.n_held_out,
+                                            "curve": trained.curve})
+
+
+def load_evaluator(folder: Path) -> tuple[Evaluator, dict]:
+    """(evaluator in eval mode, its record: resolution, accuracy on held-out renders, training curve)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    meta = json.loads((folder / "evaluator.json").read_text())
+    net = Evaluator(meta["resolution"])
+    net.load_state_dict(load_file(str(folder / "evaluator.safetensors")))
+    return net.eval().requires_grad_(False), meta
+
+
+def provenance(command: str) -> dict:
+    from sdperf import environment
+
+    return {"command": command, "commit": environment.git_commit(),
+            "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "versions": {"python": platform.python_version(),
+                         **environment.package_versions(("torch", "diffusers", "transformers", "numpy", "pillow"))},
+            "machine": {"cpu_model": environment.cpu_model(), "fingerprint": environment.fingerprint(),
+                        "threads": torch.get_num_threads()}}
+
+
+def write_manifest(out: Path, record: dict) -> dict:
+    """Hash every file under `out` (the manifest aside) into the record and write it last: a folder with a
+    manifest is complete."""
+    out = Path(out)
+    files = {p.relative_to(out).as_posix(): sha256(p) for p in sorted(out.rglob("*"))
+             if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")}
+    manifest = dict(record, files=files)
+    loop.save_json(out / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(folder: Path) -> dict:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise ConfigError(f"no reference model at {str(folder)!r} (no {MANIFEST}); build it with "
+                          "`sdperf train-reference` (about 45 minutes on 2 cores)")
+    return json.loads(path.read_text())
+
+
+def verify(folder: Path) -> dict:
+    """The manifest, after checking every listed file's sha256; ConfigError naming the missing or changed ones."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    missing = [f for f in manifest["files"] if not (folder / f).is_file()]
+    changed = [f for f, digest in manifest["files"].items() if f not in missing and sha256(folder / f) != digest]
+    if missing or changed:
+        raise ConfigError(f"reference model at {str(folder)!r} does not match its manifest: "
+                          + "; ".join(p for p in (f"missing {missing}" if missing else "",
+                                                  f"changed {changed}" if changed else "") if p)
+                          + "; rebuild it with `sdperf train-reference` or restore the files from git")
+    return manifest
+
+
+def load_pipeline(folder: Path | None = None, scheduler: str = "plms"):
+    """The verified reference pipeline, fp32, CPU, eval mode."""
+    from sdperf.pipelines import build_from_weights
+
+    folder = Path(folder or default_dir())
+    verify(folder)
+    return build_from_weights(str(folder), scheduler)
+
+
+def load(folder: Path | None = None, scheduler: str = "plms"):
+    """(pipeline, evaluator, manifest) of the verified reference model."""
+    folder = Path(folder or default_dir())
+    manifest = verify(folder)
+    from sdperf.pipelines import build_from_weights
+
+    net, _ = load_evaluator(folder / EVALUATOR_DIR)
+    return build_from_weights(str(folder), scheduler), net, manifest

@@ -1,0 +1,155 @@
+"""`sdperf train-reference`: the evaluator, the autoencoder, the latents, the UNet, then the judged, hashed folder.
+
+Each stage leaves its result in a work folder named by the recipe's digest (`models/.reference-work-<digest>`, not
+committed) and is skipped when its result is there; the training stages checkpoint as they go. So a killed command,
+started again, goes on where it stopped. The output folder is written last, its manifest after every other file,
+into a temporary sibling that is renamed into place: a folder with a manifest is a finished model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sdperf.errors import ConfigError
+from sdperf.reference import evaluator, first_stage, loop, model, quality, store, unet_stage
+from sdperf.reference.recipe import QUICK, Recipe
+
+TIMES = "times.json"
+
+
+class _Clock:
+    """Seconds per stage, summed over resumed runs, kept in the work folder."""
+
+    def __init__(self, work: Path):
+        self.path = work / TIMES
+        self.times = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def stage(self, name: str, fn):
+        start = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
+            loop.save_json(self.path, self.times)
+
+
+def work_dir(recipe: Recipe, out: Path) -> Path:
+    return Path(out).parent / f".reference-work-{recipe.digest()}"
+
+
+def _evaluator(recipe: Recipe, work: Path, show: bool, say):
+    folder = work / store.EVALUATOR_DIR
+    if not (folder / "evaluator.json").is_file():
+        trained = evaluator.train(recipe.seed, recipe.resolution, recipe.evaluator_steps, recipe.evaluator_batch,
+                                  work / "evaluator-checkpoint.pt", lr=recipe.evaluator_lr,
+                                  n_held_out=recipe.evaluator_held_out, show=show)
+        store.save_evaluator(trained, folder, recipe.seed, recipe.evaluator_steps)
+    net, meta = store.load_evaluator(folder)
+    say(f"evaluator on {meta['n_held_out']} held-out renders: " +
+        ", ".join(f"{k} {v:.4f}" for k, v in meta["accuracy"].items()))
+    return net, meta
+
+
+def _unet(recipe: Recipe, work: Path, show: bool) -> None:
+    """torchrun, one rank per core given to it (the recipe's world size), each with one thread."""
+    if (work / unet_stage.DONE).is_file():
+        return
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={recipe.world_size}",
+           "-m", "sdperf.reference.unet_stage", "--work", str(work)] + ([] if show else ["--no-progress"])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2])] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    done = subprocess.run(cmd, env=env)
+    if done.returncode:
+        raise RuntimeError(f"the UNet stage exited with {done.returncode}; run the same command again to resume "
+                           f"from {work / unet_stage.CHECKPOINT}")
+
+
+def _assemble(recipe: Recipe, work: Path, vae, scale: float):
+    import torch
+
+    pipe = model.build(recipe.seed)
+    trained = torch.load(work / unet_stage.RESULT, map_location="cpu", weights_only=True)
+    pipe.unet.load_state_dict(trained["unet"])
+    pipe.text_encoder.load_state_dict(trained["text_encoder"])
+    pipe.vae.load_state_dict(vae.state_dict())
+    pipe.vae.register_to_config(scaling_factor=scale)
+    return pipe
+
+
+def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, command: str = "",
+        say=print) -> dict:
+    """Train (or resume) and write `out`; returns its manifest."""
+    import torch
+
+    out = Path(out)
+    work = Path(work or work_dir(recipe, out))
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2, sort_keys=True))
+    clock = _Clock(work)
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+
+    net, meta = clock.stage("evaluator", lambda: _evaluator(recipe, work, show, say))
+    if evaluator.worst(meta["accuracy"]) < recipe.evaluator_min_accuracy:
+        raise RuntimeError(f"the evaluator's held-out accuracy {meta['accuracy']} is below "
+                           f"{recipe.evaluator_min_accuracy} on some head; its verdicts would mean nothing "
+                           "(train it longer: evaluator_steps)")
+    vae, vae_curve = clock.stage("autoencoder", lambda: first_stage.train_vae(recipe, work / "vae-checkpoint.pt",
+                                                                             show))
+    if not (work / unet_stage.LATENTS).is_file():
+        tokenizer = model.build(recipe.seed).tokenizer
+        data = clock.stage("latents", lambda: first_stage.encode_training_set(recipe, vae, tokenizer))
+        loop.save(work / unet_stage.LATENTS, data)
+    scale = float(torch.load(work / unet_stage.LATENTS, weights_only=True)["scaling_factor"])
+    clock.stage("unet", lambda: _unet(recipe, work, show))
+
+    def judged():
+        real = quality.Real.of(net, recipe.evaluator_held_out)
+        pipe = _assemble(recipe, work, vae, scale)
+        store_dir = out.with_name(out.name + ".partial")
+        shutil.rmtree(store_dir, ignore_errors=True)
+        store.save_pipeline(pipe, store_dir)
+        shutil.copytree(work / store.EVALUATOR_DIR, store_dir / store.EVALUATOR_DIR)
+        from sdperf.pipelines import build_from_weights
+
+        stored = build_from_weights(str(store_dir), "plms")  # judge what is stored (float16 weights as float32)
+        args = (net, real, recipe.check_images, recipe.check_guidance, recipe.check_steps)
+        return store_dir, {"trained": quality.judge(stored, *args), "random_init": quality.judge(
+            model.build(recipe.seed), *args)}
+
+    store_dir, verdict = clock.stage("judge", judged)
+    unet_curve = json.loads((work / unet_stage.DONE).read_text())["curve"]
+    loop.save_json(store_dir / "training.json", {"evaluator": meta["curve"], "autoencoder": vae_curve,
+                                                 "unet": unet_curve})
+    record = dict(store.provenance(command), recipe=recipe.to_dict(), times_s=dict(clock.times),
+                  evaluator=meta["accuracy"], judge=verdict, scaling_factor=scale, parameters=_parameters(recipe))
+    manifest = store.write_manifest(store_dir, record)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(store_dir, out)
+    t = verdict["trained"]
+    say(f"reference model in {out}: adherence {t['adherence']:.3f} [{t['adherence_ci'][0]:.3f}-"
+        f"{t['adherence_ci'][1]:.3f}], domain FID {t['fid']:.2f} (random init: adherence "
+        f"{verdict['random_init']['adherence']:.3f}, FID {verdict['random_init']['fid']:.2f}) at guidance "
+        f"{recipe.check_guidance}, {recipe.check_steps} PLMS steps; {sum(clock.times.values()) / 60:.1f} min")
+    return manifest
+
+
+def _parameters(recipe: Recipe) -> dict[str, int]:
+    pipe = model.build(recipe.seed)
+    return {k: sum(p.numel() for p in getattr(pipe, k).parameters()) for k in ("unet", "vae", "text_encoder")}
+
+
+def main(seed: int = 0, out: str | None = None, quick: bool = False, show: bool = True) -> int:
+    recipe = Recipe(**dict(QUICK.to_dict(), seed=seed)) if quick else Recipe(seed=seed)
+    target = Path(out) if out else store.default_dir()
+    if target.exists() and not (target / store.MANIFEST).is_file():
+        raise ConfigError(f"--out {str(target)!r} exists and is not a reference model folder; choose a new folder")
+    command = "sdperf train-reference" + (f" --seed {seed}" if seed else "") + (" --quick" if quick else "") + \
+        (f" --out {out}" if out else "")
+    run(recipe, target, show=show, command=command)
+    return 0
