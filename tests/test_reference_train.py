@@ -178,3 +178,18 @@ def test_the_command_refuses_a_bad_seed_and_a_foreign_output_folder_before_train
     assert cli.main(["train-reference", "--out", str(tmp_path / "taken")]) == 2
     assert "not a reference model folder" in capsys.readouterr().err
     assert not list(tmp_path.glob(".reference-work-*"))  # nothing was started
+
+
+def test_the_guidance_curve_gives_intervals_a_verdict_and_figures(quick_model):
+    from sdperf.reference import curve
+
+    out, manifest = quick_model
+    pipe, net, _ = store.load(out)
+    real = quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
+    table, kept = curve.run(pipe, net, real, [1.5, 4.0], n=6, steps=3, keep=2)
+    assert list(table.guidance) == [1.5, 4.0] and (table.n_images == 6).all()
+    assert ((table.adherence_lo <= table.adherence) & (table.adherence <= table.adherence_hi)).all()
+    assert ((table.fid_lo <= table.fid_hi) & (table.domain_fid >= 0)).all()
+    assert "guidance 1.5" in curve.verdict(table) and "Domain FID is lowest" in curve.verdict(table)
+    assert len(curve.plot(table, "t").axes) == 3
+    assert len(curve.grid(kept, ["a", "b"]).axes) == 4
