@@ -122,6 +122,7 @@ def test_the_quick_run_writes_a_hashed_diffusers_folder_with_its_provenance(quic
     assert manifest["command"] == "sdperf train-reference --quick" and manifest["commit"]
     assert manifest["recipe"] == QUICK.to_dict()
     assert set(manifest["times_s"]) >= {"evaluator", "autoencoder", "latents", "unet", "judge"}
+    assert 0 <= manifest["autoencoder_reconstructions"]["adherence"] <= 1
     assert manifest["judge"]["trained"]["n"] == QUICK.check_images
     assert 0 <= manifest["judge"]["trained"]["adherence"] <= 1
     assert store.verify(out) == manifest
@@ -193,3 +194,11 @@ def test_the_guidance_curve_gives_intervals_a_verdict_and_figures(quick_model):
     assert "guidance 1.5" in curve.verdict(table) and "Domain FID is lowest" in curve.verdict(table)
     assert len(curve.plot(table, "t").axes) == 3
     assert len(curve.grid(kept, ["a", "b"]).axes) == 4
+
+
+def test_an_autoencoder_below_its_gate_stops_the_run_before_the_unet_stage(tmp_path):
+    recipe = dataclasses.replace(QUICK, vae_min_adherence=1.0)  # a few steps cannot reconstruct every claim
+    with pytest.raises(RuntimeError, match="vae_steps"):
+        train.run(recipe, tmp_path / "reference", work=tmp_path / "work", show=False, say=lambda *_: None)
+    assert (tmp_path / "work" / "autoencoder-check.json").is_file()
+    assert not (tmp_path / "work" / unet_stage.LATENTS).exists() and not (tmp_path / "reference").exists()

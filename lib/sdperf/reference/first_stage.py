@@ -48,6 +48,20 @@ def train_vae(recipe: Recipe, checkpoint: Path, show: bool = True):
 
 
 @torch.inference_mode()
+def reconstruction_accuracy(vae, net, n: int, resolution: int) -> dict[str, float]:
+    """The evaluator's reading of the autoencoder's reconstructions of n held-out renders (posterior means): what
+    the diffusion model can at best reach, since every image it makes goes through this decoder."""
+    from sdperf.imagegen.render import to_uint8
+    from sdperf.reference import evaluator
+
+    items, images = evaluator.held_out(n, resolution)
+    rec = torch.cat([vae.decode(vae.encode(to_input(images[i:i + 250])).latent_dist.mean).sample
+                     for i in range(0, n, 250)])
+    pred = evaluator.predict(net, to_uint8((rec / 2 + 0.5).clamp(0, 1)))
+    return evaluator.accuracy(pred, domain.labels_many(items))
+
+
+@torch.inference_mode()
 def encode_training_set(recipe: Recipe, vae, tokenizer, batch: int = 500) -> dict:
     """The UNet's data: scaled latents, the token ids of each distinct caption, which caption each latent has,
     and the ids of the empty caption (the unconditional input)."""

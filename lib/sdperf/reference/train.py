@@ -100,6 +100,17 @@ def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, 
                            "(train it longer: evaluator_steps)")
     vae, vae_curve = clock.stage("autoencoder", lambda: first_stage.train_vae(recipe, work / "vae-checkpoint.pt",
                                                                              show))
+    check = work / "autoencoder-check.json"
+    if not check.is_file():
+        loop.save_json(check, clock.stage("autoencoder", lambda: first_stage.reconstruction_accuracy(
+            vae, net, recipe.evaluator_held_out, recipe.resolution)))
+    rec_acc = json.loads(check.read_text())
+    say(f"evaluator on the autoencoder's reconstructions of {recipe.evaluator_held_out} held-out renders: " +
+        ", ".join(f"{k} {v:.4f}" for k, v in rec_acc.items()))
+    if rec_acc["adherence"] < recipe.vae_min_adherence:
+        raise RuntimeError(f"the autoencoder's reconstructions score adherence {rec_acc['adherence']:.4f} < "
+                           f"vae_min_adherence {recipe.vae_min_adherence}: no UNet could do better through this "
+                           "decoder (train it longer: vae_steps)")
     if not (work / unet_stage.LATENTS).is_file():
         tokenizer = model.build(recipe.seed).tokenizer
         data = clock.stage("latents", lambda: first_stage.encode_training_set(recipe, vae, tokenizer))
@@ -126,7 +137,7 @@ def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, 
     loop.save_json(store_dir / "training.json", {"evaluator": meta["curve"], "autoencoder": vae_curve,
                                                  "unet": unet_curve})
     record = dict(store.provenance(command), recipe=recipe.to_dict(), times_s=dict(clock.times),
-                  evaluator=meta["accuracy"], judge=verdict, scaling_factor=scale, parameters=_parameters(recipe))
+                  evaluator=meta["accuracy"], autoencoder_reconstructions=rec_acc, judge=verdict, scaling_factor=scale, parameters=_parameters(recipe))
     manifest = store.write_manifest(store_dir, record)
     if out.exists():
         shutil.rmtree(out)
