@@ -166,10 +166,6 @@ class Trained:
     accuracy: dict[str, float]
     n_held_out: int
 
-    @property
-    def passes(self) -> bool:
-        return worst(self.accuracy) >= MIN_ACCURACY
-
 
 def worst(acc: dict[str, float]) -> float:
     """The gated figure: the lowest of the per-head accuracies and the real images' adherence."""

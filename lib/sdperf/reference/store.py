@@ -10,7 +10,6 @@ manifest, naming them.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import platform
 from pathlib import Path
@@ -21,6 +20,7 @@ from sdperf.errors import ConfigError
 from sdperf.paths import REPO_ROOT
 from sdperf.reference import loop
 from sdperf.reference.evaluator import Evaluator
+from sdperf.runner import sha256_file as sha256
 
 MANIFEST = "manifest.json"
 EVALUATOR_DIR = "evaluator"
@@ -29,14 +29,6 @@ STORED_DTYPE = torch.float16
 
 def default_dir() -> Path:
     return REPO_ROOT / "models" / "reference"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def save_pipeline(pipe, out: Path) -> None:
@@ -112,20 +104,11 @@ def verify(folder: Path) -> dict:
     return manifest
 
 
-def load_pipeline(folder: Path | None = None, scheduler: str = "plms"):
-    """The verified reference pipeline, fp32, CPU, eval mode."""
-    from sdperf.pipelines import build_from_weights
-
-    folder = Path(folder or default_dir())
-    verify(folder)
-    return build_from_weights(str(folder), scheduler)
-
-
 def load(folder: Path | None = None, scheduler: str = "plms"):
     """(pipeline, evaluator, manifest) of the verified reference model."""
-    folder = Path(folder or default_dir())
-    manifest = verify(folder)
     from sdperf.pipelines import build_from_weights
 
+    folder = Path(folder or default_dir())
+    manifest = verify(folder)
     net, _ = load_evaluator(folder / EVALUATOR_DIR)
     return build_from_weights(str(folder), scheduler), net, manifest

@@ -15,9 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+from sdperf import architectures
 from sdperf.errors import ConfigError
 from sdperf.reference import evaluator, first_stage, loop, model, quality, store, unet_stage
 from sdperf.reference.recipe import QUICK, Recipe
+from sdperf.tokenizer import clip_tokenizer
+from sdperf.training.launch import worker_env
 
 TIMES = "times.json"
 
@@ -61,9 +64,7 @@ def _unet(recipe: Recipe, work: Path, show: bool) -> None:
         return
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={recipe.world_size}",
            "-m", "sdperf.reference.unet_stage", "--work", str(work)] + ([] if show else ["--no-progress"])
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2])] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    done = subprocess.run(cmd, env=env)
+    done = subprocess.run(cmd, env=worker_env(1))
     if done.returncode:
         raise RuntimeError(f"the UNet stage exited with {done.returncode}; run the same command again to resume "
                            f"from {work / unet_stage.CHECKPOINT}")
@@ -112,7 +113,7 @@ def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, 
                            f"vae_min_adherence {recipe.vae_min_adherence}: no UNet could do better through this "
                            "decoder (train it longer: vae_steps)")
     if not (work / unet_stage.LATENTS).is_file():
-        tokenizer = model.build(recipe.seed).tokenizer
+        tokenizer = clip_tokenizer(architectures.get(model.ARCH).pad_token)
         data = clock.stage("latents", lambda: first_stage.encode_training_set(recipe, vae, tokenizer))
         loop.save(work / unet_stage.LATENTS, data)
     scale = float(torch.load(work / unet_stage.LATENTS, weights_only=True)["scaling_factor"])
@@ -129,15 +130,16 @@ def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, 
 
         stored = build_from_weights(str(store_dir), "plms")  # judge what is stored (float16 weights as float32)
         args = (net, real, recipe.check_images, recipe.check_guidance, recipe.check_steps)
-        return store_dir, {"trained": quality.judge(stored, *args), "random_init": quality.judge(
+        sizes = {k: architectures.count_parameters(getattr(stored, k)) for k in ("unet", "vae", "text_encoder")}
+        return store_dir, sizes, {"trained": quality.judge(stored, *args), "random_init": quality.judge(
             model.build(recipe.seed), *args)}
 
-    store_dir, verdict = clock.stage("judge", judged)
+    store_dir, sizes, verdict = clock.stage("judge", judged)
     unet_curve = json.loads((work / unet_stage.DONE).read_text())["curve"]
     loop.save_json(store_dir / "training.json", {"evaluator": meta["curve"], "autoencoder": vae_curve,
                                                  "unet": unet_curve})
     record = dict(store.provenance(command), recipe=recipe.to_dict(), times_s=dict(clock.times),
-                  evaluator=meta["accuracy"], autoencoder_reconstructions=rec_acc, judge=verdict, scaling_factor=scale, parameters=_parameters(recipe))
+                  evaluator=meta["accuracy"], autoencoder_reconstructions=rec_acc, judge=verdict, scaling_factor=scale, parameters=sizes)
     manifest = store.write_manifest(store_dir, record)
     if out.exists():
         shutil.rmtree(out)
@@ -148,11 +150,6 @@ def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, 
         f"{verdict['random_init']['adherence']:.3f}, FID {verdict['random_init']['fid']:.2f}) at guidance "
         f"{recipe.check_guidance}, {recipe.check_steps} PLMS steps; {sum(clock.times.values()) / 60:.1f} min")
     return manifest
-
-
-def _parameters(recipe: Recipe) -> dict[str, int]:
-    pipe = model.build(recipe.seed)
-    return {k: sum(p.numel() for p in getattr(pipe, k).parameters()) for k in ("unet", "vae", "text_encoder")}
 
 
 def main(seed: int = 0, out: str | None = None, quick: bool = False, show: bool = True) -> int:
