@@ -72,40 +72,47 @@ def test_standalone_says_not_measured_and_keeps_a_failed_rows_reason(scratch_rep
 
 
 def _alone(rows):
-    """A stand-alone table: (key, status, speedup, verdict, psnr) with the catalog's family and declarations."""
+    """A stand-alone table: (key, status, speedup, verdict, quality verdict on the reference model) with the
+    catalog's family and declarations."""
     out = []
-    for key, status, speedup, verdict, psnr in rows:
+    for key, status, speedup, verdict, quality in rows:
         t = catalog.get(key)
         out.append({"key": key, "technique": t.label, "family": t.family, "notebook": t.notebook, "status": status,
                     "speedup": speedup, "speedup_lo": speedup, "speedup_hi": speedup, "speedup_verdict": verdict,
-                    "image_psnr_db": psnr, "changes_output": t.changes_output})
+                    "image_psnr_db": 60.0, "changes_output": t.changes_output, "quality_verdict": quality,
+                    "adherence_delta": None})
     return pd.DataFrame(out)
 
 
-def test_best_order_one_per_family_executor_last_fastest_first_faster_only_and_lossless():
+def test_best_order_one_per_family_executor_last_fastest_first_faster_only_and_keeping_the_picture():
     t = _alone([
-        ("compile:default", "ok", 1.5, "faster", float("inf")),
-        ("engine:openvino-f32", "ok", 1.4, "faster", float("inf")),   # a slower executor
-        ("int8:torch-ao-dynamic", "ok", 3.0, "faster", 25.0),          # fastest, but changes the picture
-        ("attention:sdpa:math", "ok", 1.05, "faster", float("inf")),
-        ("grad:no_grad", "ok", 1.2, "faster", float("inf")),
-        ("grad:inference_mode", "ok", 1.1, "faster", float("inf")),    # a slower one of the same family
-        ("precision:bfloat16", "ok", 1.3, "within noise", 48.0),       # median above 1, range inside the noise
-        ("precision:float16", "ok", 2.0, "faster", 45.0),              # changes the output, but PSNR >= 40 dB
-        ("calibration:unet-twice", "ok", 4.0, "faster", float("inf")),  # a check of the method, never a rung
+        ("compile:default", "ok", 1.5, "faster", None),
+        ("engine:openvino-f32", "ok", 1.4, "faster", None),          # a slower executor
+        ("int8:torch-ao-dynamic", "ok", 3.0, "faster", "over budget"),  # fastest, but over the quality budget
+        ("attention:sdpa:math", "ok", 1.05, "faster", None),
+        ("grad:no_grad", "ok", 1.2, "faster", None),
+        ("grad:inference_mode", "ok", 1.1, "faster", None),           # a slower one of the same family
+        ("precision:bfloat16", "ok", 1.3, "within noise", "within budget"),  # median above 1, range inside noise
+        ("precision:float16", "ok", 2.0, "faster", "within budget"),  # changes the output, cost within budget
+        ("scheduler:dpmpp-2m@20", "ok", 2.5, "faster", "undecided"),  # an interval straddles the budget
+        ("deepcache:3", "ok", 2.2, "faster", None),                   # lossy and never judged: not kept
+        ("calibration:unet-twice", "ok", 4.0, "faster", None),        # a check of the method, never a rung
         ("cuda_graphs", "not_applicable", None, None, None),
     ])
     order, why = ladder.best_order(t)
     assert order == ["precision:float16", "grad:no_grad", "attention:sdpa:math", "compile:default"]
     reasons = dict(zip(why.key, why.why))
-    assert reasons["int8:torch-ao-dynamic"].startswith("changes the picture")
+    assert reasons["int8:torch-ao-dynamic"] == "changes the picture: over budget"
+    assert reasons["scheduler:dpmpp-2m@20"] == "changes the picture: undecided"
+    assert reasons["deepcache:3"] == "changes the picture: no quality measurement on the reference model"
     assert reasons["engine:openvino-f32"].startswith("a faster technique of its family")
     assert reasons["grad:inference_mode"].startswith("a faster technique of its family")
     assert "within noise" in reasons["precision:bfloat16"]
     assert reasons["cuda_graphs"] == "not_applicable in 05_cuda_graphs"
     assert reasons["calibration:unet-twice"].startswith("a check of the method")
     lossy, _ = ladder.best_order(t, allow_lossy=True)
-    assert lossy == ["precision:float16", "grad:no_grad", "attention:sdpa:math", "int8:torch-ao-dynamic"]
+    assert lossy == ["scheduler:dpmpp-2m@20", "deepcache:3", "precision:float16", "grad:no_grad",
+                     "attention:sdpa:math", "int8:torch-ao-dynamic"]
     Stack = catalog.Stack  # every chosen order must be a valid stack (one of a family)
     assert Stack.of(catalog.join(order)).key == "+".join(order)
 

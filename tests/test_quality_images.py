@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sdperf.errors import ConfigError
+from sdperf.imagegen import read_manifest
 from sdperf.prompts import smoke_captions
 from sdperf.quality import fid, images, rungs, score
 from sdperf.quality.settings import settings
@@ -22,21 +23,38 @@ def scorers():
 
 @pytest.fixture(scope="module")
 def folder(tiny_pipe, smoke, tmp_path_factory):
+    from sdperf.imagegen import generate_folder
+
     out = tmp_path_factory.mktemp("gen")
-    rows = images.plan(smoke_captions()[:3], [1.5, 8.0], seed=5)
-    images.generate_with(tiny_pipe, rows, out, steps=2, resolution=smoke.resolution)
+    generate_folder(dataclasses.replace(smoke, seed=5), smoke_captions()[:3], out, guidance_scales=[1.5, 8.0],
+                    pipe=tiny_pipe, steps=2, progress=False)
     return out
 
 
-def test_plan_reuses_each_captions_noise_at_every_guidance_scale():
-    rows = images.plan(smoke_captions()[:2], [1.5, 8.0], seed=5)
-    assert [(r["prompt_id"], r["guidance"], r["seed"]) for r in rows] == [
-        ("1", 1.5, 5), ("2", 1.5, 6), ("1", 8.0, 5), ("2", 8.0, 6)]
-    assert len({r["file"] for r in rows}) == 4 and rows[0]["file"] == "p1_g1.5_s5.png"
+def test_each_captions_noise_is_reused_at_every_guidance_scale(folder):
+    m = read_manifest(folder).sort_values(["guidance", "prompt_id"])
+    assert [(r.prompt_id, r.guidance, r.seed) for r in m.itertuples()] == [
+        ("1", 1.5, 5), ("2", 1.5, 6), ("3", 1.5, 7), ("1", 8.0, 5), ("2", 8.0, 6), ("3", 8.0, 7)]
+    assert m.file.is_unique
+
+
+def test_a_technique_pipeline_is_recorded_with_its_grad_mode_and_not_resumed_into_by_another(tiny_pipe, smoke,
+                                                                                               tmp_path):
+    from sdperf.imagegen import generate_folder
+
+    generate_folder(smoke, smoke_captions()[:1], tmp_path, pipe=tiny_pipe, steps=1, progress=False,
+                    grad_mode="no_grad", technique="grad:no_grad")
+    run = (tmp_path / "run.json").read_text()
+    assert '"grad_mode": "no_grad"' in run and '"technique": "grad:no_grad"' in run
+    with pytest.raises(ConfigError, match="technique: folder has 'grad:no_grad', this run 'grad:grad'"):
+        generate_folder(smoke, smoke_captions()[:1], tmp_path, pipe=tiny_pipe, steps=1, progress=False,
+                        grad_mode="no_grad", technique="grad:grad")
+    with pytest.raises(ConfigError, match="grad_mode 'off' is not valid; choose one of: grad, no_grad"):
+        generate_folder(smoke, smoke_captions()[:1], tmp_path / "x", pipe=tiny_pipe, grad_mode="off")
 
 
 def test_folder_has_a_manifest_naming_every_png(folder, smoke):
-    m = images.read_manifest(folder)
+    m = read_manifest(folder)
     assert list(m.columns[:6]) == ["key", "prompt_id", "caption", "guidance", "seed", "file"]
     assert len(m) == 6 and sorted(m.guidance.unique()) == [1.5, 8.0]
     u8, pil = images.load_for_scoring(list(m.path[:2]), None)
@@ -48,7 +66,7 @@ def test_folder_has_a_manifest_naming_every_png(folder, smoke):
 def test_scoring_a_folder_groups_by_guidance_and_merges_like_the_whole(folder, scorers):
     per_g = score.score_folder(scorers, folder)
     assert sorted(per_g) == [1.5, 8.0] and all(v.n == 3 for v in per_g.values())
-    whole = score.score_files(scorers, list(images.read_manifest(folder).path))
+    whole = score.score_files(scorers, list(read_manifest(folder).path))
     merged = fid.merge(v.stats for v in per_g.values())
     for a, b in zip(fid.mu_sigma(merged), fid.mu_sigma(whole.stats)):
         torch.testing.assert_close(a, b)
@@ -56,11 +74,11 @@ def test_scoring_a_folder_groups_by_guidance_and_merges_like_the_whole(folder, s
 
 
 def test_manifest_problems_are_named(folder, tmp_path):
-    with pytest.raises(ConfigError, match="has no manifest.csv"):
-        images.read_manifest(tmp_path)
+    with pytest.raises(ConfigError, match="manifest.csv' does not exist"):
+        read_manifest(tmp_path)
     (tmp_path / "manifest.csv").write_text((folder / "manifest.csv").read_text())
     with pytest.raises(ConfigError, match="names 6 image\\(s\\) that are not in the folder"):
-        images.read_manifest(tmp_path)
+        read_manifest(tmp_path)
 
 
 def test_standin_reference_is_seeded_and_labelled(scorers, smoke):

@@ -14,7 +14,6 @@ import pandas as pd
 
 from sdperf.optimizations import catalog
 
-PSNR_THRESHOLD_DB = 40.0  # at or above it, a technique is taken to keep the picture
 # ratio column -> the metric comparison.record stores it under
 RATIO_METRICS = {"speedup": "speedup_vs_fp32", "unet_step_speedup": "unet_step_speedup_vs_fp32",
                  "seed_speedup": "seed_speedup_vs_fp32"}
@@ -86,5 +85,9 @@ def standalone(study, keys: list[str] | None = None, batch_size: int = 1) -> pd.
 
 
 def keeps_picture(row) -> bool:
-    """Lossless by declaration, or measured at or above the PSNR threshold against fp32 eager."""
-    return (not bool(row["changes_output"])) or (row["image_psnr_db"] >= PSNR_THRESHOLD_DB)
+    """Lossless by declaration, or its quality cost measured on the trained reference model is within the budget
+    (sdperf.reference.techniques: paired adherence and domain-FID intervals); PSNR against a random-init UNet
+    says nothing about a trained model's picture, so it no longer decides."""
+    from sdperf.reference.techniques import WITHIN
+
+    return (not bool(row["changes_output"])) or row.get("quality_verdict") == WITHIN

@@ -14,8 +14,9 @@ Rules (stated in the notebook too):
 - A technique of a family already in the stack replaces it (Cerebrium's inference_mode replaces no_grad).
 - The best order comes from the stand-alone rows of notebooks 01-09 on this machine at this commit
   (sdperf.standalone, by catalog key): the candidates are the techniques "faster" than fp32 eager alone (their
-  range over rounds clears the noise band) that keep the picture (lossless, or PSNR >= 40 dB) unless lossy rungs
-  are allowed; one per family; at most one UNet executor, stacked last because it compiles or exports what the
+  range over rounds clears the noise band) that keep the picture unless lossy rungs are allowed: lossless by
+  declaration, or a quality cost on the trained reference model within the budget (sdperf.reference.techniques:
+  at most 1 point of adherence and 10% of the domain FID, both 95% paired intervals inside); one per family; at most one UNet executor, stacked last because it compiles or exports what the
   rungs below set up; the others fastest first.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from sdperf.comparison import BASELINE, Comparison, published_row, run_variants
 from sdperf.errors import ConfigError
 from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Context, Stack
-from sdperf.standalone import PSNR_THRESHOLD_DB, keeps_picture, standalone
+from sdperf.standalone import keeps_picture, standalone
 from sdperf.study import Study
 
 CEREBRIUM = "Cerebrium order"
@@ -142,10 +143,55 @@ def _why(r, allow_lossy: bool, chosen: pd.DataFrame, cand: pd.DataFrame) -> str:
         return (f"not faster than fp32 alone: {r.speedup:.3f}x [{r.speedup_lo:.3f}-{r.speedup_hi:.3f}], "
                 f"{r.speedup_verdict}")
     if not allow_lossy and not keeps_picture(r):
-        return f"changes the picture (PSNR {r.image_psnr_db:.1f} dB < {PSNR_THRESHOLD_DB:g})"
+        return f"changes the picture: {quality_text(r)}"
     if r.key not in set(chosen.key):
         return f"a faster technique of its family ({r.family}) was chosen: one per family"
     return "candidate" + (" (the UNet executor, stacked last)" if r.family == catalog.EXECUTOR else "")
+
+
+def quality_text(r) -> str:
+    """What the reference model measured for a lossy technique, or why nothing was measured."""
+    if pd.isna(r.get("adherence_delta")):
+        return str(r.get("quality_verdict") or "no quality measurement on the reference model")
+    return (f"{r['quality_verdict']} on the reference model (adherence {r['adherence_delta']:+.3f} "
+            f"[{r['adherence_delta_lo']:+.3f}, {r['adherence_delta_hi']:+.3f}], domain FID {r['fid_delta']:+.2f} "
+            f"[{r['fid_delta_lo']:+.2f}, {r['fid_delta_hi']:+.2f}])")
+
+
+QUALITY_COLUMNS = ("quality_verdict", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi", "fid_delta",
+                   "fid_delta_lo", "fid_delta_hi", "psnr_db_median")
+
+
+def with_quality(study: Study, alone: pd.DataFrame, say: Callable[[str], None] = print) -> pd.DataFrame:
+    """The stand-alone table with the reference-model quality of its lossy techniques that are faster alone (the
+    only ones whose picture decides anything), measured once per run (sdperf.reference.techniques.for_study)."""
+    from sdperf.quality.settings import settings
+    from sdperf.reference import techniques
+
+    t = alone.copy()
+    lossy = t[(t.status == "ok") & (t.speedup_verdict == rounds.FASTER) & t.changes_output.astype(bool)
+              & ~t.family.isin(NOT_CANDIDATES)].key.tolist()
+    for col in QUALITY_COLUMNS:
+        t[col] = None
+    if not lossy:
+        return t
+    s = settings(study.profile)
+    try:
+        q = techniques.for_study(study, lossy, n=s.reference_delta_images, steps=s.reference_steps, say=say)
+    except ConfigError as exc:  # no verified reference model: nothing lossy can be shown to keep the picture
+        say(f"no quality measurement: {exc}")
+        t.loc[t.key.isin(lossy), "quality_verdict"] = f"not measured: {exc}"
+        return t
+    by_key = q.set_index("key") if len(q) else pd.DataFrame()
+    for i, key in t.key.items():
+        if key in by_key.index:
+            got = by_key.loc[key]
+            if got.status != "ok":
+                t.at[i, "quality_verdict"] = f"not measured on the reference model: {got.note}"
+                continue
+            for col in QUALITY_COLUMNS:
+                t.at[i, col] = got[col]
+    return t
 
 
 # ---------------------------------------------------------------- measuring and reading the ladders
@@ -227,7 +273,7 @@ TABLE_COLUMNS = ["ladder", "rung", "key", "technique", "stack", "name", "below",
 def run(study: Study, *, allow_lossy: bool = False, check: bool = True,
         say: Callable[[str], None] = print) -> dict:
     """Choose the best order from the stand-alone rows, plan both ladders, measure them in one run."""
-    alone = standalone(study)
+    alone = with_quality(study, standalone(study), say=say)
     order, choice = best_order(alone, allow_lossy=allow_lossy)
     skips = half_budget_skips(study, list(CEREBRIUM_ORDER) + order, say=say)
     cerebrium = plan(study, CEREBRIUM, CEREBRIUM_ORDER, skips)

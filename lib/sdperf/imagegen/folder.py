@@ -18,6 +18,7 @@ from sdperf.imagegen import store
 from sdperf.profiles import DTYPES, Profile, load_profile
 
 OVERALL_REFRESH_S = 1.0
+DEFAULT_GRAD_MODE = "inference_mode"
 
 
 @dataclass
@@ -117,8 +118,14 @@ def _captions(captions) -> dict[str, str]:
 def _settings(p: "Plan") -> dict:
     """What the pixels depend on: resuming into a folder made with other values would mix two studies."""
     prof = p.profile
-    return dict(profile=prof.name, arch=prof.arch, resolution=prof.resolution, steps=p.steps,
-                scheduler=prof.scheduler, dtype=p.dtype, weights=prof.weights, weights_seed=prof.seed)
+    out = dict(profile=prof.name, arch=prof.arch, resolution=prof.resolution, steps=p.steps,
+               scheduler=prof.scheduler, dtype=p.dtype, weights=prof.weights, weights_seed=prof.seed)
+    # recorded only when set, so folders made before these existed still resume
+    if p.grad_mode != DEFAULT_GRAD_MODE:
+        out["grad_mode"] = p.grad_mode
+    if p.technique:
+        out["technique"] = p.technique
+    return out
 
 
 def _pipe_dtype(pipe) -> str:
@@ -139,11 +146,16 @@ class Plan:
     ranks: R.Ranks
     dtype: str
     steps: int
+    grad_mode: str = "inference_mode"
+    technique: str | None = None
 
 
 def plan(profile, captions, out_dir, guidance_scales=None, seeds=None, rank=None, world_size=None,
-         batch_size: int = 1, dtype: str | None = None, pipe=None, steps: int | None = None) -> Plan:
+         batch_size: int = 1, dtype: str | None = None, pipe=None, steps: int | None = None,
+         grad_mode: str = "inference_mode", technique: str | None = None) -> Plan:
     """Validate every input (fast, no model): bad values fail naming the value and the valid choices."""
+    from sdperf.generation import GRAD_MODES
+
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     texts = _captions(captions)
     guidance = K.check_guidance([prof.guidance_scale] if guidance_scales is None else guidance_scales)
@@ -157,14 +169,19 @@ def plan(profile, captions, out_dir, guidance_scales=None, seeds=None, rank=None
     steps = prof.steps if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps {steps!r} is not valid; choose an integer >= 1 (the profile's is {prof.steps})")
+    if grad_mode not in GRAD_MODES:
+        raise ConfigError(f"grad_mode {grad_mode!r} is not valid; choose one of: {', '.join(GRAD_MODES)}")
+    if technique is not None and pipe is None:
+        raise ConfigError(f"technique {technique!r} names what was applied to a pipeline: give that pipeline as pipe")
     keys = K.plan_keys(texts, guidance, seeds, base_seed=prof.seed)
     return Plan(prof, texts, keys, K.work_units(keys, batch_size), store.check_out_dir(out_dir),
-                R.detect(rank, world_size), dtype, steps)
+                R.detect(rank, world_size), dtype, steps, grad_mode, technique)
 
 
 def generate_folder(profile, captions, out_dir, guidance_scales=None, seeds=None, rank=None, world_size=None,
                     pipe=None, progress: bool = True, batch_size: int = 1, dtype: str | None = None,
-                    steps: int | None = None) -> Summary:
+                    steps: int | None = None, grad_mode: str = "inference_mode",
+                    technique: str | None = None) -> Summary:
     """Generate this rank's missing images of every (caption id, guidance, seed) into out_dir; the summary.
 
     `profile` is a Profile or a profile name; `captions` a list of prompts.Caption or a captions file. Guidance
@@ -172,9 +189,12 @@ def generate_folder(profile, captions, out_dir, guidance_scales=None, seeds=None
     rank/world_size default to torch.distributed or torchrun's environment (one process without a launcher).
     `pipe` reuses a built pipeline (else one is built, only when something is missing). batch_size > 1 batches
     prompts of one guidance scale (the batches are the same at any world size, so the pixels are too). `steps`
-    overrides the profile's denoising steps (NeMo's protocol: 50).
+    overrides the profile's denoising steps (NeMo's protocol: 50). A pipeline a technique was applied to
+    (sdperf.optimizations.catalog) comes as `pipe` with the stack's `grad_mode` and its key as `technique`, which the
+    folder's run.json records, so the rung images of 12 take this same path.
     """
-    p = plan(profile, captions, out_dir, guidance_scales, seeds, rank, world_size, batch_size, dtype, pipe, steps)
+    p = plan(profile, captions, out_dir, guidance_scales, seeds, rank, world_size, batch_size, dtype, pipe, steps,
+             grad_mode, technique)
     p.out_dir.mkdir(parents=True, exist_ok=True)
     store.check_run_settings(p.out_dir, _settings(p))
     with R.process_group(p.ranks):
@@ -246,7 +266,8 @@ def _generate_units(p: Plan, pipe, todo, part, commit: str, stats: RankStats, ba
     stats.start_unix = time.time()
     start = time.perf_counter()
     for unit in todo:
-        images = render(pipe, p.profile, [(p.captions[k.prompt_id], k.guidance, k.seed) for k in unit], p.steps)
+        images = render(pipe, p.profile, [(p.captions[k.prompt_id], k.guidance, k.seed) for k in unit], p.steps,
+                        p.grad_mode)
         for key, image in zip(unit, images):
             store.write_image(p.out_dir, key, image)  # the image first (temp + rename), then its row
             part.append(_row(p, key, commit, store.utc_now()))

@@ -37,12 +37,14 @@ def _stack_extra(extras: list[dict], do_cfg: bool) -> dict:
     return {"added_cond_kwargs": {k: _stack_cfg([a[k] for a in added], do_cfg) for k in added[0]}}
 
 
-def render(pipe, profile: Profile, items: list[tuple[str, float, int]], steps: int | None = None) -> np.ndarray:
-    """uint8 NHWC images for (caption, guidance, seed) items sharing one guidance scale."""
+def render(pipe, profile: Profile, items: list[tuple[str, float, int]], steps: int | None = None,
+           grad_mode: str = "inference_mode") -> np.ndarray:
+    """uint8 NHWC images for (caption, guidance, seed) items sharing one guidance scale, under `grad_mode`
+    (inference_mode unless a technique measures what autograd costs)."""
     guidance = {g for _, g, _ in items}
     if len(guidance) != 1:
         raise ValueError(f"a batch must share one guidance scale, got {sorted(guidance)}")
-    with torch.inference_mode():
+    with generation.GRAD_MODES[grad_mode]():
         return render_workloads(pipe, [workload(profile, caption, g, seed, steps) for caption, g, seed in items])
 
 

@@ -6,7 +6,7 @@
     DIR/manifest.csv           one row per image in the folder (any run into it), sorted by key, rebuilt from the
                                parts at the end of every run
     DIR/summary.json           images/s per rank and in total, of the last run
-    DIR/scores/                per-shard scoring states (sdperf.imagegen.scoring)
+    DIR/scores/                per-shard scoring states (sdperf.quality.sharded)
 
 An image exists only once complete (it appears by rename), so "done" is "the file exists". A kill between the
 rename and the row leaves an image without a row; the next run of its owner writes the row (from the file's
@@ -35,6 +35,7 @@ PARTS_DIR = "parts"
 MANIFEST = "manifest.csv"
 SUMMARY = "summary.json"
 KEY_COLUMNS = ["guidance", "prompt_id", "seed"]
+REQUIRED = ("key", "prompt_id", "caption", "guidance", "seed", "file")  # what a reader needs of a manifest
 COLUMNS = ["key", "prompt_id", "caption", "guidance", "seed", "file", "steps", "resolution", "profile", "dtype",
            "commit", "time_utc", "rank"]
 # results.atomic_write_bytes names its temp file ".<name>.<random>.tmp" beside the target
@@ -201,10 +202,25 @@ def rebuild_manifest(out_dir) -> pd.DataFrame:
 
 
 def read_manifest(out_dir) -> pd.DataFrame:
-    """The manifest of a generated folder: one row per image (prompt id, caption, guidance, seed, file, ...)."""
-    path = Path(out_dir).expanduser() / MANIFEST
+    """The manifest of a generated folder, one row per image (prompt id, caption, guidance, seed, file, ...) with
+    its `path`; the one reader of every image folder the study makes (sdperf generate, 12's curve and rungs).
+    A folder without a manifest, a manifest without the key columns, or a row whose image is gone fails,
+    naming it."""
+    folder = Path(out_dir).expanduser()
+    path = folder / MANIFEST
     if not path.is_file():
-        raise ConfigError(f"{str(path)!r} does not exist: generate into {str(path.parent)!r} first "
+        raise ConfigError(f"{str(path)!r} does not exist: generate into {str(folder)!r} first "
                           "(sdperf generate --out ...), or rebuild it with sdperf.imagegen.rebuild_manifest")
-    return pd.read_csv(path, dtype={"key": str, "prompt_id": str, "caption": str, "seed": int, "guidance": float},
-                       keep_default_na=False)
+    df = pd.read_csv(path, dtype={"key": str, "prompt_id": str, "caption": str, "file": str},
+                     keep_default_na=False)
+    lacking = [c for c in REQUIRED if c not in df.columns]
+    if lacking:
+        raise ConfigError(f"{str(path)!r} lacks column(s) {', '.join(lacking)}; expected {', '.join(REQUIRED)}")
+    missing = [f for f in df["file"] if not (folder / f).is_file()]
+    if missing:
+        raise ConfigError(f"{str(path)!r} names {len(missing)} image(s) that are not in the folder, "
+                          f"e.g. {missing[0]!r}")
+    df["guidance"] = df["guidance"].astype(float)
+    df["seed"] = df["seed"].astype(int)
+    df["path"] = [str(folder / f) for f in df["file"]]
+    return df

@@ -20,12 +20,14 @@ from sdperf.errors import ConfigError
 # compiles, exports or quantizes the UNet as the rungs below left it), and likewise one of every other family.
 GRAD_MODE, PARAMETERS, PRECISION, ATTENTION = "grad mode", "parameters", "precision", "attention"
 EXECUTOR, GRAPHS, SCHEDULER, ALLOCATOR = "unet executor", "graphs", "scheduler", "allocator"
+CACHING, MERGING = "feature caching", "token merging"  # both patch the PyTorch UNet's blocks: not after an executor
 CALIBRATION = "calibration"  # a technique of known cost that checks the method itself
-FAMILIES = (GRAD_MODE, PARAMETERS, PRECISION, ATTENTION, EXECUTOR, GRAPHS, SCHEDULER, ALLOCATOR, CALIBRATION)
+FAMILIES = (GRAD_MODE, PARAMETERS, PRECISION, ATTENTION, EXECUTOR, GRAPHS, SCHEDULER, CACHING, MERGING, ALLOCATOR,
+            CALIBRATION)
 
 # The modules that declare techniques, in study order (the notebook that owns most of each module's keys).
 MODULES = ("inference_mode", "half_precision", "attention", "torch_compile", "cuda_graphs", "deepspeed_inference",
-           "engine_export", "quantization", "fewer_steps", "allocator", "calibration")
+           "engine_export", "quantization", "fewer_steps", "feature_reuse", "token_merging", "allocator", "calibration")
 STACK_SEP = "+"
 BASELINE_KEY = "fp32-eager"  # the empty stack: the profile's pipeline in fp32, inference_mode, as built
 

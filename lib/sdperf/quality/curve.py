@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from sdperf import prompts
-from sdperf.imagegen import scoring
+from sdperf.imagegen import read_manifest
+from sdperf.quality import sharded
 from sdperf.paths import profile_reports
 from sdperf.quality import images, score
 from sdperf.quality.settings import QualitySettings
@@ -97,11 +98,11 @@ def generate(study: Study, s: QualitySettings, say: Callable[[str], None] = prin
 def score_curve(study: Study, s: QualitySettings, scorers: score.Scorers, folder: Path) -> Curve:
     """One point per guidance scale: FID against the reference, mean CLIP score; stored as results rows.
 
-    Scored the way `sdperf generate` folders scale out (sdperf.imagegen.scoring): each rank's Inception sums and
+    Scored the way `sdperf generate` folders scale out (sdperf.quality.sharded): each rank's Inception sums and
     CLIP scores saved per shard, then merged; in the notebook there is one shard, under torchrun there are N."""
     p = study.profile
     ref = score.reference(scorers, s, n_standin=s.n_images, seed=p.seed + 10_000)
-    scored = scoring.score_folder(folder, scorers, name="guidance")  # per-shard statistics, merged
+    scored = sharded.score_folder(folder, scorers, name="guidance")  # per-shard statistics, merged
     table = pd.DataFrame([_row(s, g, sc, ref) for g, sc in scored.items()])
     _record(study, s, table, ref)
     return Curve(table, folder, ref)
@@ -179,7 +180,7 @@ def plot(study: Study, s: QualitySettings, curve: Curve, others: pd.DataFrame | 
 
 def sample_grid(study: Study, folder: Path, n_captions: int = 4):
     """The first captions' images at every guidance scale, to look at what was scored."""
-    m = images.read_manifest(folder)
+    m = read_manifest(folder)
     ids = list(dict.fromkeys(m.prompt_id))[:n_captions]
     scales = sorted(m.guidance.unique())
     fig, axes = plt.subplots(len(ids), len(scales), figsize=(1.9 * len(scales), 1.9 * len(ids)), squeeze=False)

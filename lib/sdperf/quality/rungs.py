@@ -14,6 +14,8 @@ the measured ratio.
 from __future__ import annotations
 
 import math
+import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,6 +29,7 @@ from sdperf import drift, half_budget
 from sdperf.comparison import release
 from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Context, Stack
+from sdperf.imagegen import read_manifest
 from sdperf.quality import fid, images, score
 from sdperf.quality.curve import choose_captions, fresh_folder, images_root, metric_name
 from sdperf.quality.settings import QualitySettings
@@ -52,26 +55,28 @@ def check_keys(keys: list[str]) -> dict[str, Stack]:
 
 
 def generate(study: Study, s: QualitySettings, keys: list[str], say: Callable[[str], None] = print) -> list[Rung]:
-    """The fp32 eager images, then each rung's on the same captions and noise (first row: the baseline)."""
+    """The fp32 eager images, then each rung's on the same captions and noise (first row: the baseline), every
+    set through sdperf.imagegen.generate_folder (quality.images.generate_images) with the rung's pipeline."""
     stacks = check_keys(keys)
     if not stacks:  # nothing to set beside the baseline: its images would be scored against themselves
         say(f"no rungs asked (the notebook's rungs parameter, or the {study.profile.name} profile's notebooks: "
             "section): no rung images generated")
         return []
     p = study.profile
-    plan = images.plan(choose_captions(s, s.ladder_n_images, p.seed), [p.guidance_scale], p.seed)
+    captions = choose_captions(s, s.ladder_n_images, p.seed)
     root = images_root(study) / "rungs"
     base_pipe = study.pipeline("float32")
     try:
-        m = images.generate_with(base_pipe, plan, fresh_folder(root / "fp32"), steps=s.steps,
-                                 resolution=p.resolution)
-    finally:
+        start = time.perf_counter()
+        images.generate_images(study, captions, [p.guidance_scale], fresh_folder(root / "fp32"), steps=s.steps,
+                               pipe=base_pipe)
+        per_image = (time.perf_counter() - start) / len(captions)  # wall time of the set, the first call's warm-up
+    finally:                                                        # included: a budget estimate, no benchmark
         del base_pipe
         release()
-    per_image = float(np.median(m["seconds"]))
     out = [Rung(BASELINE, "", "ok", root / "fp32")]
     for key, stack in stacks.items():
-        out.append(_generate_rung(study, s, key, stack, plan, root, per_image, say))
+        out.append(_generate_rung(study, s, key, stack, captions, root, per_image, say))
     return out
 
 
@@ -79,7 +84,11 @@ def _halves(stack: Stack, ctx: Context) -> set[str]:
     return {t.dtype for t in stack.techniques if t.family == catalog.PRECISION and t.availability(ctx)[0]}
 
 
-def _generate_rung(study, s, key, stack, plan, root, per_image, say) -> Rung:
+def _folder_name(key: str) -> str:
+    return re.sub(r"[^\w.-]", "_", key)
+
+
+def _generate_rung(study, s, key, stack, captions, root, per_image, say) -> Rung:
     p, ctx = study.profile, Context(study.profile, scratch=images_root(study) / ".scratch")
     label = stack.label
     ok, reason = stack.availability(ctx)
@@ -88,17 +97,17 @@ def _generate_rung(study, s, key, stack, plan, root, per_image, say) -> Rung:
         return Rung(label, key, "not_applicable", note=f"not applicable: {reason}")
     for half in sorted(_halves(stack, ctx)):
         why = half_budget.probe(study, half).skip_reason(
-            len(plan), p.variant_budget_s, f"{len(plan)} images (from the fp32 images' {per_image:.2f} s each)",
+            len(captions), p.variant_budget_s, f"{len(captions)} images (from the fp32 images' {per_image:.2f} s each)",
             fp32_generation_s=per_image)
         if why:
             say(f"{key}: skipped: {why}")
             return Rung(label, key, "skipped", note=f"skipped: {why}")
-    folder = root / images.safe_name(key)
+    folder = root / _folder_name(key)
     pipe = None
     try:
         pipe = stack.apply(study.pipeline("float32"), ctx)
-        images.generate_with(pipe, plan, fresh_folder(folder), steps=stack.steps or s.steps,
-                             resolution=p.resolution, grad_mode=stack.grad_mode)
+        images.generate_images(study, captions, [p.guidance_scale], fresh_folder(folder), steps=stack.steps or s.steps,
+                               pipe=pipe, grad_mode=stack.grad_mode, technique=key)
     except Exception as exc:  # recorded with its error; the other rungs still run
         msg = f"{type(exc).__name__}: {exc}"
         say(f"{key}: failed: {msg[:300]}")
@@ -119,7 +128,7 @@ def score_rungs(study: Study, s: QualitySettings, scorers: score.Scorers, rungs:
     """One row per rung: FID and CLIP against the baseline's images, PSNR, stand-alone speed-up if measured."""
     if not rungs:
         return pd.DataFrame(columns=["rung", "key", "status", "n_images", "note"])
-    base_m = images.read_manifest(rungs[0].folder)
+    base_m = read_manifest(rungs[0].folder)
     base = score.score_files(scorers, list(base_m["path"]), list(base_m["caption"]))
     base_px, speed = _pixels(base_m), _standalone_speed(study, [r.key for r in rungs[1:]])
     rows = [{"rung": BASELINE, "key": "", "status": "ok", "n_images": base.n, s.label("fid_vs_baseline"): 0.0,
@@ -129,7 +138,7 @@ def score_rungs(study: Study, s: QualitySettings, scorers: score.Scorers, rungs:
     for r in rungs[1:]:
         row = {"rung": r.label, "key": r.key, "status": r.status, "n_images": 0, "note": r.note}
         if r.status == "ok":
-            m = images.read_manifest(r.folder)
+            m = read_manifest(r.folder)
             sc = score.score_files(scorers, list(m["path"]), list(m["caption"]))
             row.update({"n_images": sc.n, s.label("fid_vs_baseline"): fid.fid(sc.stats, base.stats),
                         s.label("clip"): float(np.mean(sc.clip)), "clip_change": float(np.mean(sc.clip - base.clip)),

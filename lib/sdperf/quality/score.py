@@ -14,7 +14,8 @@ import torch
 
 from sdperf.quality import clip as clip_mod
 from sdperf.quality import fid
-from sdperf.quality.images import image_files, load_for_scoring, read_manifest, standin_images
+from sdperf.imagegen import read_manifest
+from sdperf.quality.images import image_files, load_for_scoring, standin_images
 from sdperf.quality.settings import QualitySettings
 
 

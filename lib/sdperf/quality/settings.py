@@ -43,6 +43,8 @@ KEYS = {
     "reference_n_images": Key("int", "an integer >= 2 (reference-model images per guidance scale)"),
     "reference_guidance_scales": Key("float_list", "a non-empty list of guidance scales >= 1"),
     "reference_steps": Key("int", "an integer >= 1 (PLMS steps of the reference-model images; NeMo: 50)"),
+    "reference_delta_images": Key("int", "an integer >= 2 (reference-model images per technique for its paired "
+                                         "quality deltas, sdperf.reference.techniques)"),
 }
 
 
@@ -66,6 +68,7 @@ class QualitySettings:
     reference_n_images: int
     reference_guidance_scales: tuple[float, ...]
     reference_steps: int
+    reference_delta_images: int
     pipeline_weights: str | None
 
     @property
@@ -131,7 +134,7 @@ def _path(profile: str, key: str, value, spec: Key) -> Path | None:
 
 def _value(profile: str, key: str, value, spec: Key):
     if spec.kind == "int":
-        minimum = 2 if key in ("n_images", "ladder_n_images", "reference_n_images") else 1
+        minimum = 2 if key in ("n_images", "ladder_n_images", "reference_n_images", "reference_delta_images") else 1
         if not _is_int(value) or value < minimum:
             raise _fail(profile, key, value, spec)
         return value

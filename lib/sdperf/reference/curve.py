@@ -79,6 +79,28 @@ def grid(kept: dict[float, np.ndarray], captions: list[str]):
     return fig
 
 
+def training_plot(folder, manifest: dict):
+    """The three stages' training losses (mean per logged window) from the stored training.json, with their
+    stage times from the manifest: what the committed model went through."""
+    import json
+    from pathlib import Path
+
+    curves = json.loads((Path(folder) / "training.json").read_text())
+    times = manifest.get("times_s", {})
+    fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.2), squeeze=False)
+    for ax, (stage, curve) in zip(axes[0], curves.items()):
+        steps = [c["step"] for c in curve]
+        ax.plot(steps, [c["loss"] for c in curve])
+        ax.set_yscale("log")
+        took = times.get(stage)
+        ax.set(xlabel="optimizer step", ylabel="training loss (log)",
+               title=f"{stage}" + (f" ({float(took) / 60:.1f} min)" if took else ""))
+    fig.suptitle(f"{MODEL}: training curves of `sdperf train-reference` (commit {manifest.get('commit')}, "
+                 f"{manifest.get('machine', {}).get('cpu_model', 'the machine in its manifest')})", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 METHOD = ("n captions of the reference domain, caption i with noise seed i at every scale, PLMS; adherence: mean "
           "over images [BCa bootstrap 95%]; domain FID: evaluator features vs held-out renders [percentile "
           "bootstrap 95% over generated images]")
@@ -98,6 +120,7 @@ def for_study(study, s, folder=None):
     study.save_figure(plot(table, f"{MODEL}: {n} images per guidance scale, {steps} PLMS steps, "
                                   f"{study.env['device_name']}; bars: 95% bootstrap intervals"), "reference_curve")
     study.save_figure(grid(kept, captions), "reference_samples")
+    study.save_figure(training_plot(folder or store.default_dir(), manifest), "reference_training")
     return table, manifest
 
 

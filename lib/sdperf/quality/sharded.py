@@ -1,4 +1,4 @@
-"""FID / CLIP of a generated folder, sharded like its generation: each rank scores its share of the manifest and
+"""FID / CLIP of a generated folder (sdperf.imagegen), sharded like its generation: each rank scores its share of the manifest and
 saves, per guidance scale, its Inception statistics (sdperf.quality.fid's sums and outer-product sums: they add up)
 and its per-image CLIP scores; the merge adds the statistics and joins the scores.
 

@@ -7,7 +7,7 @@ import torch
 
 from sdperf.errors import ConfigError
 from sdperf.imagegen import generate_folder
-from sdperf.imagegen.scoring import merge_scores, score_folder, score_shard
+from sdperf.quality.sharded import merge_scores, score_folder, score_shard
 from sdperf.prompts import smoke_captions
 from sdperf.quality import clip, fid
 from sdperf.quality.images import read_manifest
