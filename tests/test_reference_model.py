@@ -35,6 +35,6 @@ def test_the_model_follows_its_captions_at_guidance_7_5(reference):
     images = quality.generate(pipe, [s.caption for s in items], list(range(100)), 7.5, 50)
     scores = evaluator.adherence_checks(evaluator.predict(net, images), domain.labels_many(items))
     assert scores.mean() >= 0.8, scores.mean()
-    unguided = quality.generate(pipe, [s.caption for s in items], list(range(100)), 1.0, 50)
-    plain = evaluator.adherence_checks(evaluator.predict(net, unguided), domain.labels_many(items))
-    assert scores.mean() > plain.mean()  # guidance sharpens adherence: the caption dropout worked
+    # the images follow THEIR captions: judged against the next caption's claims they score far lower
+    others = evaluator.adherence_checks(evaluator.predict(net, images), domain.labels_many(items[1:] + items[:1]))
+    assert others.mean() < scores.mean() - 0.2, (others.mean(), scores.mean())

@@ -152,7 +152,8 @@ def _why(r, allow_lossy: bool, chosen: pd.DataFrame, cand: pd.DataFrame) -> str:
 def quality_text(r) -> str:
     """What the reference model measured for a lossy technique, or why nothing was measured."""
     if pd.isna(r.get("adherence_delta")):
-        return str(r.get("quality_verdict") or "no quality measurement on the reference model")
+        v = r.get("quality_verdict")
+        return "no quality measurement on the reference model" if v is None or pd.isna(v) else str(v)
     return (f"{r['quality_verdict']} on the reference model (adherence {r['adherence_delta']:+.3f} "
             f"[{r['adherence_delta_lo']:+.3f}, {r['adherence_delta_hi']:+.3f}], domain FID {r['fid_delta']:+.2f} "
             f"[{r['fid_delta_lo']:+.2f}, {r['fid_delta_hi']:+.2f}])")

@@ -4,7 +4,7 @@ NeMo draws COCO captions, makes one image per caption at each guidance scale 1.5
 FID against CLIP score. Here: `n` captions of the domain (quality.PROMPT_SEED), caption i with noise seed i at every
 scale (common random numbers: points differ by guidance, not by noise), 50 PLMS steps; adherence (the CLIP
 analogue) with a BCa bootstrap interval over images, domain FID against held-out renders with a percentile
-bootstrap interval over the generated images.
+bootstrap interval over the generated images, recentred on the estimate (resampling with replacement inflates FID).
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def training_plot(folder, manifest: dict):
 
 METHOD = ("n captions of the reference domain, caption i with noise seed i at every scale, PLMS; adherence: mean "
           "over images [BCa bootstrap 95%]; domain FID: evaluator features vs held-out renders [percentile "
-          "bootstrap 95% over generated images]")
+          "bootstrap 95% over generated images, recentred on the estimate]")
 
 
 def for_study(study, s, folder=None):

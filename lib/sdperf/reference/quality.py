@@ -64,16 +64,30 @@ def domain_fid(fake: torch.Tensor, real: Real) -> float:
     return fid.frechet_distance(*_mu_sigma(fake), *_mu_sigma(real.features))
 
 
+def recentred(estimate: float, resampled, confidence: float = None) -> tuple[float, float]:
+    """A percentile bootstrap interval moved so that the resamples' mean sits on the estimate.
+
+    Resampling images with replacement repeats some of them, which inflates FID (its mean term alone gains about
+    tr(Sigma)/n): on the reference model's 500 images the raw percentiles of FID lay wholly above the estimate
+    (32.6 vs [43.5, 58.6]). The spread of the resamples is what the bootstrap measures well, so the interval keeps
+    it and drops the shift: a statement about FID's variability at this n, around the value reported."""
+    confidence = CONFIDENCE if confidence is None else confidence
+    values = np.asarray(resampled, dtype=float)
+    lo, hi = np.percentile(values, [100 * (1 - confidence) / 2, 100 * (1 + confidence) / 2])
+    shift = estimate - float(values.mean())
+    return float(lo + shift), float(hi + shift)
+
+
 def fid_interval(fake: torch.Tensor, real: Real, seed: int = 0, n_resamples: int = 200) -> tuple[float, float]:
-    """Percentile bootstrap over the generated images (the real side fixed): FID's spread from the sample."""
+    """FID's spread from the generated sample (the real side fixed): a percentile bootstrap over the generated
+    images, recentred on the estimate (see `recentred`)."""
     from sdperf.quality import fid
 
     rng = np.random.default_rng(seed)
     mu_r, sigma_r = _mu_sigma(real.features)
     values = [fid.frechet_distance(*_mu_sigma(fake[torch.as_tensor(rng.integers(len(fake), size=len(fake)))]),
                                    mu_r, sigma_r) for _ in range(n_resamples)]
-    lo, hi = np.percentile(values, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2])
-    return float(lo), float(hi)
+    return recentred(domain_fid(fake, real), values)
 
 
 def mean_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
