@@ -24,18 +24,21 @@ def prompts(n: int) -> list[domain.Scene]:
 
 
 def generate(pipe, captions: list[str], seeds: list[int], guidance: float, steps: int,
-             batch: int = 100) -> np.ndarray:
-    """uint8 NHWC images, caption i with latent seed i, `batch` prompts per UNet call."""
-    from sdperf.generation import Workload
+             batch: int = 100, grad_mode: str = "inference_mode") -> np.ndarray:
+    """uint8 NHWC images, caption i with latent seed i, `batch` prompts per UNet call, under `grad_mode`.
+    A last, shorter batch is padded with repeats of its last prompt (and the padding dropped), so every UNet call
+    has one shape: what an engine compiled for static shapes needs."""
+    from sdperf.generation import GRAD_MODES, Workload
     from sdperf.imagegen.render import render_workloads
 
     side = pipe.unet.config.sample_size * pipe.vae_scale_factor
+    work = [Workload(prompt=c, batch_size=1, steps=steps, guidance_scale=float(guidance), height=side, width=side,
+                     seed=int(s)) for c, s in zip(captions, seeds)]
     out = []
-    with torch.inference_mode():
-        for i in range(0, len(captions), batch):
-            work = [Workload(prompt=c, batch_size=1, steps=steps, guidance_scale=float(guidance), height=side,
-                             width=side, seed=int(s)) for c, s in zip(captions[i:i + batch], seeds[i:i + batch])]
-            out.append(render_workloads(pipe, work))
+    with GRAD_MODES[grad_mode]():
+        for i in range(0, len(work), batch):
+            part = work[i:i + batch]
+            out.append(render_workloads(pipe, part + [part[-1]] * (batch - len(part)))[:len(part)])
     return np.concatenate(out)
 
 
@@ -57,11 +60,18 @@ def _mu_sigma(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return fid.mu_sigma(fid.stats_of(f), "fake")
 
 
-def domain_fid(fake: torch.Tensor, real: Real) -> float:
-    """FID between generated and held-out features (sdperf.quality.fid's Frechet distance)."""
+def fid_to(real: Real):
+    """features -> FID against `real` (sdperf.quality.fid's Frechet distance), the real side's statistics computed
+    once for every set and resample scored against it."""
     from sdperf.quality import fid
 
-    return fid.frechet_distance(*_mu_sigma(fake), *_mu_sigma(real.features))
+    mu_r, sigma_r = _mu_sigma(real.features)
+    return lambda fake: fid.frechet_distance(*_mu_sigma(fake), mu_r, sigma_r)
+
+
+def domain_fid(fake: torch.Tensor, real: Real) -> float:
+    """FID between generated and held-out features."""
+    return fid_to(real)(fake)
 
 
 def recentred(estimate: float, resampled, confidence: float = None) -> tuple[float, float]:
@@ -81,13 +91,9 @@ def recentred(estimate: float, resampled, confidence: float = None) -> tuple[flo
 def fid_interval(fake: torch.Tensor, real: Real, seed: int = 0, n_resamples: int = 200) -> tuple[float, float]:
     """FID's spread from the generated sample (the real side fixed): a percentile bootstrap over the generated
     images, recentred on the estimate (see `recentred`)."""
-    from sdperf.quality import fid
-
-    rng = np.random.default_rng(seed)
-    mu_r, sigma_r = _mu_sigma(real.features)
-    values = [fid.frechet_distance(*_mu_sigma(fake[torch.as_tensor(rng.integers(len(fake), size=len(fake)))]),
-                                   mu_r, sigma_r) for _ in range(n_resamples)]
-    return recentred(domain_fid(fake, real), values)
+    fid_of, rng = fid_to(real), np.random.default_rng(seed)
+    values = [fid_of(fake[torch.as_tensor(rng.integers(len(fake), size=len(fake)))]) for _ in range(n_resamples)]
+    return recentred(fid_of(fake), values)
 
 
 def mean_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float, float]:

@@ -58,9 +58,10 @@ DEFAULT_KEYS = (
 def profile_for(base, folder: Path, steps: int):
     """The profile the techniques see (resolution, latent size, static shapes, calibration prompt): the reference
     model's, on the CPU, at the given steps and GUIDANCE, with a domain caption as its prompt."""
+    from sdperf.architectures import ARCHS
     from sdperf.reference import model
 
-    side = 32
+    side = ARCHS[model.ARCH].vae["sample_size"]  # the image side the reference model was trained at
     return replace(base, name=f"{base.name}-reference", arch=model.ARCH, resolution=side, steps=steps,
                    scheduler="plms", guidance_scale=GUIDANCE, batch_sizes=(RENDER_BATCH,), dtype="float32",
                    device="cpu", weights=str(folder), prompt=quality.prompts(1)[0].caption)
@@ -68,26 +69,10 @@ def profile_for(base, folder: Path, steps: int):
 
 def render(pipe, captions: list[str], seeds: list[int], steps: int, grad_mode: str = "inference_mode",
            batch: int = RENDER_BATCH) -> tuple[np.ndarray, float]:
-    """(uint8 NHWC images, seconds): `batch` prompts per UNet call, the last call padded with repeats of its last
-    prompt so every call has one shape (static-shape engines), the padding dropped."""
-    from sdperf.generation import GRAD_MODES, Workload
-    from sdperf.imagegen.render import render_workloads
-
-    side = pipe.vae_scale_factor * _latent_side(pipe)
-    work = [Workload(prompt=c, batch_size=1, steps=steps, guidance_scale=GUIDANCE, height=side, width=side,
-                     seed=int(s)) for c, s in zip(captions, seeds)]
-    out, start = [], time.perf_counter()
-    with GRAD_MODES[grad_mode]():
-        for i in range(0, len(work), batch):
-            part = work[i:i + batch]
-            padded = part + [part[-1]] * (batch - len(part))
-            out.append(render_workloads(pipe, padded)[:len(part)])
-    return np.concatenate(out), time.perf_counter() - start
-
-
-def _latent_side(pipe) -> int:
-    config = getattr(pipe.unet, "config", None)
-    return int(config.sample_size)
+    """(uint8 NHWC images at GUIDANCE, seconds): quality.generate, timed (every call one shape)."""
+    start = time.perf_counter()
+    images = quality.generate(pipe, captions, seeds, GUIDANCE, steps, batch=batch, grad_mode=grad_mode)
+    return images, time.perf_counter() - start
 
 
 @dataclass
@@ -108,13 +93,7 @@ def judge(net, images: np.ndarray, truth: np.ndarray, seconds: float) -> Judged:
 def fid_delta(variant: torch.Tensor, base: torch.Tensor, real: quality.Real, seed: int = 0,
               n_resamples: int = N_FID_RESAMPLES) -> tuple[float, float, float]:
     """(FID(variant) - FID(base), low, high): both image sets resampled with the same indices each time."""
-    from sdperf.quality import fid
-
-    mu_r, sigma_r = quality._mu_sigma(real.features)
-
-    def fid_of(f):
-        return fid.frechet_distance(*quality._mu_sigma(f), mu_r, sigma_r)
-
+    fid_of = quality.fid_to(real)
     rng = np.random.default_rng(seed)
     deltas = []
     for _ in range(n_resamples):
@@ -154,11 +133,12 @@ def measure(keys: list[str], base_profile, *, n: int, steps: int, folder: Path |
     """One row per technique (the first: fp32 itself) with its paired deltas against the fp32 images."""
     from sdperf.comparison import release
     from sdperf.optimizations.catalog import Context, Stack
+    from sdperf.pipelines import build_from_weights
     from sdperf.reference import store
 
     stacks = {k: Stack.of(k) for k in keys}  # an unknown key fails here, before any model is loaded
     folder = Path(folder or store.default_dir())
-    pipe, net, manifest = store.load(folder)
+    pipe, net, manifest = store.load(folder)  # verified once; each technique then loads the same files
     profile = profile_for(base_profile, folder, steps)
     real = quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
     items = quality.prompts(n)
@@ -183,7 +163,7 @@ def measure(keys: list[str], base_profile, *, n: int, steps: int, folder: Path |
             rows.append(dict(row, status="not_applicable", note=f"not applicable: {reason}"))
             continue
         try:
-            pipe = stack.apply(store.load(folder)[0], ctx)
+            pipe = stack.apply(build_from_weights(str(folder), "plms"), ctx)
             images, seconds = render(pipe, captions, seeds, stack.steps or steps, stack.grad_mode)
             judged = judge(net, images, truth, seconds)
         except Exception as exc:  # recorded with its error; the other techniques still run
