@@ -21,9 +21,10 @@ from sdperf.errors import ConfigError
 GRAD_MODE, PARAMETERS, PRECISION, ATTENTION = "grad mode", "parameters", "precision", "attention"
 EXECUTOR, GRAPHS, SCHEDULER, ALLOCATOR = "unet executor", "graphs", "scheduler", "allocator"
 CACHING, MERGING = "feature caching", "token merging"  # both patch the PyTorch UNet's blocks: not after an executor
+STAGES = "vae and text encoder executor"  # the two stages around the loop, run by an engine
 CALIBRATION = "calibration"  # a technique of known cost that checks the method itself
 FAMILIES = (GRAD_MODE, PARAMETERS, PRECISION, ATTENTION, EXECUTOR, GRAPHS, SCHEDULER, CACHING, MERGING, ALLOCATOR,
-            CALIBRATION)
+            STAGES, CALIBRATION)
 
 # The modules that declare techniques, in study order (the notebook that owns most of each module's keys).
 MODULES = ("inference_mode", "half_precision", "attention", "torch_compile", "cuda_graphs", "deepspeed_inference",
@@ -37,13 +38,15 @@ class Context:
     """What a technique may read while it is applied: the profile, the batch of the workload, a scratch folder
     for exported or compiled artefacts (kept between worker processes, so later rounds load instead of
     rebuilding), `artefacts`, the folder of this comparison's exported engines (optimizations.artefacts), and
-    `facts`, where apply() leaves what it found (modules replaced, precision used, ...)."""
+    `facts`, where apply() leaves what it found (modules replaced, precision used, ...). `prompts`: the captions
+    a calibrating technique (post-training int8) collects its activations from; empty = the profile's prompt."""
 
     profile: Any  # sdperf.profiles.Profile
     batch_size: int = 1
     scratch: Path | None = None
     artefacts: Path | None = None
     facts: dict = field(default_factory=dict)
+    prompts: tuple[str, ...] = ()
 
     @property
     def device(self) -> str:
@@ -74,7 +77,10 @@ class Technique:
     changes the denoising loop and nothing else (replaces or wraps `pipe.unet`, or swaps `pipe.scheduler`), so the
     VAE decode is the same module on latents of the same shape as fp32's: its worker times generations without
     the decode and its per-image figures add the baseline's, said so in the row's method. On cpu that saves two
-    4 s decodes per process, which is what whole-image timing bought for such a technique."""
+    4 s decodes per process, which is what whole-image timing bought for such a technique. `call_kinds`: for a
+    technique whose UNet calls do not all cost the same (feature caching), a function from the timesteps the loop
+    calls the UNet at to each call's kind ("full", "cached"): the worker times each kind apart and composes a
+    generation at other step counts from the kinds' medians and the pattern at those steps."""
 
     key: str
     label: str
@@ -89,6 +95,7 @@ class Technique:
     allocator: str | None = None
     loop_only: bool = False
     note: str = ""
+    call_kinds: Callable[[list], list[str]] | None = None
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -207,6 +214,11 @@ class Stack:
     @property
     def allocator(self) -> str:
         return self._last("allocator", "default")
+
+    @property
+    def call_kinds(self) -> Callable[[list], list[str]] | None:
+        """The pattern of UNet-call kinds of the stack's caching technique, if it has one."""
+        return next((t.call_kinds for t in self.techniques if t.call_kinds is not None), None)
 
     @property
     def loop_only(self) -> bool:
