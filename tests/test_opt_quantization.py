@@ -42,7 +42,8 @@ def test_torch_ao_dynamic_drift_is_finite_and_bounded(smoke, workload, reference
 
 
 @pytest.mark.parametrize("scheme,module", [("torchao-int8-dynamic", "torchao"), ("openvino-nncf-weights", "nncf"),
-                                           ("openvino-nncf-ptq", "nncf")])
+                                           ("openvino-nncf-ptq", "nncf"), ("openvino-nncf-hybrid", "nncf"),
+                                           ("openvino-nncf-hybrid", "openvino")])
 def test_missing_package_is_not_applicable_with_its_reason(monkeypatch, scheme, module):
     monkeypatch.setattr(opt, "installed", lambda name: name != module)
     ok, reason = opt.availability("cpu", scheme)
@@ -137,7 +138,11 @@ def test_fit_size_halves_until_one_call_fits():
 
 def test_openvino_nncf_weights_is_a_drop_in_unet(smoke, workload, reference):
     pytest.importorskip("nncf")
-    pipe = opt.apply(build_pipeline(smoke), "openvino-nncf-weights", workload=workload)
-    assert pipe.unet.facts["nncf_step"] == "compress_weights" and pipe.unet.config.in_channels == 4
+    pipe = opt.apply(build_pipeline(smoke), "openvino-nncf-weights", workload=workload, prompts=("a cat", "a dog"))
+    facts = pipe.unet.facts
+    assert facts["nncf_step"] == "compress_weights" and pipe.unet.config.in_channels == 4
+    # weights only: no calibration whatever captions are offered, no activation quantizers, int8 weights stored
+    assert (facts["calibration_captions"], facts["calibration_inputs"], facts["fake_quantize_nodes"]) == (0, 0, 0)
+    assert facts["int8_constants"] > 0
     d = drift.compare(generate(pipe, workload), reference)
     assert 0 < d["latent_rel_error"] < MAX_LATENT_REL_ERROR and d["image_psnr_db"] > MIN_PSNR_DB

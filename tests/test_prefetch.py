@@ -18,7 +18,7 @@ from test_rounds import SlowingMachine
 
 COSTS = {"fp32-eager": 1.0, "grad:inference_mode": 1.0, "grad:no_grad": 0.5, "grad:grad": 2.0,
          "grad:grad+parameters:trainable": 4.0, "scheduler:dpmpp-2m@20": 1.0, "scheduler:euler@25": 1.0,
-         "scheduler:plms@25": 1.0}
+         "scheduler:plms@25": 1.0, "deepcache:3": 0.5}
 
 
 def test_a_long_round_gets_a_baseline_after_every_n_configurations():
@@ -42,12 +42,29 @@ def test_a_long_round_gets_a_baseline_after_every_n_configurations():
 def test_the_plan_reads_each_notebooks_keys_from_its_parameters(smoke):
     assert [c.stack for c in prefetch.plan(smoke, ["04_torch_compile"])] == ["compile:default"]  # smoke's override
     assert [c.stack for c in prefetch.plan(smoke, ["09_fewer_steps"])] == [
-        "scheduler:dpmpp-2m@20", "scheduler:euler@25", "scheduler:plms@25"]  # the notebook's defaults
+        "scheduler:dpmpp-2m@20", "scheduler:euler@25", "scheduler:plms@25", "deepcache:3"]  # the notebook's defaults
+    # 10's search measures its parts up front too, unless their own notebooks already listed them
+    search = replace(smoke, notebooks={"10_ladder": {"search_unets": ["deepcache:3", "tome:0.3"],
+                                                     "search_stages": ["stages:openvino-f32"]}})
+    assert [c.stack for c in prefetch.plan(search, ["09_fewer_steps", "10_ladder"])][-3:] == [
+        "tome:0.3", "stages:openvino-f32", "calibration:unet-twice"]
     odd = replace(smoke, notebooks={"09_fewer_steps": {"variants": ["scheduler:nope@3", "scheduler:euler@25"]},
                                     "02_inference_mode": {"variants": ["grad:no_grad", "allocator:glibc-tuned"]}})
     got = [c.stack for c in prefetch.plan(odd, ["02_inference_mode", "09_fewer_steps", "13_serving"])]
-    assert got == ["grad:no_grad", "scheduler:euler@25"]  # a bad key is the notebook's to report; an allocator
+    assert got == ["grad:no_grad", "scheduler:euler@25", "deepcache:3"]  # a bad key is the notebook's to report; an allocator
     # needs interpreters of its own; a notebook that compares nothing adds nothing
+
+
+def test_a_notebook_can_list_its_keys_in_more_than_one_parameter(smoke):
+    """07 compares its UNet engines (`engines`) and, apart, the stages around the loop (`stage_engines`)."""
+    assert prefetch.KEY_LISTS["07_engine_export"] == ("engines", "stage_engines")
+    defaults = [c.stack for c in prefetch.plan(smoke, ["07_engine_export"])]
+    assert defaults[-2:] == ["stages:openvino-f32", "stages:openvino-int8w"]
+    assert [k for k in defaults if not k.startswith("engine:")] == defaults[-2:]
+    odd = replace(smoke, notebooks={"07_engine_export": {"engines": ["engine:openvino-f32"],
+                                                         "stage_engines": ["stages:openvino-int8w", "stages:nope"]}})
+    assert [c.stack for c in prefetch.plan(odd, ["07_engine_export"])] == ["engine:openvino-f32",
+                                                                           "stages:openvino-int8w"]
 
 
 def test_the_notebooks_read_back_what_the_run_measured_up_front(smoke, scratch_reports, monkeypatch):
@@ -55,7 +72,7 @@ def test_the_notebooks_read_back_what_the_run_measured_up_front(smoke, scratch_r
     machine = SlowingMachine(COSTS, drift=0.01)
     prefetch.run(smoke, ["02_inference_mode", "09_fewer_steps"], launcher=machine, say=lambda _m: None)
     up_front = len(machine.launched)
-    configs = 7 + 1  # 02's four and 09's three, and the twin
+    configs = 8 + 1  # 02's four and 09's four (three schedulers, DeepCache), and the twin
     baselines = machine.launched.count("fp32-eager") - smoke.rounds  # the twin's processes run fp32 eager too
     assert up_front == smoke.rounds * configs + baselines
     assert baselines == 1 + smoke.rounds * -(-configs // prefetch.EVERY)  # fewer than a comparison each
@@ -87,7 +104,9 @@ class EngineMachine(SlowingMachine):
 def test_07s_batch_sweep_is_measured_up_front_where_00_finds_its_batches_too(smoke, scratch_reports, monkeypatch):
     monkeypatch.setenv("SDPERF_RUN_ID", "run-sweep")
     engines = ["engine:onnxruntime-fp32", "engine:openvino-f32"]
-    machine = EngineMachine({"fp32-eager": 1.0, "engine:onnxruntime-fp32": 0.8, "engine:openvino-f32": 0.5}, 0.0)
+    stages = ["stages:openvino-f32"]  # the fastest configuration here, but not a UNet engine: never swept
+    machine = EngineMachine({"fp32-eager": 1.0, "engine:onnxruntime-fp32": 0.8, "engine:openvino-f32": 0.5,
+                             "stages:openvino-f32": 0.25}, 0.0)
     R, gens = smoke.rounds, 1 + max(smoke.warmup - 1, 0) + smoke.repeats
 
     def estimate(b):  # 07's rule, scaled from batch 1: baselines, the twin and the engine (build 1 s, set-up 0.1 s)
@@ -95,10 +114,11 @@ def test_07s_batch_sweep_is_measured_up_front_where_00_finds_its_batches_too(smo
         return (R + 1) * one + R * (one + 1.1 + b * gens * 0.5)
     budget = (estimate(2) + estimate(4)) / 2  # batch 2 fits, batch 4 does not
     profile = replace(smoke, notebooks={"07_engine_export": {"engines": engines, "sweep_batch_sizes": [1, 2, 4],
-                                                             "sweep_budget_s": budget}})
+                                                             "sweep_budget_s": budget, "stage_engines": stages}})
     prefetch.run(profile, ["00_baseline", "07_engine_export"], launcher=machine, say=lambda _m: None)
     at = {b: [s for s, bb in machine.launched if bb == b] for b in (1, 2, 4)}
     assert at[4] == [] and at[2].count("engine:openvino-f32") == R  # the fastest engine that keeps the latents
+    assert at[1].count("stages:openvino-f32") == R  # measured up front beside the engines
     assert set(at[2]) == {"fp32-eager", "engine:openvino-f32"} and at[2].count("fp32-eager") > R  # baselines, twin
 
     def boom(*_a, **_k):
@@ -111,5 +131,7 @@ def test_07s_batch_sweep_is_measured_up_front_where_00_finds_its_batches_too(smo
     swept = engine_export.batch_sweep(study, cmp, best, [1, 2, 4], budget).set_index("batch_size")
     assert list(swept.status) == ["ok", "ok", "skipped"]
     assert swept.loc[2, "unet_step_speedup"] == pytest.approx(2.0)
+    staged = engine_export.stage_summary(engine_export.compare_stages(study, stages)).set_index("key")
+    assert staged.loc["stages:openvino-f32", "speedup"] == pytest.approx(4.0)
     found = baseline._run_baselines(open_study("smoke", notebook="00_test"), 2)
     assert len(found) == at[2].count("fp32-eager") and baseline._run_baselines(study, 4).empty

@@ -50,13 +50,16 @@ def test_deepcache_runs_the_deep_branch_only_every_interval_calls():
     deep, calls = [], []
     compute = pipe.unet.mid_block.forward  # counted below DeepCache's wrapper: a reused output never reaches it
     pipe.unet.mid_block.forward = lambda *a, **k: deep.append(1) or compute(*a, **k)
-    pipe.unet.register_forward_pre_hook(lambda *a: calls.append(1))
+    pipe.unet.register_forward_pre_hook(lambda *a: calls.append(len(deep)))
     feature_reuse.apply(pipe, 3)
     techniques.render(pipe, ["a small red circle at the top left on a light background"], [0], STEPS)
     timesteps = list(pipe.scheduler.timesteps)
     assert len(calls) == len(timesteps) == STEPS + 1  # PLMS evaluates its first timestep twice
     # DeepCache counts steps by the timestep's first index in the schedule: a full UNet at every third
     assert len(deep) == sum(1 for t in timesteps if timesteps.index(t) % 3 == 0) < len(calls)
+    # the pattern the worker composes per-image times from is the one that ran, call by call
+    ran = ["full" if after > before else "cached" for before, after in zip(calls, calls[1:] + [len(deep)])]
+    assert feature_reuse.call_kinds([float(t) for t in timesteps], 3) == ran
 
 
 def test_token_merging_patches_the_highest_resolution_blocks_and_changes_the_picture():

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sdperf import rounds
+from sdperf import rounds, worker
 from sdperf.rounds import BASELINE, TWIN, Config
 
 
@@ -255,3 +255,16 @@ def test_a_worker_takes_the_launchers_sdperf_settings_not_the_fork_servers(smoke
     monkeypatch.setenv("SDPERF_PROFILE", "stale")
     worker._adopt(spec["env"])
     assert os.environ["SDPERF_PARAMS_DIR"] == "/launcher/params" and "SDPERF_PROFILE" not in os.environ
+
+
+def test_a_caching_worker_composes_its_per_image_time_from_both_call_kinds(smoke):
+    """DeepCache's calls alternate full and cached: the per-image time at 50 steps counts each kind at its own
+    median and in the pattern it runs at 50 steps, not the cheap kind's median times every call."""
+    result, _ = worker.measure({"profile": "smoke", "stack": "deepcache:2"})
+    assert result["status"] == "ok", result
+    kinds, counts = result["unet_kind_s"], result["seed_call_kinds"]
+    assert set(kinds) == {"full", "cached"} and sum(counts.values()) == result["seed_unet_calls"] == 51
+    assert counts["full"] == 25  # PLMS at 50 steps: 51 calls, the repeated timestep cached, every second one full
+    per_call = (counts["full"] * kinds["full"] + counts["cached"] * kinds["cached"]) / 51
+    assert result["unet_step_s"] == pytest.approx(per_call)
+    assert result["s_per_image_seed"] > 51 * min(kinds.values())

@@ -161,10 +161,11 @@ def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
 
 
 def run_variants(study: Study, items, *, batch_size: int = 1, say: Callable[[str], None] = print,
-                 rounds_: int | None = None, overrides: dict | None = None) -> Comparison:
+                 rounds_: int | None = None, overrides: dict | None = None, store: bool = True) -> Comparison:
     """Each configuration (catalog stack keys) in fresh processes, in rounds, against the fp32 baseline and its
     twin; a configuration that cannot run here is recorded as not applicable with its reason, one that fails as
-    failed with its error, and the rest still run. Rows go to results.csv with their method."""
+    failed with its error, and the rest still run. Rows go to results.csv with their method (`store` False: a
+    notebook that reads configurations another notebook owns and records, such as 10's search its parts)."""
     cfgs = configs(items, batch_size)
     scratch = scratch_dir(study.profile.name)
     engines = scratch / "engines" / f"{study.notebook}-{uuid.uuid4().hex[:8]}"
@@ -178,7 +179,8 @@ def run_variants(study: Study, items, *, batch_size: int = 1, say: Callable[[str
     finally:  # engines exported for this comparison: gigabytes each on SD 1.5, and not reused by the next one
         artefacts.clear(engines)
     cmp = Comparison.of(m, cfgs)
-    record(study, cmp, batch_size)
+    if store:
+        record(study, cmp, batch_size)
     return cmp
 
 

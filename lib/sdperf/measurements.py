@@ -23,6 +23,7 @@ class GenerationRun:
     timing: Timing
     stages: pd.DataFrame
     output: Output
+    unet_calls: list[list[float]] | None = None  # each timed generation's UNet call times, in call order
 
     @property
     def loop_seconds(self) -> float:
@@ -95,7 +96,7 @@ def _generation_run(label: str, workload: Workload, timing: Timing, clocks: list
     for c in steady:
         c.collect()
     return GenerationRun(label=label, workload=workload, timing=timing, stages=_stage_table(steady, workload.steps),
-                         output=last[0])
+                         output=last[0], unet_calls=[list(c.records.get("unet", [])) for c in steady])
 
 
 def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repeats: int, label: str = "",

@@ -25,6 +25,7 @@ SCHEDULER_CLASSES = {
     "ddim": ("DDIMScheduler", dict(set_alpha_to_one=False, clip_sample=False)),
     "euler": ("EulerDiscreteScheduler", dict(timestep_spacing="leading")),
     "dpmpp-2m": ("DPMSolverMultistepScheduler", dict(algorithm_type="dpmsolver++", solver_order=2)),
+    "unipc": ("UniPCMultistepScheduler", dict(solver_order=2)),  # UniPC (Zhao et al. 2023), bh2 predictor-corrector
 }
 
 

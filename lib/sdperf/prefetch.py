@@ -34,9 +34,13 @@ from sdperf.runner import notebook_parameters
 
 EVERY = 13  # configurations between two baselines inside a round (~2.7 min of processes on cpu; cpu's 23 configurations
 #            and the twin make 24, two chunks of 12 as with 12; 13 leaves room for one more without a third chunk)
-# notebook -> its parameter listing the catalog keys it compares stand-alone
-KEY_LISTS = {"02_inference_mode": "variants", "03_attention": "variants", "04_torch_compile": "variants",
-             "07_engine_export": "engines", "08_quantization": "schemes", "09_fewer_steps": "variants"}
+# notebook -> its parameter listing the catalog keys it compares stand-alone, or a tuple of such parameters (07
+# compares its UNet engines and, apart, the engines of the stages around the loop)
+KEY_LISTS = {"02_inference_mode": "variants", "03_attention": ("variants", "merging"), "04_torch_compile": "variants",
+             "07_engine_export": ("engines", "stage_engines"), "08_quantization": "schemes",
+             "09_fewer_steps": ("variants", "caching")}
+# 10's stack search reads its parts stand-alone: those its owners do not list are measured up front here too
+SEARCH_LISTS = ("search_unets", "search_stages")
 COMPILE_NOTEBOOK, PRECISION_NOTEBOOK, LADDER_NOTEBOOK = "04_torch_compile", "01_half_precision", "10_ladder"
 ENGINE_NOTEBOOK = "07_engine_export"
 
@@ -79,17 +83,25 @@ def _half_precisions(profile: Profile) -> list[str]:
     return out
 
 
+def listed(name: str, params: dict) -> list[str]:
+    """The keys notebook `name`'s key-list parameter(s) (KEY_LISTS) hold in `params`, in parameter order."""
+    lists = KEY_LISTS[name]
+    return [k for p in ((lists,) if isinstance(lists, str) else lists) for k in (params.get(p) or [])]
+
+
 def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
     """The catalog keys notebook `name` compares stand-alone at batch 1 when run with `params` (valid keys only:
     a bad one is the notebook's own error to report)."""
     if name in KEY_LISTS:
-        wanted = list(params.get(KEY_LISTS[name]) or [])
+        wanted = listed(name, params)
     elif name == PRECISION_NOTEBOOK:
         wanted = _half_precisions(profile)
     elif name == "06_deepspeed":
         wanted = catalog.keys(notebook=name)
-    elif name == LADDER_NOTEBOOK and params.get("check_method", True):
-        wanted = catalog.keys(notebook=name, family=catalog.CALIBRATION)
+    elif name == LADDER_NOTEBOOK:
+        wanted = [k for p in SEARCH_LISTS for k in (params.get(p) or [])]
+        if params.get("check_method", True):
+            wanted += catalog.keys(notebook=name, family=catalog.CALIBRATION)
     else:
         wanted = []
     out = []

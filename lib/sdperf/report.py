@@ -240,6 +240,56 @@ def _ladder_section(profile: str, results) -> str:
             + _styled_table(df, classes, "ladder") + _figures(profile, LADDER))
 
 
+HEADLINES = ("best admissible stack: ", "best lossless stack: ")
+
+
+def _range(v: dict, metric: str, digits: int = 2, unit: str = "x") -> str:
+    r = v.get(metric)
+    if r is None:
+        return "not measured"
+    text = f"{r['value']:+.{digits}f}" if unit == "" else f"{r['value']:.{digits}f}{unit}"
+    if r.get("lo") is not None and r.get("hi") is not None and r["lo"] == r["lo"]:
+        text += (f" [{r['lo']:+.{digits}f}, {r['hi']:+.{digits}f}]" if unit == ""
+                 else f" [{r['lo']:.{digits}f}-{r['hi']:.{digits}f}]")
+    return text
+
+
+def headline_sentences(results) -> list[str]:
+    """The study's answer, one sentence per chosen stack, written from 10's headline rows (no typed numbers)."""
+    rows = results[results["notebook"] == LADDER] if len(results) else results
+    out = []
+    for prefix in HEADLINES:
+        mine = rows[rows["scenario"].astype(str).str.startswith(prefix)] if len(rows) else rows
+        if mine.empty:
+            continue
+        v = {r.metric: {"value": r.value, "lo": getattr(r, "lo", None), "hi": getattr(r, "hi", None),
+                        "note": r.note} for r in mine.itertuples()}
+        key = mine["scenario"].iloc[0].removeprefix(prefix)
+        per_image = v.get("seed_speedup_vs_fp32", {})
+        s = (f"{prefix.removesuffix(': ').capitalize()} on this machine: <b>{_esc(key)}</b>, "
+             f"{_range(v, 'seed_speedup_vs_fp32')} per image over fp32 eager at 50 PLMS steps "
+             f"({_esc(per_image.get('note', ''))}), {_range(v, 'unet_step_speedup_vs_fp32')} per UNet step")
+        if "reference_adherence_delta" in v:
+            s += (f"; on the trained reference model adherence {_range(v, 'reference_adherence_delta', 3, '')} and "
+                  f"domain FID {_range(v, 'reference_domain_fid_delta', 1, '')} against fp32 PLMS-50 "
+                  f"({_esc(v['reference_adherence_delta']['note'])})")
+        if "setup" in v:
+            s += f"; set-up {v['setup']['value']:.0f} s"
+        if "peak_memory" in v:
+            s += f", peak memory {v['peak_memory']['value']:.0f} MiB"
+        if "roof_goal_x" in v:
+            s += f"; per-step goal {v['roof_goal_x']['value']:.2f}x ({_esc(v['roof_goal_x']['note'])})"
+        out.append(s + f". Method: {_esc(mine['method'].iloc[0])}.")
+    return out
+
+
+def _headline_section(results) -> str:
+    found = headline_sentences(results)
+    if not found:
+        return ""
+    return "<h2 id='headline'>The answer</h2>" + "".join(f"<p>{s}</p>" for s in found)
+
+
 def _page(title: str, body: list[str]) -> str:
     return (f"<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>\n<title>{_esc(title)}</title>\n"
@@ -259,6 +309,7 @@ def write_index(profile: str) -> Path:
     title = f"sdperf study: profile {profile}"
     body = [f"<h1>{_esc(title)}</h1>",
             f"<p class='sub'>{_esc(settings.get('description', ''))}</p>",
+            _headline_section(results),
             _summary_section(names, stamps, results),
             _ladder_section(profile, results),
             _environment_section(env, settings)]

@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 SEED_STEPS = 50  # the Cerebrium / NeMo setting: 50 PLMS steps per image
+CALIBRATION_PROMPTS = 4  # the study's own captions a post-training int8 scheme calibrates on (one generation each)
 RESULT, OUTPUT = "result.json", "output.pt"
 
 
@@ -55,6 +56,49 @@ def composed_seconds(stages, unet_calls: int) -> float:
             + _stage(stages, "vae_decode", "seconds_per_image_call"))
 
 
+def loop_timesteps(pipe, steps: int) -> list:
+    """The timesteps the loop calls the UNet at for `steps` with the pipeline's scheduler (PLMS repeats one)."""
+    sched = pipe.scheduler
+    sched.set_timesteps(steps, device="cpu")
+    return [float(t) for t in sched.timesteps]
+
+
+def call_kind_medians(calls: list[list[float]], kinds: list[str]) -> dict[str, float]:
+    """Median UNet call time of each kind, from the timed generations' calls in order (each follows `kinds`)."""
+    import numpy as np
+
+    by: dict[str, list[float]] = {}
+    for gen in calls:
+        if len(gen) != len(kinds):
+            raise RuntimeError(f"a generation made {len(gen)} UNet calls where the pattern has {len(kinds)}")
+        for t, k in zip(gen, kinds):
+            by.setdefault(k, []).append(t)
+    return {k: float(np.median(v)) for k, v in by.items()}
+
+
+def patterned(stages, medians: dict[str, float], kinds: list[str]) -> float:
+    """One generation composed like composed_seconds, each UNet call at the median of its kind."""
+    missing = sorted(set(kinds) - set(medians))
+    if missing:
+        raise RuntimeError(f"no timed UNet call of kind {', '.join(missing)}: the timed generation must hold "
+                           "every kind the composed one does")
+    return (_stage(stages, "text_encoder", "seconds_per_image_call") + sum(medians[k] for k in kinds)
+            + len(kinds) * _stage(stages, "scheduler", "median_call_s")
+            + _stage(stages, "vae_decode", "seconds_per_image_call"))
+
+
+def _call_pattern(pipe, stack, run, workload, seed_steps: int) -> dict:
+    """For a stack whose UNet calls differ in cost (feature caching): each kind's median, the kinds of the
+    seed-step generation, and the generation composed from them (the plain median would be the cheap kind's)."""
+    kinds_run = stack.call_kinds(loop_timesteps(pipe, workload.steps))
+    medians = call_kind_medians(run.unet_calls, kinds_run)
+    kinds_seed = stack.call_kinds(loop_timesteps(pipe, seed_steps))
+    seed = patterned(run.stages, medians, kinds_seed)
+    return {"unet_kind_s": medians, "seed_call_kinds": {k: kinds_seed.count(k) for k in sorted(set(kinds_seed))},
+            "seed_s": seed, "composed_s": patterned(run.stages, medians, kinds_run),
+            "unet_step_s": sum(medians[k] for k in kinds_seed) / len(kinds_seed)}  # the mean call at seed steps
+
+
 def _decoded(pipe, latents):
     import torch
 
@@ -73,12 +117,14 @@ def measure(spec: dict) -> tuple[dict, object | None]:
     from sdperf.optimizations.catalog import Context, Stack
     from sdperf.pipelines import build_pipeline
     from sdperf.profiles import load_profile
+    from sdperf.prompts import smoke_captions
     from sdperf.timing import peak_memory, reset_peak_memory
 
     profile = load_profile(spec["profile"], check_runtime=False)
     profile = replace(profile, **{k: spec[k] for k in ("warmup", "repeats") if spec.get(k) is not None})
     stack = Stack.of(spec["stack"])
     ctx = Context(profile, batch_size=spec.get("batch_size", 1),
+                  prompts=tuple(c.text for c in smoke_captions()[:CALIBRATION_PROMPTS]),
                   scratch=Path(spec["scratch"]) if spec.get("scratch") else None,
                   artefacts=Path(spec["artefacts"]) if spec.get("artefacts") else None)
     ok, reason = stack.availability(ctx)
@@ -105,6 +151,11 @@ def measure(spec: dict) -> tuple[dict, object | None]:
     seed_calls = fewer_steps.unet_calls(pipe, stack.steps or SEED_STEPS)
     s = run.summary()
     b = workload.batch_size
+    seed_s, composed_s = composed_seconds(run.stages, seed_calls), composed_seconds(run.stages, s["iterations"])
+    pattern = None
+    if stack.call_kinds is not None:
+        pattern = _call_pattern(pipe, stack, run, workload, stack.steps or SEED_STEPS)
+        seed_s, composed_s, s["unet_step_s"] = pattern["seed_s"], pattern["composed_s"], pattern["unet_step_s"]
     result = {
         "status": "ok", "note": "", "build_s": build_s, "setup_s": setup_s,
         "setup_peak_mib": None if setup_peak is None else setup_peak / 2**20,
@@ -112,8 +163,9 @@ def measure(spec: dict) -> tuple[dict, object | None]:
         "n": len(run.timing.times), "s_per_image": s["s_per_image"], "unet_step_s": s["unet_step_s"],
         "it_per_s": s["it_per_s"], "iterations": s["iterations"], "steps": workload.steps,
         "seed_steps": stack.steps or SEED_STEPS, "seed_unet_calls": seed_calls,
-        "s_per_image_seed": composed_seconds(run.stages, seed_calls) / b,
-        "s_per_image_composed": composed_seconds(run.stages, s["iterations"]) / b,
+        "s_per_image_seed": seed_s / b, "s_per_image_composed": composed_s / b,
+        "unet_kind_s": None if pattern is None else pattern["unet_kind_s"],
+        "seed_call_kinds": None if pattern is None else pattern["seed_call_kinds"],
         "stages": run.stages.to_dict("records"), "decoded": decoded,
         "vae_decode_s": _stage(run.stages, "vae_decode", "seconds_per_image_call") if decoded else None,
         "peak_memory_mib": s["peak_memory_mib"], "memory_kind": run.timing.memory_kind,

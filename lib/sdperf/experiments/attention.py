@@ -126,3 +126,29 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
 
 def plot(study: Study, cmp: Comparison):
     return speedup_and_memory(study, cmp, f"attention variants vs {BASELINE} ({study.device})", "attention")
+
+
+# --- token merging (tomesd) ---------------------------------------------------------------------------------
+MERGING_COLUMNS = ["variant", "status", "speedup", "speedup_lo", "speedup_hi", "speedup_verdict", "unet_step_speedup",
+                   "unet_step_speedup_lo", "unet_step_speedup_hi", "unet_step_speedup_verdict", "seed_speedup",
+                   "image_psnr_db", "note"]
+
+
+def check_merging(keys: list[str]) -> list[str]:
+    from sdperf.optimizations import catalog
+
+    for k in keys:
+        if catalog.get(k).family != catalog.MERGING:
+            raise ValueError(f"{k!r} is not a token-merging technique; valid: "
+                             f"{', '.join(catalog.keys(family=catalog.MERGING))} (tome:<ratio>)")
+    return list(keys)
+
+
+def merging(study: Study, keys: list[str]) -> pd.DataFrame:
+    """Token merging at each ratio in fresh processes against fp32 eager (attention's cost falls with the tokens
+    merged away in the highest-resolution blocks; at 256px they hold a quarter of 512px's tokens)."""
+    from sdperf.comparison import TWIN
+
+    cmp = run_variants(study, check_merging(keys), batch_size=1)
+    t = cmp.table[~cmp.table.variant.isin([BASELINE, TWIN])]
+    return t.reindex(columns=MERGING_COLUMNS).reset_index(drop=True)

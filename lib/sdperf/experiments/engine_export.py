@@ -1,6 +1,8 @@
 """07_engine_export: the UNet exported to inference engines (catalog keys `engine:<name>`: ONNX Runtime, OpenVINO,
 TensorRT) against fp32 eager by run_variants: set-up cost (export, build, from the worker's facts) apart from
-steady-state latency, drift, and the NeMo table's batch 1/2/4 sweep (one run_variants call per batch size).
+steady-state latency, drift, and the NeMo table's batch 1/2/4 sweep (one run_variants call per batch size); then
+the two stages around the loop run by OpenVINO (`stages:<engine>`, optimizations.stage_engines), alone, with the
+VAE decode's and text encoder's own times beside fp32 eager's.
 
 NeMo's figures are whole generations at 50 PLMS steps, so the sweep compares `seed_speedup`: per image at 50
 steps, composed from the stages each worker measured at the profile's few steps (said so wherever shown)."""
@@ -9,12 +11,16 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from sdperf import engine_sweep, published
+from sdperf import engine_sweep, published, rounds
 from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
 from sdperf.optimizations import catalog, engine_export, openvino_engine
 from sdperf.plots import speedup_bars
 
 DTYPES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "f16": "float16", "fp16": "float16"}
+STAGE_COLUMNS = ["variant", "key", "status", "speedup", "speedup_lo", "speedup_hi", "speedup_verdict", "seed_speedup",
+                 "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict", "vae_decode_s", "vae_decode_s_fp32",
+                 "vae_decode_speedup", "vae_decode_speedup_lo", "vae_decode_speedup_hi", "text_encoder_s",
+                 "text_encoder_s_fp32", "text_encoder_speedup", "latent_rel_error", "image_psnr_db", "verdict", "note"]
 SETUP_COLUMNS = ["variant", "engine", "exporter", "export_s", "build_s", "setup_s", "setup_warm_s", "first_call_s",
                  "export_mib", "setup_peak_mib", "precision", "dynamic_batch"]
 
@@ -93,6 +99,66 @@ def compare_engines(study, keys: list[str], batch_size: int = 1) -> Comparison:
     cmp = run_variants(study, items, batch_size=batch_size)
     _record_setup(study, cmp)
     return _with_skipped(cmp, skipped)
+
+
+def stage_key(key: str) -> str:
+    """A `stages:<engine>` key (the text encoder and VAE decoder run by an engine), checked by the catalog."""
+    tech = catalog.get(key)
+    if tech.family != catalog.STAGES:
+        raise ValueError(f"{key!r} is not a stage engine; give one of: "
+                         f"{', '.join(catalog.keys(family=catalog.STAGES))}")
+    return tech.key
+
+
+def compare_stages(study, keys: list[str]) -> Comparison:
+    """Each stage engine alone against fp32 eager by run_variants, like the UNet engines above. Such a stack
+    changes the two stages around the loop, so its workers time whole generations, VAE decode included (not
+    composed with the baseline's decode as a UNet engine's are)."""
+    cmp = run_variants(study, [stage_key(k) for k in keys])
+    _record_setup(study, cmp)
+    return cmp
+
+
+def _stage_seconds(raw: pd.DataFrame, stage: str) -> pd.Series:
+    """Each worker's seconds per image in `stage` (the per-call stage table every worker hands back)."""
+    def one(records) -> float:
+        if not isinstance(records, list):
+            return float("nan")
+        found = [r.get("seconds_per_image_call") for r in records if r.get("stage") == stage]
+        return float(found[0]) if found else float("nan")
+    return raw["stages"].map(one) if "stages" in raw else pd.Series(float("nan"), index=raw.index)
+
+
+def _stage_ratio(raw: pd.DataFrame, config: str, stage: str) -> dict:
+    """One stage's seconds for `config` and fp32 eager's interpolated in wall time to each of its rounds, as every
+    ratio of the study is read: medians over rounds and the ratio's min-max."""
+    col = f"{stage}_s"
+    raw = raw.assign(**{col: _stage_seconds(raw, stage)})
+    mine = raw[(raw.config == config) & (raw.status == "ok") & raw[col].notna()]
+    if mine.empty or not (raw.config == BASELINE).any():
+        return {}
+    ref = rounds.baseline_at(raw, col, (mine.t_start + mine.t_end) / 2)
+    ratio = ref / mine[col].to_numpy(dtype=float)
+    return {col: float(mine[col].median()), f"{col}_fp32": float(pd.Series(ref).median()),
+            f"{stage}_speedup": float(pd.Series(ratio).median()), f"{stage}_speedup_lo": float(ratio.min()),
+            f"{stage}_speedup_hi": float(ratio.max())}
+
+
+def stage_summary(cmp: Comparison) -> pd.DataFrame:
+    """Per stage engine: per image against fp32 eager at the profile's steps (range over rounds, verdict against
+    the twin's noise band) and at 50 steps (composed from the measured stages), the VAE decode's and the text
+    encoder's seconds per image beside fp32 eager's at the same moments, and the drift."""
+    rows = []
+    for r in cmp.table[~cmp.table.variant.isin([BASELINE, TWIN])].to_dict("records"):
+        row = {k: r.get(k) for k in ("variant", "key", "status", "speedup", "speedup_lo", "speedup_hi",
+                                     "speedup_verdict", "seed_speedup", "seed_speedup_lo", "seed_speedup_hi",
+                                     "seed_speedup_verdict")}
+        if r["status"] == "ok":
+            for stage in ("vae_decode", "text_encoder"):
+                row.update(_stage_ratio(cmp.measured.raw, r["variant"], stage))
+        row.update({k: r.get(k) for k in ("latent_rel_error", "image_psnr_db", "verdict", "note")})
+        rows.append(row)
+    return pd.DataFrame(rows).reindex(columns=STAGE_COLUMNS)
 
 
 def summary(cmp: Comparison) -> pd.DataFrame:

@@ -148,3 +148,69 @@ def plot(study: Study, timing: pd.DataFrame, drifts: pd.DataFrame):
         right.legend(fontsize=8)
     study.save_figure(fig, "steps_cost_and_drift")
     return fig
+
+
+# --- schedulers at any step count, composed from the baseline's own workers ---------------------------------
+SCHEDULE_METHOD = ("composed per round from the fp32 baseline worker's measured stages (text encoder + UNet calls at "
+                   "the scheduler's count + PLMS's scheduler step per call + VAE decode) over the same worker at 50 "
+                   "PLMS steps: a scheduler changes the number of UNet calls, not their cost (the timed scheduler "
+                   "rows above check that)")
+
+
+def schedules(study: Study, cmp: Comparison, keys: list[str]) -> pd.DataFrame:
+    """Every scheduler of `keys` at its step count against PLMS-50, composed from the baseline workers of `cmp`
+    (one per round): how 10's search prices schedulers, without a process per step count."""
+    from sdperf import stack_search
+
+    check(keys)
+    base = cmp.measured.raw
+    base = base[(base.config == BASELINE) & (base.status == "ok")]
+    rows = []
+    for key in keys:
+        ts = stack_search.timesteps(study.profile, key)
+        ratios = [float(r["s_per_image_seed"]) / stack_search.composed_s(r, None, ts, None)
+                  for _, r in base.iterrows()]
+        secs = [stack_search.composed_s(r, None, ts, None) for _, r in base.iterrows()]
+        rows.append({"variant": key, "unet_calls": len(ts), "s_per_image": float(np.median(secs)),
+                     "speedup_vs_plms50": float(np.median(ratios)), "lo": float(min(ratios)),
+                     "hi": float(max(ratios)), "rounds": len(ratios)})
+    t = pd.DataFrame(rows)
+    study.recorder.add_many([dict(scenario=f"{r.variant} composed, batch 1", metric="seed_speedup_vs_fp32",
+                                  value=r.speedup_vs_plms50, lo=r.lo, hi=r.hi, unit="x", n=r.rounds, key=r.variant,
+                                  method=SCHEDULE_METHOD, note=f"{r.unet_calls} UNet calls vs PLMS-50's 51")
+                             for r in t.itertuples()])
+    return t
+
+
+# --- feature caching (DeepCache) ----------------------------------------------------------------------------
+CACHING_COLUMNS = ["variant", "status", "seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict",
+                   "full_call_s", "cached_call_s", "full_calls_at_50", "unet_step_s", "note"]
+
+
+def check_caching(keys: list[str]) -> list[str]:
+    for k in keys:
+        if catalog.get(k).family != catalog.CACHING:
+            raise ValueError(f"{k!r} is not a feature-caching technique; valid: "
+                             f"{', '.join(catalog.keys(family=catalog.CACHING))} (deepcache:<interval>)")
+    return list(keys)
+
+
+def _kinds(raw: pd.DataFrame, variant: str) -> tuple[float, float, float]:
+    """(median full call, median cached call, full calls at 50 steps) over a caching configuration's workers."""
+    mine = raw[(raw.config == variant) & (raw.status == "ok")]
+    kinds = [d for d in mine.get("unet_kind_s", pd.Series(dtype=object)) if isinstance(d, dict)]
+    counts = [d for d in mine.get("seed_call_kinds", pd.Series(dtype=object)) if isinstance(d, dict)]
+    if not kinds:
+        return np.nan, np.nan, np.nan
+    return (float(np.median([d["full"] for d in kinds])), float(np.median([d["cached"] for d in kinds])),
+            float(counts[0]["full"]) if counts else np.nan)
+
+
+def caching(study: Study, keys: list[str]) -> pd.DataFrame:
+    """DeepCache at each interval in fresh processes against fp32 eager: per image at 50 PLMS steps composed
+    from each call kind's median (full and cached calls timed apart) in the pattern DeepCache runs at 50 steps."""
+    cmp = run_variants(study, check_caching(keys), batch_size=1)
+    t = cmp.table[~cmp.table.variant.isin([BASELINE, TWIN])].copy()
+    got = [_kinds(cmp.measured.raw, v) for v in t.variant]
+    t["full_call_s"], t["cached_call_s"], t["full_calls_at_50"] = zip(*got) if got else ([], [], [])
+    return t.reindex(columns=CACHING_COLUMNS).reset_index(drop=True)

@@ -1,6 +1,7 @@
 """08_quantization: int8 schemes (catalog keys `int8:<scheme>`) against fp32 eager by run_variants (each in
 fresh processes, in rounds, beside the fp32 twin that gives the noise floor), with the int8 matmul roofs that
-explain them and the share of the UNet's work each scheme can reach (measured here, not ratios to fp32)."""
+explain them (torch's and OpenVINO's own kernels) and the share of the UNet's work each scheme can reach
+(measured here, not ratios to fp32), and whether the int8 executor's per-step speed-up reaches issue 15's goal."""
 from __future__ import annotations
 
 
@@ -13,17 +14,32 @@ from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, release
 from sdperf.measurements import unet_call_inputs, unet_flops
 from sdperf.optimizations import catalog
 from sdperf.optimizations import quantization as opt
+from sdperf.optimizations.catalog import EXECUTOR, Stack
 from sdperf.optimizations.fewer_steps import unet_calls
 from sdperf.plots import speedup_bars
-from sdperf.roofline import fit_size, matmul_peak
+from sdperf.roofline import fit_size, matmul_peak, openvino_availability, openvino_matmul_peak
 from sdperf.study import Study
 from sdperf.timing import blocked
 
 LINEAR_ONLY = ("torch-ao-dynamic", "torchao-int8-dynamic")
-# Which measured int8 kernel each scheme's matmuls run on (OpenVINO's own kernels are not timed alone; the
-# fbgemm int8 linear is the closest measured int8 roof for them).
+FP32_ROOF = "torch.mm"
+# OpenVINO's own CPU-plugin GEMMs (sdperf.roofline.openvino_matmul_peak): roof row name and dtype per precision
+OPENVINO_ROOFS = {"f32": ("openvino MatMul f32", "float32"), "int8": ("openvino MatMul int8 (u8s8)", "int8"),
+                  "bf16": ("openvino MatMul bf16", "bfloat16")}
+OV_F32, OV_INT8 = OPENVINO_ROOFS["f32"][0], OPENVINO_ROOFS["int8"][0]
+# Which measured kernel each scheme's matmuls compute on: the roof of the precision it computes in.
 ROOF_KERNEL = {"torch-ao-dynamic": "quantized linear_dynamic", "torchao-int8-dynamic": "torch._int_mm",
-               "openvino-nncf-weights": "quantized linear_dynamic", "openvino-nncf-ptq": "quantized linear_dynamic"}
+               # nncf.compress_weights stores int8 weights but the plugin decompresses them to f32 before each
+               # MatMul/convolution: the scheme computes in f32, so its roof is OpenVINO's f32 GEMM, not int8
+               "openvino-nncf-weights": OV_F32,
+               # nncf.quantize leaves FakeQuantize on activations and weights: the plugin's u8 x s8 int8 kernel
+               "openvino-nncf-ptq": OV_INT8,
+               # hybrid: convolutions quantized fully (int8 kernel), weighted MatMuls int8 weights only (f32
+               # compute): a mix, held against the int8 roof, the faster of the two its layers can reach
+               "openvino-nncf-hybrid": OV_INT8}
+# Issue 15's per-UNet-step goal: an int8 executor's speed-up over fp32 eager should reach at least this share of
+# this CPU's int8-vs-fp32 roof ratio (OpenVINO's int8 GEMM over torch.mm fp32, both measured here).
+GOAL_SHARE = 0.8
 RANDOM_WEIGHTS = ("random-init weights: the error figures describe the quantization machinery, not the quality of "
                   "a quantized Stable Diffusion")
 
@@ -110,13 +126,39 @@ def _linear_dynamic(n: int):
     return run
 
 
+def _openvino_roofs(study: Study, size: int) -> list[dict]:
+    """OpenVINO's own CPU GEMM roofs (f32, int8 u8s8, bf16 where the CPU has it) at `size`, each with the kernel
+    the plugin ran. A precision this CPU lacks is recorded as not applicable, one that fails (say the int8 graph
+    left in f32) as failed with its error, and the others are still measured."""
+    rows = []
+    for precision, (kernel, dtype) in OPENVINO_ROOFS.items():
+        scenario = f"matmul {size}x{size} {kernel}"
+        ok, reason = ((False, f"OpenVINO's CPU plugin does not run on {study.device}") if study.device != "cpu"
+                      else openvino_availability(precision))
+        if not ok:
+            study.recorder.not_applicable(scenario, reason, metric="peak_gops")
+            continue
+        try:
+            roof = openvino_matmul_peak(size, precision)
+        except RuntimeError as e:
+            print(f"{kernel}: failed: {e}")
+            study.recorder.failed(scenario, e, metric="peak_gops")
+            continue
+        rows.append({"kernel": kernel, "dtype": dtype, "size": size, "gops": roof.gops,
+                     "n_blocks": len(roof.timing.times), "primitive": roof.primitive_type,
+                     "runtime_precision": roof.runtime_precision, "note": roof.note()})
+    return rows
+
+
 def int8_roofs(study: Study, call_budget_s: float) -> pd.DataFrame:
     """Measured ops/s of a square matmul: fp32 torch.mm, int8 torch._int_mm (torchao's kernel) and, on a CPU,
     the fbgemm int8 dynamic linear (torch.ao's kernel, activation quantization included), each at the largest
-    size up to the profile's matmul_size that fits `call_budget_s` per call."""
+    size up to the profile's matmul_size that fits `call_budget_s` per call; and on a CPU OpenVINO's own GEMMs
+    (f32, int8 u8s8, bf16), the kernels its executors compute on. `vs_fp32` is each over torch.mm fp32,
+    `vs_openvino_f32` each OpenVINO kernel over OpenVINO's f32 (its int8-vs-f32 roof ratio)."""
     size, device = study.profile.matmul_size, study.device
     peak, t = matmul_peak(device, torch.float32, size)
-    rows = [{"kernel": "torch.mm", "dtype": "float32", "size": size, "gops": peak / 1e9, "n_blocks": len(t.times)}]
+    rows = [{"kernel": FP32_ROOF, "dtype": "float32", "size": size, "gops": peak / 1e9, "n_blocks": len(t.times)}]
     kernels = [("torch._int_mm", _int_mm(device))]
     if device == "cpu":
         kernels.append(("quantized linear_dynamic", _linear_dynamic))
@@ -125,19 +167,42 @@ def int8_roofs(study: Study, call_budget_s: float) -> pd.DataFrame:
         timing = blocked(make(n), device=device)
         rows.append({"kernel": kernel, "dtype": "int8", "size": n, "gops": 2 * n**3 / timing.median / 1e9,
                      "n_blocks": len(timing.times)})
-    df = pd.DataFrame(rows)
-    df["vs_fp32"] = df["gops"] / df.loc[0, "gops"]
     native = opt.native_int_mm(device)
+    for r in rows:
+        r["note"] = "blocked_autorange median"
+        if r["kernel"] == "torch._int_mm":
+            r["note"] += ("; cuBLASLt int8" if device == "cuda" else "; oneDNN kernel (VNNI/AMX present)" if native
+                          else "; no AVX512-VNNI/AMX-INT8 here: PyTorch's scalar fallback loop")
+        if r["size"] != size:
+            r["note"] += f"; measured at {r['size']} (not {size}): a {size} call would exceed {call_budget_s} s"
+    df = pd.DataFrame(rows + _openvino_roofs(study, size)).reindex(
+        columns=["kernel", "dtype", "size", "gops", "n_blocks", "primitive", "runtime_precision", "note"])
+    df["vs_fp32"] = df["gops"] / df.loc[0, "gops"]
+    ov = df.kernel.str.startswith("openvino")
+    df["vs_openvino_f32"] = df["gops"].where(ov) / _gops(df, OV_F32)
     for r in df.itertuples():
-        note = "blocked_autorange median"
-        if r.kernel == "torch._int_mm":
-            note += ("; cuBLASLt int8" if device == "cuda" else "; oneDNN kernel (VNNI/AMX present)" if native
-                     else "; no AVX512-VNNI/AMX-INT8 here: PyTorch's scalar fallback loop")
-        if r.size != size:
-            note += f"; measured at {r.size} (not {size}): a {size} call would exceed {call_budget_s} s"
         study.recorder.add(f"matmul {r.size}x{r.size} {r.kernel}", "peak_gops", r.gops, "GOP/s", n=r.n_blocks,
-                           dtype=r.dtype, note=note)
-    return df
+                           dtype=r.dtype, note=r.note)
+    _record_openvino_ratio(study, df)
+    return df.drop(columns="note")
+
+
+def _gops(roofs: pd.DataFrame, kernel: str) -> float:
+    """The measured GOP/s of one roof row, NaN when it was not measured here."""
+    row = roofs[roofs.kernel == kernel]
+    return float(row["gops"].iloc[0]) if len(row) else float("nan")
+
+
+def _record_openvino_ratio(study: Study, roofs: pd.DataFrame) -> None:
+    """OpenVINO's int8-vs-f32 roof ratio (its own kernels, same size, same timing) as a row of its own."""
+    ratio = _gops(roofs, OV_INT8) / _gops(roofs, OV_F32)
+    if pd.isna(ratio):
+        return
+    r = roofs.set_index("kernel")
+    size = int(r.loc[OV_INT8, "size"])
+    study.recorder.add(f"matmul {size}x{size} openvino int8 vs f32", "roof_ratio", ratio, "x", dtype="int8",
+                       note=f"{OV_INT8} ({r.loc[OV_INT8, 'primitive']}) GOP/s over {OV_F32} "
+                            f"({r.loc[OV_F32, 'primitive']}) GOP/s, each a blocked_autorange median at {size}")
 
 
 def amdahl_bound(share_percent: float, roof_ratio: float) -> float:
@@ -196,28 +261,95 @@ def facts_table(cmp: Comparison) -> pd.DataFrame:
     return pd.DataFrame([{"variant": k, **v} for k, v in cmp.facts.items() if k not in (BASELINE, TWIN)])
 
 
+def roof_kernel(key: str) -> str | None:
+    """The roof row of the precision a configuration's UNet computes in: fp32 eager -> torch.mm; an int8 scheme
+    -> ROOF_KERNEL; an OpenVINO engine -> OpenVINO's GEMM in its precision hint. None when no measured roof
+    fits (another executor, a half-precision stack, OpenVINO's 'default' hint that picks its own)."""
+    stack = Stack.of(key)
+    executor = next((t.key for t in stack.techniques if t.family == EXECUTOR), None)
+    if executor is None:
+        return FP32_ROOF if stack.dtype == "float32" else None
+    if executor.startswith("int8:"):
+        return ROOF_KERNEL[scheme(executor)]
+    if executor.startswith("engine:openvino-"):  # 'engine:openvino-f32-static' -> 'f32'
+        return OPENVINO_ROOFS.get(executor.split("-")[1], (None,))[0]
+    return None
+
+
+def goal_x(roofs: pd.DataFrame) -> float:
+    """Issue 15's per-UNet-step goal: GOAL_SHARE of this CPU's int8-vs-fp32 roof ratio, OpenVINO's int8 GEMM over
+    torch.mm fp32 (NaN when either roof was not measured here)."""
+    return GOAL_SHARE * _gops(roofs, OV_INT8) / _gops(roofs, FP32_ROOF)
+
+
+def _goal(r, goal: float) -> dict:
+    """Whether a row's per-step speed-up over fp32 eager reaches `goal`: its median, and every round (its min)."""
+    return {"goal_x": goal, "unet_step_speedup": r.unet_step_speedup, "unet_step_speedup_lo": r.unet_step_speedup_lo,
+            "unet_step_speedup_hi": r.unet_step_speedup_hi, "goal_met": bool(r.unet_step_speedup >= goal),
+            "goal_met_every_round": bool(r.unet_step_speedup_lo >= goal)}
+
+
+def _met(goal_met: bool, every_round: bool) -> str:
+    return ("reached in every round" if every_round else "reached by the median, not in every round" if goal_met
+            else "not reached")
+
+
+def _record_goal(study: Study, r, row: dict, roofs: pd.DataFrame) -> None:
+    met = _met(row["goal_met"], row["goal_met_every_round"])
+    how = (f"issue 15: {GOAL_SHARE} x ({OV_INT8} {_gops(roofs, OV_INT8):.1f} / {FP32_ROOF} fp32 "
+           f"{_gops(roofs, FP32_ROOF):.1f} GOP/s, blocked_autorange medians)")
+    scenario, g = f"{r.variant}, batch 1", row["goal_x"]
+    study.recorder.add_many([
+        dict(scenario=scenario, metric="unet_step_speedup_goal", value=g, unit="x", dtype="int8", key=r.key,
+             note=f"{how}; measured {r.unet_step_speedup:.2f}x [{r.unet_step_speedup_lo:.2f}-"
+                  f"{r.unet_step_speedup_hi:.2f}] over rounds: {met}"),
+        dict(scenario=scenario, metric="percent_of_unet_step_goal", value=100 * r.unet_step_speedup / g, unit="%",
+             lo=100 * r.unet_step_speedup_lo / g, hi=100 * r.unet_step_speedup_hi / g, n=int(r.rounds),
+             dtype="int8", method=r.method, key=r.key,
+             note=f"per-step speed-up over fp32 eager (median [min-max] over rounds) of the goal {g:.2f}x; {met}")])
+
+
 def roofline(study: Study, cmp: Comparison, share: dict, roofs: pd.DataFrame) -> pd.DataFrame:
-    """Achieved ops/s of each measured variant against fp32's roof and the int8 roof of the kernel it runs on,
-    with the Amdahl ceiling for the Linear-only schemes."""
+    """Achieved ops/s of each measured configuration as a share of the roof of the precision it computes in
+    (roof_kernel) and of torch.mm fp32's, with the Amdahl ceiling for the Linear-only schemes, and for each
+    int8-computing executor issue 15's per-step goal (goal_x) and whether its speed-up reaches it."""
     roof = roofs.set_index("kernel")
-    fp32 = float(roof.loc["torch.mm", "gops"])
+    fp32, goal = _gops(roofs, FP32_ROOF), goal_x(roofs)
     rows = []
     for r in cmp.ok().itertuples():
-        name = scheme(r.key) if r.key.startswith("int8:") else None
         achieved = share["unet_flops"] / r.unet_step_s / 1e9
         row = {"variant": r.variant, "unet_step_s": r.unet_step_s, "achieved_gops": achieved,
                "percent_of_fp32_roof": 100 * achieved / fp32}
-        kernel = ROOF_KERNEL.get(name)
+        kernel = roof_kernel(r.key)
         if kernel in roof.index:
-            int8 = float(roof.loc[kernel, "gops"])
-            row.update(int8_kernel=kernel, percent_of_int8_roof=100 * achieved / int8)
-            study.recorder.add(f"{r.variant}, batch 1", "percent_of_int8_roof", row["percent_of_int8_roof"], "%",
-                               note=f"UNet ops / median UNet call, of the measured {kernel} roof {int8:.1f} GOP/s "
-                                    "(every op counted, int8 or not)")
-            if name in LINEAR_ONLY:
-                row["linear_only_ceiling_x"] = amdahl_bound(share["linear_share_percent"], int8 / fp32)
+            k = roof.loc[kernel]
+            row.update(roof_kernel=kernel, roof_dtype=k["dtype"], roof_gops=k["gops"],
+                       percent_of_roof=100 * achieved / k["gops"])
+            primitive = f" ({k['primitive']})" if isinstance(k.get("primitive"), str) else ""
+            study.recorder.add(f"{r.variant}, batch 1", "percent_of_roof", row["percent_of_roof"], "%",
+                               dtype=k["dtype"], key=r.key, method=r.method,
+                               note=f"UNet ops / median UNet call over rounds, of the measured {kernel}{primitive} "
+                                    f"roof {k['gops']:.1f} GOP/s at {int(k['size'])} (blocked_autorange median; "
+                                    "every op counted, whatever precision it runs in)")
+            if r.key.startswith("int8:") and scheme(r.key) in LINEAR_ONLY:
+                row["linear_only_ceiling_x"] = amdahl_bound(share["linear_share_percent"], k["gops"] / fp32)
+            if k["dtype"] == "int8" and pd.notna(goal):
+                row.update(_goal(r, goal))
+                _record_goal(study, r, row, roofs)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def goal_summary(line: pd.DataFrame) -> str:
+    """One sentence per int8-computing executor of roofline()'s table: its per-step speed-up against the goal."""
+    if "goal_x" not in line or line["goal_x"].isna().all():
+        return "no goal: OpenVINO's int8 roof or an int8 executor was not measured here"
+    out = []
+    for r in line[line["goal_x"].notna()].itertuples():
+        out.append(f"{r.variant}: {r.unet_step_speedup:.2f}x per UNet step ({r.unet_step_speedup_lo:.2f}-"
+                   f"{r.unet_step_speedup_hi:.2f}x over rounds) against the goal {r.goal_x:.2f}x: "
+                   f"{_met(r.goal_met, r.goal_met_every_round)}")
+    return "\n".join(out)
 
 
 def verdicts(cmp: Comparison) -> pd.DataFrame:

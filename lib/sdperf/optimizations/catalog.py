@@ -28,7 +28,8 @@ FAMILIES = (GRAD_MODE, PARAMETERS, PRECISION, ATTENTION, EXECUTOR, GRAPHS, SCHED
 
 # The modules that declare techniques, in study order (the notebook that owns most of each module's keys).
 MODULES = ("inference_mode", "half_precision", "attention", "torch_compile", "cuda_graphs", "deepspeed_inference",
-           "engine_export", "quantization", "fewer_steps", "feature_reuse", "token_merging", "allocator", "calibration")
+           "engine_export", "stage_engines", "quantization", "fewer_steps", "feature_reuse", "token_merging",
+           "allocator", "calibration")
 STACK_SEP = "+"
 BASELINE_KEY = "fp32-eager"  # the empty stack: the profile's pipeline in fp32, inference_mode, as built
 

@@ -53,6 +53,14 @@ def apply(pipe, interval: int, ctx=None):
     return pipe
 
 
+def call_kinds(timesteps: list, interval: int) -> list[str]:
+    """Which UNet calls run whole ("full") and which reuse the cache ("cached"), as DeepCacheSDHelper decides:
+    by the index of the call's timestep in the scheduler's list, counted from the first call's, every
+    `interval`-th one full (PLMS calls its second timestep twice: both calls share one index)."""
+    index = [timesteps.index(t) for t in timesteps]
+    return ["full" if (i - index[0]) % interval == 0 else "cached" for i in index]
+
+
 def technique(prefix: str, arg: str) -> Technique:
     """deepcache:<interval>: the deep features recomputed every `interval` UNet calls, reused in between."""
     if not arg.isdigit():
@@ -61,7 +69,7 @@ def technique(prefix: str, arg: str) -> Technique:
     check_interval(n)
     return Technique(f"{prefix}:{n}", f"DeepCache, interval {n}", CACHING, NOTEBOOK,
                      apply=lambda pipe, ctx: apply(pipe, n, ctx), availability=availability,
-                     changes_output=True, loop_only=True,
+                     changes_output=True, loop_only=True, call_kinds=lambda ts: call_kinds(list(ts), n),
                      note=f"full UNet every {n} calls, shallow branch {BRANCH} with cached deep features between")
 
 

@@ -10,18 +10,24 @@ fbgemm and OpenVINO kernels still use. Which kernel a scheme reaches decides whe
 - torchao `Int8DynamicActivationInt8WeightConfig`: the same idea on tensor subclasses; its int8 matmul is
   `torch._int_mm`, which PyTorch runs through oneDNN on a CPU only with AVX512-VNNI (otherwise a reference
   loop), and through cuBLASLt int8 on CUDA (the diffusers fast-diffusion recipe pairs it with torch.compile).
-- OpenVINO + NNCF: the UNet converted to OpenVINO IR; `nncf.compress_weights` (int8 weights, fp32 compute) or
-  `nncf.quantize` (post-training: int8 weights and activations, calibrated on the UNet inputs of one real
-  generation), compiled by the OpenVINO CPU plugin, which also quantizes convolutions.
+- OpenVINO + NNCF: the UNet converted to OpenVINO IR; `nncf.compress_weights` (int8 weights, fp32 compute),
+  `nncf.quantize` (post-training: int8 weights and activations), or both at once in NNCF/optimum-intel's hybrid
+  mode for diffusion models (int8 weights of the matmuls, full int8 of the convolutions), compiled by the
+  OpenVINO CPU plugin. The calibrated schemes collect the UNet inputs of one real generation per calibration
+  caption (Context.prompts), so the activation ranges come from more than one prompt's trajectory.
 
 With random-init weights the error figures describe the quantization machinery, not the quality of a
 quantized Stable Diffusion: trained weights and activations have different ranges and outliers.
 """
 from __future__ import annotations
 
+import collections
+import hashlib
 import importlib.util
+import json
 import logging
 import warnings
+from dataclasses import replace
 
 import torch
 
@@ -35,8 +41,22 @@ SCHEMES = {
                             "(torch._int_mm)",
     "openvino-nncf-weights": "OpenVINO IR + nncf.compress_weights: int8 weights, fp32 compute",
     "openvino-nncf-ptq": "OpenVINO IR + nncf.quantize: int8 weights and activations of matmuls and convolutions, "
-                         "calibrated on one generation's UNet inputs",
+                         "calibrated on one generation's UNet inputs per calibration caption",
+    "openvino-nncf-hybrid": "OpenVINO IR + NNCF hybrid (optimum-intel's diffusion recipe): nncf.compress_weights int8 "
+                            "on all weights but the convolutions', then nncf.quantize of the convolutions (and "
+                            "attention inputs) with the weighted matmuls ignored, calibrated like the PTQ scheme",
 }
+# What NNCF does in each OpenVINO scheme (the `nncf_step` fact), and which of them calibrate on UNet inputs.
+NNCF_STEPS = {"openvino-nncf-weights": "compress_weights", "openvino-nncf-ptq": "quantize (post-training)",
+              "openvino-nncf-hybrid": "hybrid: compress_weights (convolutions ignored) + quantize (weighted matmuls "
+                                      "ignored)"}
+CALIBRATED = ("openvino-nncf-ptq", "openvino-nncf-hybrid")
+# The most UNet calls a calibration set holds: nncf.quantize's own default subset_size (optimum-intel's hybrid
+# default is 200). Whole trajectories only, one generation per caption: on the cpu profile (PLMS, 2 steps: 3 calls
+# a generation) 8 captions give 24 samples, far under it; on the reference model (PLMS, 50 steps: 51 calls) it
+# stops at 5 captions (255 samples), which bounds NNCF's statistics passes (a UNet call per sample, and fast
+# bias correction's per-layer ones) to about what the default calibration of nncf.quantize costs anyway.
+CALIBRATION_SAMPLES = 300
 # CPU instructions that give torch._int_mm (torchao's CPU int8 matmul) its oneDNN path; without them PyTorch
 # falls back to a scalar loop (aten/src/ATen/native/LinearAlgebra.cpp, _int_mm_out_cpu).
 INT_MM_CPU_FLAGS = ("avx512_vnni", "amx_int8")
@@ -44,7 +64,8 @@ INT_MM_CPU_FLAGS = ("avx512_vnni", "amx_int8")
 # only once sdperf.environment.ISA_FLAGS lists it).
 INT8_CPU_FLAGS = ("avx512_vnni", "amx_int8", "avx_vnni")
 LABELS = {"torch-ao-dynamic": "torch.ao dynamic int8 (Linear)", "torchao-int8-dynamic": "torchao int8 dyn. (Linear)",
-          "openvino-nncf-weights": "OpenVINO + NNCF int8 weights", "openvino-nncf-ptq": "OpenVINO + NNCF int8 PTQ"}
+          "openvino-nncf-weights": "OpenVINO + NNCF int8 weights", "openvino-nncf-ptq": "OpenVINO + NNCF int8 PTQ",
+          "openvino-nncf-hybrid": "OpenVINO + NNCF hybrid int8"}
 
 
 def check_scheme(scheme: str) -> None:
@@ -104,9 +125,10 @@ def availability(device: str, scheme: str) -> tuple[bool, str]:
     return True, f"OpenVINO CPU plugin int8 kernels; {_cpu_int8_words()}"
 
 
-def apply(pipe, scheme: str, workload: Workload | None = None, scratch_root=None):
+def apply(pipe, scheme: str, workload: Workload | None = None, scratch_root=None, prompts: tuple[str, ...] = ()):
     """Quantize the pipeline's UNet with `scheme` and return the pipeline. The OpenVINO schemes need the
-    workload: the IR is built for its shapes and the post-training scheme calibrates on its UNet inputs."""
+    workload: the IR is built for its shapes, and the calibrated schemes (CALIBRATED) collect the UNet inputs of
+    one generation of it per caption in `prompts` (the workload's own prompt when empty)."""
     check_scheme(scheme)
     if scheme == "torch-ao-dynamic":
         pipe.unet = torch_ao_dynamic(pipe.unet)
@@ -115,7 +137,7 @@ def apply(pipe, scheme: str, workload: Workload | None = None, scratch_root=None
     else:
         if workload is None:
             raise ValueError(f"scheme {scheme!r} needs the workload (static shapes and calibration inputs)")
-        pipe.unet = openvino_nncf(pipe, workload, ptq=scheme == "openvino-nncf-ptq", scratch_root=scratch_root)
+        pipe.unet = openvino_nncf(pipe, workload, scheme, scratch_root=scratch_root, prompts=prompts)
     return pipe
 
 
@@ -169,43 +191,144 @@ def unet_inputs(pipe, workload: Workload) -> list[tuple[torch.Tensor, torch.Tens
     return seen
 
 
-def openvino_nncf(pipe, workload: Workload, ptq: bool, scratch_root=None):
-    """Convert the UNet (openvino_engine.convert), compress its weights or quantize it post-training with NNCF,
-    compile it for the CPU at the workload's static shapes in f32 (so the int8 layers are the only reduced
-    precision), and put it behind the loop's UNet call (unet_graph.EngineUNet). With `scratch_root` the
-    quantized IR is kept in the run's artefact cache, so later workers neither calibrate nor quantize again."""
+def calibration_captions(prompts, workload: Workload) -> tuple[str, ...]:
+    """The captions a calibrated scheme generates from: the given ones, or the workload's prompt when none are."""
+    if isinstance(prompts, str):  # a lone string would be calibrated on character by character
+        raise TypeError(f"calibration prompts must be a sequence of captions, not the string {prompts!r}")
+    captions = tuple(prompts) or (workload.prompt,)
+    bad = [c for c in captions if not isinstance(c, str) or not c.strip()]
+    if bad:
+        raise ValueError(f"calibration captions must be non-empty strings; got {bad!r}")
+    return captions
+
+
+def captions_digest(captions: tuple[str, ...]) -> str:
+    """A short hash of the calibration captions, in order: part of a calibrated IR's cache key."""
+    return hashlib.sha256(json.dumps(list(captions)).encode()).hexdigest()[:16]
+
+
+def calibration_set(pipe, workload: Workload, prompts=(), limit: int = CALIBRATION_SAMPLES) -> tuple[list, int]:
+    """(UNet inputs, captions used): one generation per caption at the workload's steps, whole trajectories only,
+    as many captions as fit in `limit` samples (always at least one generation, so every timestep the schedule
+    visits is covered for every caption used)."""
+    if limit < 1:
+        raise ValueError(f"calibration limit must be a positive number of UNet calls, got {limit!r}")
+    captions = calibration_captions(prompts, workload)
+    samples = unet_inputs(pipe, replace(workload, prompt=captions[0]))
+    used = max(1, min(len(captions), limit // len(samples)))
+    for caption in captions[1:used]:
+        samples += unet_inputs(pipe, replace(workload, prompt=caption))
+    return samples, used
+
+
+def _const_source(op, port: int) -> bool:
+    """Whether input `port` of `op` comes from a constant through Convert, FakeQuantize and Reshape only: what
+    optimum-intel's _get_operation_const_op looks through to call a layer weighted."""
+    node = op.input_value(port).get_node()
+    while node.get_type_name() in ("Convert", "FakeQuantize", "Reshape"):
+        node = node.input_value(0).get_node()
+    return node.get_type_name() == "Constant"
+
+
+def weighted_ops(model) -> list[str]:
+    """Names of the MatMuls with a constant operand and of embedding Gathers (float constant table): the layers
+    the hybrid recipe compresses to int8 weights and keeps out of the full quantization."""
+    out = []
+    for op in model.get_ops():
+        kind = op.get_type_name()
+        if kind == "MatMul" and (_const_source(op, 0) or _const_source(op, 1)):
+            out.append(op.get_friendly_name())
+        elif kind == "Gather" and op.input_value(0).get_element_type().is_real() and _const_source(op, 0):
+            out.append(op.get_friendly_name())
+    return out
+
+
+CONVOLUTIONS = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData")
+
+
+def hybrid_quantize(model, data, subset_size: int):
+    """NNCF's hybrid mode for diffusion models, as optimum-intel's _hybrid_quantization runs it: int8 (asymmetric)
+    weight compression of every weight but the convolutions', then post-training quantization (TRANSFORMER
+    model type) of what is left, with the weighted matmuls ignored (their weights are already int8) and SmoothQuant
+    off for matmuls (it would rescale weights already compressed). optimum-intel applies it to diffusion pipelines
+    to keep their accuracy while shrinking the model: the convolutions run int8 x int8, the matmuls (projections,
+    feed-forwards, text cross-attention) keep float activations over int8 weights."""
+    import nncf
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
+
+    weighted = weighted_ops(model)  # read before compression: names survive it, constants do not
+    present = {op.get_type_name() for op in model.get_ops()}
+    convs = [t for t in CONVOLUTIONS if t in present]  # an ignored type absent from the model is an NNCF error
+    model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM,
+                                  ignored_scope=nncf.IgnoredScope(types=convs))
+    return nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=subset_size,
+                         ignored_scope=nncf.IgnoredScope(names=weighted),
+                         advanced_parameters=AdvancedQuantizationParameters(
+                             smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1)))
+
+
+def int8_census(model) -> dict:
+    """What NNCF left in the IR: FakeQuantize nodes (activations quantized at run time) and int8/u8 constants
+    (weights stored in 8 bits), so a row says how much of the graph each scheme actually made int8."""
+    ops = model.get_ops()
+    types = collections.Counter(op.get_type_name() for op in ops)
+    int8 = sum(op.get_type_name() == "Constant" and op.get_element_type().get_type_name() in ("i8", "u8")
+               for op in ops)
+    return {"fake_quantize_nodes": types["FakeQuantize"], "int8_constants": int8}
+
+
+def _nncf_transform(scheme: str, calibration):
+    """The IR transform of an OpenVINO scheme: model -> (model, facts); `calibration()` -> (feeds, captions)."""
+    import nncf
+
+    def transform(model):
+        with warnings.catch_warnings():  # NNCF's progress bars ask for ipywidgets inside a notebook
+            warnings.filterwarnings("ignore", message=".*ipywidgets")
+            if scheme not in CALIBRATED:
+                model = nncf.compress_weights(model)
+                return model, {"calibration_captions": 0, "calibration_inputs": 0, **int8_census(model)}
+            feeds, captions = calibration()
+            data = nncf.Dataset([{k: v.numpy() for k, v in f.items()} for f in feeds])
+            if scheme == "openvino-nncf-hybrid":
+                model = hybrid_quantize(model, data, subset_size=len(feeds))
+            else:
+                model = nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(feeds))
+        return model, {"calibration_captions": captions, "calibration_inputs": len(feeds), **int8_census(model)}
+    return transform
+
+
+def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prompts=()):
+    """Convert the UNet (openvino_engine.convert), compress or quantize it with NNCF as `scheme` says, compile it
+    for the CPU at the workload's static shapes in f32 (so the int8 layers are the only reduced precision), and
+    put it behind the loop's UNet call (unet_graph.EngineUNet). With `scratch_root` the quantized IR is kept in
+    the run's artefact cache, keyed by the calibration captions too, so later workers neither calibrate nor
+    quantize again and an IR calibrated on other captions is never reused."""
+    if scheme not in NNCF_STEPS:
+        raise ValueError(f"scheme {scheme!r} is not an OpenVINO scheme; choose one of: {', '.join(NNCF_STEPS)}")
     import nncf
 
     from sdperf.optimizations import openvino_engine
     from sdperf.optimizations.unet_graph import INPUTS, EngineUNet, float32_unet, graph_inputs
 
     nncf.set_log_level(logging.WARNING)
+    # weights-only compression needs no calibration: one generation of the profile's prompt gives the example
+    captions = calibration_captions(prompts, workload) if scheme in CALIBRATED else (workload.prompt,)
     seen: dict = {}
 
-    def calibration() -> list[dict]:
+    def calibration() -> tuple[list[dict], int]:
         if "inputs" not in seen:
-            seen["inputs"] = [graph_inputs(*inputs, {}) for inputs in unet_inputs(pipe, workload)]
-        return seen["inputs"]
+            samples, used = calibration_set(pipe, workload, captions)
+            seen.update(inputs=[graph_inputs(*inputs, {}) for inputs in samples], captions=used)
+        return seen["inputs"], seen["captions"]
 
-    def quantize(model):
-        with warnings.catch_warnings():  # NNCF's progress bars ask for ipywidgets inside a notebook
-            warnings.filterwarnings("ignore", message=".*ipywidgets")
-            if ptq:
-                data = nncf.Dataset([{k: v.numpy() for k, v in feeds.items()} for feeds in calibration()])
-                model = nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER,
-                                      subset_size=len(calibration()))
-            else:
-                model = nncf.compress_weights(model)
-        return model, {"calibration_inputs": len(calibration()) if ptq else 0}
-
-    key = {"workload": repr(workload), "scheduler": dict(pipe.scheduler.config), "ptq": ptq, "nncf": nncf.__version__}
+    key = {"workload": repr(workload), "scheduler": dict(pipe.scheduler.config), "scheme": scheme,
+           "nncf": nncf.__version__}
+    if scheme in CALIBRATED:
+        key["calibration"] = {"captions": captions_digest(captions), "limit": CALIBRATION_SAMPLES}
     model, facts, cache_dir = openvino_engine.ir_model(
-        float32_unet(pipe.unet), lambda: tuple(calibration()[0][k] for k in INPUTS), scratch_root,
-        kind="nncf-ptq" if ptq else "nncf-weights", transform=quantize, key=key)
-    # the static shapes of the loop's calls (the pipeline pads prompts to the tokenizer's maximum length)
-    b, f, cfg = workload.batch_size * (2 if workload.guidance_scale > 1.0 else 1), pipe.vae_scale_factor, pipe.unet.config
-    shapes = {"sample": (b, cfg.in_channels, workload.height // f, workload.width // f), "timestep": (),
-              "encoder_hidden_states": (b, pipe.tokenizer.model_max_length, cfg.cross_attention_dim)}
+        float32_unet(pipe.unet), lambda: tuple(calibration()[0][0][k] for k in INPUTS), scratch_root,
+        kind=f"nncf-{scheme.removeprefix('openvino-nncf-')}", transform=_nncf_transform(scheme, calibration), key=key)
+    shapes = static_shapes(pipe, workload)
     if "inputs" in seen:  # calibrated in this process: the loop's real shapes must be the ones compiled for
         real = {k: tuple(v.shape) for k, v in seen["inputs"][0].items()}
         if real != shapes:
@@ -218,8 +341,16 @@ def openvino_nncf(pipe, workload: Workload, ptq: bool, scratch_root=None):
         return torch.from_numpy(out[0])
 
     facts.update({"engine": "openvino + nncf", "nncf": nncf.__version__, "precision": used,
-                  "nncf_step": "quantize (post-training)" if ptq else "compress_weights"})
+                  "nncf_step": NNCF_STEPS[scheme]})
     return EngineUNet(run, pipe.unet.config, device="cpu", facts=facts, keep=(pipe.unet, model))
+
+
+def static_shapes(pipe, workload: Workload) -> dict:
+    """The static shapes of the loop's UNet calls (the pipeline pads prompts to the tokenizer's maximum length)."""
+    b = workload.batch_size * (2 if workload.guidance_scale > 1.0 else 1)
+    f, cfg = pipe.vae_scale_factor, pipe.unet.config
+    return {"sample": (b, cfg.in_channels, workload.height // f, workload.width // f), "timestep": (),
+            "encoder_hidden_states": (b, pipe.tokenizer.model_max_length, cfg.cross_attention_dim)}
 
 
 NOTEBOOK = "08_quantization"
@@ -227,7 +358,7 @@ NOTEBOOK = "08_quantization"
 
 def _quantized(scheme: str):
     def run(pipe, ctx):
-        pipe = apply(pipe, scheme, workload=ctx.workload(), scratch_root=ctx.artefacts)
+        pipe = apply(pipe, scheme, workload=ctx.workload(), scratch_root=ctx.artefacts, prompts=ctx.prompts)
         unet = pipe.unet
         if not isinstance(unet, torch.nn.Module):  # an engine stand-in (EngineUNet) says how it was made
             ctx.facts.update(unet.facts)

@@ -36,6 +36,8 @@ from sdperf.reference import domain, evaluator, quality
 
 GUIDANCE = 7.5  # the reference model's quality bar is stated at 7.5 with 50 PLMS steps
 RENDER_BATCH = 16  # prompts per UNet call (UNet batch 32 with guidance: the exported engines' dynamic maximum)
+CALIBRATION_CAPTIONS = 8  # captions a calibrated int8 technique generates from (Context.prompts; see quantization)
+CALIBRATION_SEED = 7  # its captions come from another seed than the judged ones: calibrating on the test set flatters
 ADHERENCE_BUDGET = 0.01  # at most 1 point of adherence lost
 FID_BUDGET_REL = 0.10  # at most +10% of the fp32 images' domain FID
 N_FID_RESAMPLES = 300
@@ -50,9 +52,10 @@ METRICS = ("reference_adherence", "reference_adherence_delta", "reference_domain
 # executors whose "lossless" the paired deltas check
 DEFAULT_KEYS = (
     "precision:float16", "precision:bfloat16", "compile:default", "engine:onnxruntime-fp32", "engine:openvino-f32",
-    "int8:openvino-nncf-weights", "int8:openvino-nncf-ptq", "int8:torch-ao-dynamic", "attention:sliced:max",
-    *(f"scheduler:{s}@{n}" for s in ("dpmpp-2m", "euler") for n in (10, 15, 20, 25)),
-    "deepcache:2", "deepcache:3", "deepcache:5", "tome:0.3", "tome:0.5")
+    "int8:openvino-nncf-weights", "int8:openvino-nncf-ptq", "int8:openvino-nncf-hybrid", "int8:torch-ao-dynamic",
+    "attention:sliced:max", *(f"scheduler:{s}@{n}" for s in ("dpmpp-2m", "euler") for n in (10, 15, 20, 25)),
+    *(f"scheduler:unipc@{n}" for n in (10, 15, 20)),
+    "deepcache:2", "deepcache:3", "deepcache:5", "tome:0.3", "tome:0.5", "stages:openvino-int8w")
 
 
 def profile_for(base, folder: Path, steps: int):
@@ -154,7 +157,8 @@ def measure(keys: list[str], base_profile, *, n: int, steps: int, folder: Path |
                  fid_delta_lo=0.0, fid_delta_hi=0.0, psnr_db_median=math.inf, psnr_db_p10=math.inf,
                  quality_verdict=WITHIN, seconds=seconds, note="")]
     for key, stack in stacks.items():
-        ctx = Context(profile, batch_size=RENDER_BATCH, scratch=scratch, artefacts=scratch)
+        ctx = Context(profile, batch_size=RENDER_BATCH, scratch=scratch, artefacts=scratch,
+                      prompts=tuple(s.caption for s in domain.scenes(CALIBRATION_SEED, CALIBRATION_CAPTIONS)))
         row = dict(key=key, label=stack.label, family=", ".join(t.family for t in stack.techniques), n_images=n,
                    steps=stack.steps or steps)
         ok, reason = stack.availability(ctx)

@@ -1,0 +1,260 @@
+"""10_ladder, second half: the fastest stack this CPU can run at a measured quality cost, and the lossless one.
+
+The search itself (candidates, composed speed, the budget, the Pareto front) is sdperf.stack_search; this module
+runs it for a study: the parts read back from the run's stand-alone rounds, each part's and each tried stack's
+quality on the trained reference model (shared with 12 by key), the chosen stacks measured whole in rounds of
+their own (the only figures the headline uses), and the published CPU ladders beside them.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from typing import Callable
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from sdperf import stack_search as ss
+from sdperf.comparison import Comparison, run_variants
+from sdperf.errors import ConfigError
+from sdperf.optimizations import catalog
+from sdperf.rounds import BASELINE
+from sdperf.study import Study
+
+BEST, LOSSLESS = "best admissible stack", "best lossless stack"
+ROOF_GOAL_SHARE = 0.8  # issue 15: the int8 executor's per-step gain should reach 80% of the int8-vs-fp32 roof ratio
+TABLE_COLUMNS = ["key", "speedup", "speedup_lo", "speedup_hi", "speed_verdict", "s_per_image", "unet_calls",
+                 "admissible", "why", "quality_verdict", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi",
+                 "fid_delta", "fid_delta_lo", "fid_delta_hi"]
+
+
+def check(unets: list[str], schedulers: list[str], stages: list[str]) -> None:
+    """Every key exists and sits on the side it is listed for, before anything runs."""
+    for k in unets:
+        if not ss.unet_side(k):
+            raise ConfigError(f"search_unets: {k!r} is not a UNet configuration (families: "
+                              f"{', '.join(ss.UNET_FAMILIES)})")
+    for k, fam, name in [(k, catalog.SCHEDULER, "search_schedulers") for k in schedulers] + \
+                        [(k, catalog.STAGES, "search_stages") for k in stages]:
+        if catalog.get(k).family != fam:
+            raise ConfigError(f"{name}: {k!r} is not of family {fam!r}; valid: {', '.join(catalog.keys(family=fam))}")
+
+
+def parts(study: Study, unets: list[str], stages: list[str], say: Callable[[str], None] = print) -> Comparison:
+    """The parts' stand-alone rounds: read back from the run's ledger where their notebooks measured them (their
+    rows are theirs to record), measured here otherwise."""
+    return run_variants(study, list(unets) + list(stages), say=say, store=False)
+
+
+def composed_table(study: Study, cmp: Comparison, unets: list[str], schedulers: list[str],
+                   stages: list[str]) -> pd.DataFrame:
+    """Every compatible candidate with its composed per-image speed-up over fp32 PLMS-50 (median, min-max)."""
+    m = cmp.measured
+    names = {catalog.BASELINE_KEY: BASELINE}
+    names.update({r.key: r.variant for r in cmp.table.itertuples() if r.status == "ok"})
+    steps = {s: ss.timesteps(study.profile, s) for s in [""] + list(schedulers)}
+    ok_unets = [u for u in unets if u in names]
+    ok_stages = [g for g in stages if g in names]
+    rows = []
+    for cand in ss.candidates(ok_unets, schedulers, ok_stages):
+        if not cand.key or cand.key == catalog.BASELINE_KEY:
+            continue
+        speed = ss.composed_speed(m.raw, m.ratios, names, cand, steps[cand.scheduler])
+        if speed["status"] == "ok":
+            rows.append({"key": cand.key, "candidate": cand, **speed})
+    return pd.DataFrame(rows)
+
+
+def part_verdicts(study: Study, keys: list[str], say: Callable[[str], None] = print) -> pd.DataFrame:
+    """Each lossy part's own quality on the reference model (the rows 12's table shows too)."""
+    from sdperf.quality.settings import settings
+    from sdperf.reference import techniques
+
+    s = settings(study.profile)
+    lossy = [k for k in keys if catalog.get(k).changes_output]
+    return techniques.for_study(study, lossy, n=s.reference_delta_images, steps=s.reference_steps, say=say) \
+        if lossy else pd.DataFrame(columns=["key", "quality_verdict"])
+
+
+def search(study: Study, table: pd.DataFrame, band: tuple[float, float], verdicts: pd.DataFrame, *,
+           max_quality: int, say: Callable[[str], None] = print) -> pd.DataFrame:
+    """The search over `table`, judging stacks on the reference model through the run's shared quality rows."""
+    from sdperf.quality.settings import settings
+    from sdperf.reference import techniques
+
+    s = settings(study.profile)
+    known = dict(zip(verdicts.key, verdicts.quality_verdict)) if len(verdicts) else {}
+
+    def judge(keys: list[str]) -> pd.DataFrame:
+        return techniques.for_study(study, keys, n=s.reference_delta_images, steps=s.reference_steps, say=say)
+
+    return ss.search(table, band, judge, known, max_quality=max_quality)
+
+
+def verify(study: Study, chosen: dict[str, str], say: Callable[[str], None] = print) -> Comparison:
+    """The chosen stacks measured whole, each in processes of its own, in rounds against fp32 eager: what
+    composition cannot see (two engines in one process, their caches) is in these figures."""
+    return run_variants(study, [(name, key) for name, key in chosen.items()], say=say)
+
+
+def roof_ratio(study: Study) -> dict | None:
+    """This CPU's int8-vs-fp32 GEMM roof ratio from 08's rows of this run (OpenVINO's int8 MatMul over torch.mm
+    fp32), or None when 08 has not measured it here."""
+    rows = study.recorder.current()
+    if rows.empty or "metric" not in rows:
+        return None
+    peaks = rows[rows.metric == "peak_gops"]
+    fp32 = peaks[peaks.scenario.str.endswith("torch.mm")]
+    int8 = peaks[peaks.scenario.str.contains("openvino", case=False) & peaks.scenario.str.contains("int8")]
+    if fp32.empty or int8.empty:
+        return None
+    f, i = float(fp32.value.iloc[-1]), float(int8.value.iloc[-1])
+    return {"fp32_gops": f, "int8_gops": i, "ratio": i / f, "goal": ROOF_GOAL_SHARE * i / f,
+            "int8_scenario": int8.scenario.iloc[-1], "fp32_scenario": fp32.scenario.iloc[-1]}
+
+
+def headline(cmp: Comparison, found: pd.DataFrame, name: str, roof: dict | None) -> dict | None:
+    """One chosen stack's measured-whole figures: per image at its steps over fp32 PLMS-50, per UNet step, set-up,
+    first call, peak memory, with the quality deltas of the search and the roof goal."""
+    r = cmp.row(name)
+    if r is None or r.get("status") != "ok":
+        return None
+    q = found.set_index("key").loc[r["key"]] if r["key"] in set(found.key) else {}
+    out = {"name": name, "key": r["key"], "per_image_speedup": r["seed_speedup"],
+           "per_image_lo": r["seed_speedup_lo"], "per_image_hi": r["seed_speedup_hi"],
+           "per_image_verdict": r.get("seed_speedup_verdict"), "s_per_image": r["s_per_image_seed"],
+           "unet_step_speedup": r["unet_step_speedup"], "unet_step_lo": r["unet_step_speedup_lo"],
+           "unet_step_hi": r["unet_step_speedup_hi"], "setup_s": r["setup_s"], "first_call_s": r["first_call_s"],
+           "peak_memory_mib": r["process_peak_mib"], "method": r["method"]}
+    for col in ("quality_verdict", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi", "fid_delta",
+                "fid_delta_lo", "fid_delta_hi"):
+        out[col] = q.get(col) if hasattr(q, "get") else None
+    if roof is not None:
+        out.update(roof_ratio=roof["ratio"], roof_goal=roof["goal"],
+                   roof_goal_met=bool(r["unet_step_speedup_lo"] >= roof["goal"]))
+    return out
+
+
+def record(study: Study, heads: list[dict], found: pd.DataFrame) -> None:
+    """The headline rows (one scenario per chosen stack) and one row per judged candidate."""
+    rows = []
+    for h in heads:
+        sc, common = f"{h['name']}: {h['key']}", dict(method=h["method"], key=h["key"])
+        rows += [dict(scenario=sc, metric="seed_speedup_vs_fp32", value=h["per_image_speedup"], lo=h["per_image_lo"],
+                      hi=h["per_image_hi"], unit="x", note=f"per image at the stack's steps over fp32 eager PLMS 50; "
+                      f"{h['per_image_verdict']}", **common),
+                 dict(scenario=sc, metric="unet_step_speedup_vs_fp32", value=h["unet_step_speedup"],
+                      lo=h["unet_step_lo"], hi=h["unet_step_hi"], unit="x", note="per UNet call", **common),
+                 dict(scenario=sc, metric="s_per_image_seed", value=h["s_per_image"], unit="s", **common),
+                 dict(scenario=sc, metric="setup", value=h["setup_s"], unit="s", note="cold, first round", **common),
+                 dict(scenario=sc, metric="peak_memory", value=h["peak_memory_mib"], unit="MiB",
+                      note="peak RSS of the stack's own worker process", **common)]
+        if h.get("adherence_delta") is not None:
+            rows.append(dict(scenario=sc, metric="reference_adherence_delta", value=h["adherence_delta"],
+                             lo=h["adherence_delta_lo"], hi=h["adherence_delta_hi"], unit="",
+                             note=f"trained reference model; {h['quality_verdict']}", **common))
+            rows.append(dict(scenario=sc, metric="reference_domain_fid_delta", value=h["fid_delta"],
+                             lo=h["fid_delta_lo"], hi=h["fid_delta_hi"], unit="", **common))
+        if h.get("roof_goal") is not None:
+            rows.append(dict(scenario=sc, metric="roof_goal_x", value=h["roof_goal"], unit="x",
+                             note=f"{ROOF_GOAL_SHARE:.0%} of the int8/fp32 roof ratio {h['roof_ratio']:.2f}x; "
+                                  f"per-step range {'reaches' if h['roof_goal_met'] else 'misses'} it", **common))
+    judged = found[found.admissible != ss.NOT_JUDGED]
+    rows += [dict(scenario=f"stack search: {r.key}", metric="composed_seed_speedup_vs_fp32", value=r.speedup,
+                  lo=r.speedup_lo, hi=r.speedup_hi, unit="x", key=r.key, method=ss.COMPOSED,
+                  note=f"{r.admissible}: {r.why}") for r in judged.itertuples()]
+    study.recorder.add_many(rows)
+
+
+def show(found: pd.DataFrame) -> pd.DataFrame:
+    return found[found.admissible != ss.NOT_JUDGED].reindex(columns=TABLE_COLUMNS).reset_index(drop=True)
+
+
+def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
+    """Speed against adherence and against domain FID for every candidate judged on the reference model, the
+    Pareto front of each drawn as a line; the speed axis is logarithmic (ratios)."""
+    pts = found[found.adherence_delta.notna()].copy()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for ax, col, better, label in ((axes[0], "adherence_delta", True, "adherence change (points of 1)"),
+                                   (axes[1], "fid_delta", False, "domain FID change")):
+        for adm, marker in ((ss.ADMISSIBLE, "o"), (ss.INADMISSIBLE, "x")):
+            p = pts[pts.admissible == adm]
+            ax.errorbar(p.speedup, p[col].astype(float), xerr=[p.speedup - p.speedup_lo, p.speedup_hi - p.speedup],
+                        fmt=marker, ms=5, alpha=0.8, label=adm, capsize=2)
+        front = ss.pareto(pts.assign(**{col: pts[col].astype(float)}), "speedup", col, better)
+        ax.plot(front.speedup, front[col], color="grey", lw=1, ls="--", label="Pareto front")
+        for h in heads:
+            if h.get(col) is not None:
+                ax.scatter([h["per_image_speedup"]], [h[col]], s=90, facecolors="none", edgecolors="black", zorder=4)
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set(xscale="log", xlabel="per-image speed-up over fp32 PLMS-50 (composed; log)", ylabel=label)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(f"SD 1.5 speed ({study.env['device_name']}) vs quality on the trained reference model", fontsize=10)
+    fig.tight_layout()
+    study.save_figure(fig, "stack_search_front")
+    return fig
+
+
+def published_ladders() -> pd.DataFrame:
+    with resources.files("sdperf.data").joinpath("published_cpu_ladders.csv").open() as fh:
+        return pd.read_csv(fh)
+
+
+def published_vs_measured(alone: pd.DataFrame, heads: list[dict]) -> pd.DataFrame:
+    """Each published CPU ladder's step as a ratio over its own baseline, beside the same technique's ratio here:
+    its stand-alone per-image figure at 50 PLMS steps, or the chosen stack's for a whole recipe."""
+    pub = published_ladders()
+    by_key = alone.set_index("key") if len(alone) else pd.DataFrame()
+    by_name = {h["name"]: h for h in heads}
+    out = []
+    for r in pub.itertuples():
+        measured, how = None, "not measured here"
+        if isinstance(r.measured_key, str) and r.measured_key in by_name:
+            h = by_name[r.measured_key]
+            measured = h["per_image_speedup"]
+            how = (f"{h['key']}: per image over fp32 PLMS-50, measured whole, [{h['per_image_lo']:.2f}-"
+                   f"{h['per_image_hi']:.2f}] over rounds")
+        elif isinstance(r.measured_key, str) and r.measured_key in by_key.index:
+            a = by_key.loc[r.measured_key]
+            if a.get("status") == "ok" and pd.notna(a.get("seed_speedup")):
+                measured = float(a["seed_speedup"])
+                how = (f"{r.measured_key} alone: per image at 50 steps (composed), [{a['seed_speedup_lo']:.2f}-"
+                       f"{a['seed_speedup_hi']:.2f}], {a.get('seed_speedup_verdict')}")
+            else:
+                how = f"{r.measured_key}: {a.get('status')} {a.get('note') or ''}".strip()
+        out.append({"source": r.source, "hardware": r.hardware, "settings": r.settings, "step": r.step,
+                    "published_x": r.published_x, "published_detail": r.published_detail,
+                    "measured_here_x": measured, "measured_how": how, "why_they_differ": r.why_they_differ,
+                    "url": r.url})
+    return pd.DataFrame(out)
+
+
+def run(study: Study, unets: list[str], schedulers: list[str], stages: list[str], *, max_quality: int,
+        say: Callable[[str], None] = print) -> dict:
+    """The whole search for a study: parts, each part's quality, every candidate composed, judged fastest first,
+    then the best admissible and the best lossless stack measured whole. Returns what the notebook shows."""
+    check(unets, schedulers, stages)
+    cmp = parts(study, unets, stages, say=say)
+    verdicts = part_verdicts(study, list(unets) + list(schedulers) + list(stages), say=say)
+    table = composed_table(study, cmp, unets, schedulers, stages)
+    band = ss.band_of(cmp.measured.ratios)
+    found = search(study, table, band, verdicts, max_quality=max_quality, say=say) if len(table) else table
+    picks = {BEST: ss.best(found) if len(found) else None, LOSSLESS: ss.best(found, lossless=True) if len(found)
+             else None}
+    chosen = {}
+    for name, row in picks.items():
+        if row is not None and row.key not in chosen.values():
+            chosen[name] = row.key
+    whole = verify(study, chosen, say=say) if chosen else None
+    roof = roof_ratio(study)
+    heads = []
+    for name, row in picks.items():
+        if row is None:
+            continue
+        measured_as = next(n for n, k in chosen.items() if k == row.key)
+        h = headline(whole, found, measured_as, roof)
+        if h is not None:
+            heads.append(dict(h, name=name))
+    record(study, heads, found)
+    return {"parts": cmp, "verdicts": verdicts, "found": found, "band": band, "whole": whole, "heads": heads,
+            "roof": roof}

@@ -1,0 +1,136 @@
+"""The stack search: composed speed from measured parts, the quality budget, the Pareto front."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from sdperf import stack_search as ss
+from sdperf.optimizations import feature_reuse
+from sdperf.reference.techniques import OVER, UNDECIDED, WITHIN
+from sdperf.rounds import BASELINE
+
+
+def _stages(te=0.5, unet=2.0, sched=0.001):
+    return [{"stage": "text_encoder", "seconds_per_image_call": te, "median_call_s": te},
+            {"stage": "unet", "seconds_per_image_call": 3 * unet, "median_call_s": unet},
+            {"stage": "scheduler", "seconds_per_image_call": 3 * sched, "median_call_s": sched}]
+
+
+def test_a_candidate_is_composed_from_its_parts_and_caching_counts_each_call_kind():
+    ts = [float(t) for t in range(981, 0, -20)]  # 50 distinct timesteps
+    row = {"stages": _stages(), "vae_decode_s": 1.0}
+    assert ss.composed_s(row, None, ts, None) == pytest.approx(0.5 + 50 * 2.0 + 50 * 0.001 + 1.0)
+    cached = dict(row, unet_kind_s={"full": 2.0, "cached": 0.5})
+    kinds = lambda t: feature_reuse.call_kinds(list(t), 5)  # noqa: E731
+    assert ss.composed_s(cached, None, ts, kinds) == pytest.approx(0.5 + 10 * 2.0 + 40 * 0.5 + 50 * 0.001 + 1.0)
+    engine = {"stages": _stages(te=0.1), "vae_decode_s": 0.25}  # a stage engine brings its own encoder and decoder
+    assert ss.composed_s(row, engine, ts, None) == pytest.approx(0.1 + 50 * 2.0 + 50 * 0.001 + 0.25)
+
+
+def test_composed_speed_divides_each_rounds_baseline_and_reports_the_range():
+    raw = pd.DataFrame([
+        {"config": BASELINE, "round": r, "status": "ok", "stages": _stages(), "vae_decode_s": 1.0,
+         "s_per_image_seed": 100.0} for r in range(3)] + [
+        {"config": "int8", "round": r, "status": "ok", "stages": _stages(unet=u), "vae_decode_s": 1.0}
+        for r, u in enumerate((0.4, 0.5, 0.6))])
+    ratios = pd.DataFrame({"config": ["int8"] * 3, "round": [0, 1, 2], "baseline_s_per_image_seed": [100.0] * 3})
+    ts = list(range(25))
+    got = ss.composed_speed(raw, ratios, {"": BASELINE, "int8:openvino-nncf-ptq": "int8"},
+                            ss.Candidate("int8:openvino-nncf-ptq", "scheduler:euler@25"), ts)
+    per = [0.5 + 25 * u + 25 * 0.001 + 1.0 for u in (0.4, 0.5, 0.6)]
+    assert got["status"] == "ok" and got["rounds"] == 3 and got["unet_calls"] == 25
+    assert got["speedup"] == pytest.approx(100 / per[1])
+    assert (got["speedup_lo"], got["speedup_hi"]) == pytest.approx((100 / per[2], 100 / per[0]))
+    missing = ss.composed_speed(raw, ratios, {"": BASELINE}, ss.Candidate("deepcache:3"), ts)
+    assert missing["status"] == "not measured"
+
+
+def test_candidates_hold_one_technique_per_family_and_know_what_is_lossless():
+    c = ss.candidates(["engine:openvino-f32", "deepcache:3"], ["scheduler:euler@20"], ["stages:openvino-f32"]) \
+        if "stages" in {t.split(":")[0] for t in ss.catalog.keys()} else \
+        ss.candidates(["engine:openvino-f32", "deepcache:3"], ["scheduler:euler@20"], [])
+    keys = {x.key for x in c}
+    assert "engine:openvino-f32+scheduler:euler@20" in keys and "deepcache:3" in keys
+    assert ss.Candidate("engine:openvino-f32").lossless and not ss.Candidate("", "scheduler:euler@20").lossless
+    assert not ss.unet_side("scheduler:euler@20") and ss.unet_side("int8:openvino-nncf-ptq")
+
+
+def _table(rows):
+    return pd.DataFrame([{"key": ss.Candidate(*parts).key, "candidate": ss.Candidate(*parts), "speedup": s,
+                          "speedup_lo": lo, "speedup_hi": hi} for parts, s, lo, hi in rows])
+
+
+def test_a_stack_over_the_budget_is_never_chosen_however_fast():
+    table = _table([(("int8:openvino-nncf-ptq", "scheduler:dpmpp-2m@10"), 20.0, 19.0, 21.0),  # part over budget
+                    (("int8:openvino-nncf-ptq", "scheduler:euler@15"), 15.0, 14.0, 16.0),   # judged over
+                    (("int8:openvino-nncf-ptq", "scheduler:euler@20"), 12.0, 11.0, 13.0),   # undecided
+                    (("int8:openvino-nncf-ptq", "scheduler:euler@25"), 10.0, 9.5, 10.5),    # within
+                    (("engine:openvino-f32",), 1.4, 1.3, 1.5),                             # lossless
+                    (("", "scheduler:euler@10"), 1.02, 0.99, 1.05)])                       # within noise
+    asked = []
+    verdicts = {"int8:openvino-nncf-ptq+scheduler:euler@15": OVER,
+                "int8:openvino-nncf-ptq+scheduler:euler@20": UNDECIDED,
+                "int8:openvino-nncf-ptq+scheduler:euler@25": WITHIN}
+
+    def judge(keys):
+        asked.extend(keys)
+        return pd.DataFrame([{"key": k, "quality_verdict": verdicts[k], "adherence_delta": -0.001} for k in keys])
+
+    found = ss.search(table, (0.97, 1.03), judge, {"scheduler:dpmpp-2m@10": OVER}, max_quality=10, batch=2)
+    assert "int8:openvino-nncf-ptq+scheduler:dpmpp-2m@10" not in asked  # its scheduler alone is over budget
+    best = ss.best(found)
+    assert best.key == "int8:openvino-nncf-ptq+scheduler:euler@25"
+    t = found.set_index("key")
+    assert t.loc["int8:openvino-nncf-ptq+scheduler:dpmpp-2m@10", "admissible"] == ss.PRUNED
+    assert t.loc["int8:openvino-nncf-ptq+scheduler:euler@15", "admissible"] == ss.INADMISSIBLE
+    assert t.loc["int8:openvino-nncf-ptq+scheduler:euler@20", "admissible"] == ss.INADMISSIBLE
+    assert t.loc["scheduler:euler@10", "speed_verdict"] == "within noise"
+    assert ss.best(found, lossless=True).key == "engine:openvino-f32"
+    # with a rendering budget too small to reach an admissible stack, nothing is chosen
+    asked.clear()
+    short = ss.search(table, (0.97, 1.03), judge, {"scheduler:dpmpp-2m@10": OVER}, max_quality=1, batch=1)
+    assert ss.best(short) is None and len(asked) == 1
+
+
+def test_the_pareto_front_keeps_only_undominated_points():
+    pts = pd.DataFrame({"speedup": [1.0, 2.0, 3.0, 2.5], "adherence_delta": [0.0, -0.001, -0.05, -0.06]})
+    front = ss.pareto(pts, "speedup", "adherence_delta", higher_is_better=True)
+    assert list(front.speedup) == [1.0, 2.0, 3.0]
+    fid = pd.DataFrame({"speedup": [1.0, 2.0, 3.0], "fid_delta": [0.0, 5.0, 1.0]})
+    assert list(ss.pareto(fid, "speedup", "fid_delta", higher_is_better=False).speedup) == [1.0, 3.0]
+
+
+def test_the_reports_answer_is_written_from_the_headline_rows():
+    from sdperf.report import headline_sentences
+
+    sc = "best admissible stack: int8:openvino-nncf-ptq+scheduler:euler@25"
+    rows = pd.DataFrame([
+        dict(notebook="10_ladder", scenario=sc, metric="seed_speedup_vs_fp32", value=9.1234, lo=8.5, hi=9.6,
+             note="per image; faster", method="fresh processes, 3 rounds"),
+        dict(notebook="10_ladder", scenario=sc, metric="unet_step_speedup_vs_fp32", value=6.5, lo=6.4, hi=6.9,
+             note="per UNet call", method="fresh processes, 3 rounds"),
+        dict(notebook="10_ladder", scenario=sc, metric="reference_adherence_delta", value=0.061, lo=0.04, hi=0.08,
+             note="trained reference model; within budget", method="m"),
+        dict(notebook="10_ladder", scenario=sc, metric="setup", value=95.0, lo=None, hi=None, note="", method="m"),
+        dict(notebook="09_fewer_steps", scenario="x", metric="seed_speedup_vs_fp32", value=2.0, lo=1.9, hi=2.1,
+             note="", method="m")])
+    (s,) = headline_sentences(rows)
+    assert "int8:openvino-nncf-ptq+scheduler:euler@25" in s and "9.12x [8.50-9.60]" in s
+    assert "6.50x [6.40-6.90] per UNet step" in s and "+0.061 [+0.040, +0.080]" in s and "set-up 95 s" in s
+    assert headline_sentences(rows[rows.notebook != "10_ladder"]) == []
+
+
+def test_the_cpu_profile_judges_every_lossy_part_of_its_search_in_12s_table():
+    """10's search and 12's table share quality rows by key: every lossy part the search combines is one of 12's
+    keys, and 12's keys are the library's default list (nothing judged twice, nothing missing)."""
+    from sdperf.optimizations import catalog
+    from sdperf.profiles import load_profile
+    from sdperf.reference.techniques import DEFAULT_KEYS
+    from sdperf.runner import notebook_parameters
+
+    cpu = load_profile("cpu", check_runtime=False)
+    search, table = notebook_parameters(cpu, "10_ladder"), notebook_parameters(cpu, "12_fid_clip")
+    parts = search["search_unets"] + search["search_schedulers"] + search["search_stages"]
+    lossy = {k for k in parts if catalog.get(k).changes_output}
+    assert lossy <= set(table["technique_keys"])
+    assert list(table["technique_keys"]) == list(DEFAULT_KEYS)
