@@ -35,22 +35,22 @@ def test_composed_speed_divides_each_rounds_baseline_and_reports_the_range():
         for r, u in enumerate((0.4, 0.5, 0.6))])
     ratios = pd.DataFrame({"config": ["int8"] * 3, "round": [0, 1, 2], "baseline_s_per_image_seed": [100.0] * 3})
     ts = list(range(25))
-    got = ss.composed_speed(raw, ratios, {"": BASELINE, "int8:openvino-nncf-ptq": "int8"},
+    got = ss.composed_speed(raw, ratios, {ss.BASELINE_KEY: BASELINE, "int8:openvino-nncf-ptq": "int8"},
                             ss.Candidate("int8:openvino-nncf-ptq", "scheduler:euler@25"), ts)
     per = [0.5 + 25 * u + 25 * 0.001 + 1.0 for u in (0.4, 0.5, 0.6)]
     assert got["status"] == "ok" and got["rounds"] == 3 and got["unet_calls"] == 25
     assert got["speedup"] == pytest.approx(100 / per[1])
     assert (got["speedup_lo"], got["speedup_hi"]) == pytest.approx((100 / per[2], 100 / per[0]))
-    missing = ss.composed_speed(raw, ratios, {"": BASELINE}, ss.Candidate("deepcache:3"), ts)
+    missing = ss.composed_speed(raw, ratios, {ss.BASELINE_KEY: BASELINE}, ss.Candidate("deepcache:3"), ts)
     assert missing["status"] == "not measured"
 
 
 def test_candidates_hold_one_technique_per_family_and_know_what_is_lossless():
-    c = ss.candidates(["engine:openvino-f32", "deepcache:3"], ["scheduler:euler@20"], ["stages:openvino-f32"]) \
-        if "stages" in {t.split(":")[0] for t in ss.catalog.keys()} else \
-        ss.candidates(["engine:openvino-f32", "deepcache:3"], ["scheduler:euler@20"], [])
+    c = ss.candidates(["engine:openvino-f32", "deepcache:3"], ["scheduler:euler@20"], ["stages:openvino-f32"])
     keys = {x.key for x in c}
-    assert "engine:openvino-f32+scheduler:euler@20" in keys and "deepcache:3" in keys
+    assert len(c) == 3 * 2 * 2  # (eager or either UNet side) x (PLMS-50 or Euler) x (PyTorch or engine stages)
+    assert "engine:openvino-f32+stages:openvino-f32+scheduler:euler@20" in keys and "deepcache:3" in keys
+    assert ss.Candidate("engine:openvino-f32", "", "stages:openvino-f32").lossless
     assert ss.Candidate("engine:openvino-f32").lossless and not ss.Candidate("", "scheduler:euler@20").lossless
     assert not ss.unet_side("scheduler:euler@20") and ss.unet_side("int8:openvino-nncf-ptq")
 
@@ -134,3 +134,15 @@ def test_the_cpu_profile_judges_every_lossy_part_of_its_search_in_12s_table():
     lossy = {k for k in parts if catalog.get(k).changes_output}
     assert lossy <= set(table["technique_keys"])
     assert list(table["technique_keys"]) == list(DEFAULT_KEYS)
+
+
+def test_an_eager_candidate_divides_each_baseline_worker_by_itself():
+    """A round holds several fp32 baseline workers: each is its own PLMS-50 reference."""
+    raw = pd.DataFrame([{"config": BASELINE, "round": r, "status": "ok", "stages": _stages(unet=u),
+                         "vae_decode_s": 1.0, "s_per_image_seed": 0.5 + 51 * (u + 0.001) + 1.0}
+                        for r, u in ((0, 2.0), (0, 2.2), (1, 2.1))])
+    ts = list(range(20))
+    got = ss.composed_speed(raw, pd.DataFrame(columns=["config", "round"]), {ss.BASELINE_KEY: BASELINE},
+                            ss.Candidate("", "scheduler:euler@20"), ts)
+    want = [(0.5 + 51 * (u + 0.001) + 1.0) / (0.5 + 20 * (u + 0.001) + 1.0) for u in (2.0, 2.2, 2.1)]
+    assert got["rounds"] == 3 and got["speedup"] == pytest.approx(sorted(want)[1])

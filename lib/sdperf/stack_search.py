@@ -126,11 +126,13 @@ def composed_speed(raw: pd.DataFrame, ratios: pd.DataFrame, names: dict[str, str
     urows = _rows(raw, unet_name)
     grows = _rows(raw, names[cand.stages]) if cand.stages else None
     kinds_of = Stack.of(cand.unet).call_kinds if cand.unet else None
-    base = ratios[ratios.config == unet_name].set_index("round")["baseline_s_per_image_seed"] \
-        if unet_name != BASELINE else urows.set_index("round")["s_per_image_seed"]
+    # the baseline of a worker: the run's fp32 PLMS-50 interpolated to it (rounds.per_round_ratios), or, for an
+    # fp32-eager UNet side, the worker itself (a round holds several baseline workers)
+    base = None if unet_name == BASELINE else \
+        ratios[ratios.config == unet_name].set_index("round")["baseline_s_per_image_seed"]
     values, secs = [], []
     for _, u in urows.iterrows():
-        if u["round"] not in base.index:
+        if base is not None and u["round"] not in base.index:
             continue
         g = None
         if grows is not None:
@@ -139,7 +141,7 @@ def composed_speed(raw: pd.DataFrame, ratios: pd.DataFrame, names: dict[str, str
                 continue
             g = same.iloc[0]
         s = composed_s(u, g, timesteps, kinds_of)
-        values.append(float(base.loc[u["round"]]) / s)
+        values.append(float(u["s_per_image_seed"] if base is None else base.loc[u["round"]]) / s)
         secs.append(s)
     if not values:
         return {"status": "not measured"}
