@@ -7,10 +7,20 @@ PROFILE ?= auto
 # The install stamp changes whenever the lock or the project metadata does, so edits reinstall.
 STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: study test unit notebooks install lint-notebooks refresh-notebooks clean-reports
+.PHONY: study allocators test unit notebooks install lint-notebooks refresh-notebooks clean-reports
 
-study: install
+study: install allocators
 	$(VENV)/bin/sdperf run --profile $(PROFILE)
+
+# The allocator rung (sdperf.optimizations.allocator) preloads jemalloc and tcmalloc from Debian's packages; as
+# root with apt, `make study` installs them, elsewhere the rung records "not applicable: <lib> is not installed".
+ALLOCATOR_PACKAGES := libjemalloc2 libtcmalloc-minimal4
+allocators:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		dpkg -s $(ALLOCATOR_PACKAGES) >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq $(ALLOCATOR_PACKAGES); } || \
+		echo "allocators: apt-get could not install $(ALLOCATOR_PACKAGES); their rungs will say not applicable"; \
+	else echo "allocators: not root or no apt-get; install $(ALLOCATOR_PACKAGES) for the allocator rung"; fi
 
 test: unit notebooks
 

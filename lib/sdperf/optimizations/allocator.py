@@ -20,7 +20,9 @@ from sdperf.optimizations.catalog import ALLOCATOR, Technique
 # glibc: keep big blocks on the heap instead of fresh mmaps, and never hand memory back between calls.
 GLIBC_TUNED = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "68719476736",
                "MALLOC_TOP_PAD_": "1073741824"}
-PRELOADS = {"jemalloc": ("libjemalloc.so.2", "libjemalloc2"), "tcmalloc": ("libtcmalloc.so.4", "libtcmalloc-minimal4")}
+# (library, Debian package): tcmalloc's minimal build (no heap profiler), the one PyTorch's CPU tuning guides preload
+PRELOADS = {"jemalloc": ("libjemalloc.so.2", "libjemalloc2"),
+            "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc-minimal4")}
 SETTINGS = ("default", "glibc-tuned") + tuple(PRELOADS)
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
