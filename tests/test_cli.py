@@ -72,3 +72,29 @@ def test_report_writes_index_into_the_reports_dir(capsys, monkeypatch, tmp_path)
     assert capsys.readouterr().out.strip() == str(index)
     page = index.read_text()
     assert "sdperf study: profile smoke" in page and "No notebook has run" in page
+
+
+def test_profiles_shows_a_broken_profile_and_lists_the_others(capsys, monkeypatch, tmp_path):
+    import shutil
+
+    from sdperf import paths
+
+    params = tmp_path / "params"
+    shutil.copytree(paths.REPO_ROOT / "params", params)
+    (params / "broken.yml").write_text((params / "smoke.yml").read_text()
+                                       .replace("guidance_scale: 7.5", 'guidance_scale: "high"'))
+    (params / "badsection.yml").write_text((params / "smoke.yml").read_text()
+                                           .replace("n_images: 4", "n_images: many"))
+    monkeypatch.setenv("SDPERF_PARAMS_DIR", str(params))
+    monkeypatch.setenv("SDPERF_PROFILE", "smoke")
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "guidance_scale must be a finite number" in out and "n_images" in out
+    for name in ("smoke", "cpu", "sd15-a10g"):
+        assert any(line.split()[:1] == [name] for line in out.splitlines()), name
+
+
+def test_an_empty_profile_name_at_the_cli_is_one_line_exit_2(capsys):
+    assert main(["run", "--profile", ""]) == 2
+    err = capsys.readouterr().err
+    assert "is empty; valid profiles:" in err and "Traceback" not in err

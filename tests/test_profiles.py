@@ -145,3 +145,78 @@ def test_a_study_section_must_be_a_mapping(params_dir, section):
     with pytest.raises(ConfigError, match=rf"{section} must be a mapping.*\[1, 2\]"):
         load_profile(params_dir(**{section: [1, 2]}))
     assert getattr(load_profile(params_dir(**{section: {"x": 1}}), check_runtime=False), section) == {"x": 1}
+
+
+@pytest.mark.parametrize("value", ["high", -1, 0.5, float("nan"), float("inf"), True, None])
+def test_guidance_must_be_a_finite_number_of_at_least_one(params_dir, value):
+    bad = params_dir(guidance_scale=value) if value is not None else params_dir(guidance_scale="")
+    with pytest.raises(ConfigError) as err:
+        load_profile(bad, check_runtime=False)
+    assert "guidance_scale must be a finite number >= 1" in str(err.value) and "7.5" in str(err.value)
+    assert load_profile(params_dir(guidance_scale=1), check_runtime=False).guidance_scale == 1.0
+
+
+@pytest.mark.parametrize("value", [None, "", 3, ["a"]])
+def test_prompt_must_be_text(params_dir, value):
+    with pytest.raises(ConfigError, match=r"prompt must be a non-empty string"):
+        load_profile(params_dir(prompt=value) if value is not None else _with_null(params_dir, "prompt"),
+                     check_runtime=False)
+
+
+def _with_null(params_dir, key):
+    """The profile with `key: null` (the fixture drops keys set to None)."""
+    name = params_dir(**{key: None})
+    path = paths.params_dir() / f"{name}.yml"
+    path.write_text(path.read_text() + f"{key}: null\n")
+    return name
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(params_dir):
+    name = params_dir()
+    path = paths.params_dir() / f"{name}.yml"
+    path.write_text(path.read_text() + "steps: 40\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'steps' \(first on line \d+, again on line \d+\)"):
+        load_profile(name, check_runtime=False)
+
+
+def test_a_section_key_given_twice_is_refused(params_dir):
+    name = params_dir()
+    path = paths.params_dir() / f"{name}.yml"
+    path.write_text(path.read_text().replace("quality:\n", "quality:\n  n_images: 9\n", 1))
+    with pytest.raises(ConfigError, match=r"duplicate key 'n_images'"):
+        load_profile(name, check_runtime=False)
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_profile_name_is_refused_not_taken_for_auto(name):
+    with pytest.raises(ConfigError, match=r"profile name .* is empty; valid profiles: .*cpu.*smoke"):
+        load_profile(name, check_runtime=False)
+
+
+def test_sizes_beyond_this_machines_memory_fail_with_the_estimate(params_dir):
+    with pytest.raises(ConfigError, match=r"resolution 100000 at batch 4 needs more than [\d,.]+ GiB .* this "
+                                          r"machine has [\d,.]+ GiB"):
+        load_profile(params_dir(resolution=100000), check_runtime=False)
+    with pytest.raises(ConfigError, match=r"matmul_size 1000000 needs [\d,.]+ GiB .*choose at most \d+"):
+        load_profile(params_dir(matmul_size=1000000), check_runtime=False)
+
+
+def test_a_binary_profile_is_an_error_not_a_traceback(params_dir):
+    name = params_dir()
+    (paths.params_dir() / f"{name}.yml").write_bytes(b"\xff\xfe\x00garbage\x80")
+    with pytest.raises(ConfigError, match=rf"profile '{name}'"):
+        load_profile(name, check_runtime=False)
+
+
+@pytest.mark.parametrize("section,key,value,expect", [
+    ("training", "steps", 0, "steps"), ("quality", "n_images", "many", "n_images"),
+    ("serving", "scenarios", ["Offline", "Burst"], "Burst")])
+def test_the_runner_checks_every_section_before_any_notebook(params_dir, section, key, value, expect):
+    from sdperf import runner
+
+    base = yaml.safe_load((paths.REPO_ROOT / "params" / "smoke.yml").read_text())
+    name = params_dir(**{section: dict(base[section], **{key: value})})
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=expect):
+        runner.validate(name, None)
+    assert time.perf_counter() - t0 < 5

@@ -90,9 +90,12 @@ def test_the_paired_fid_interval_is_narrower_than_the_unpaired_spread():
 @pytest.mark.parametrize("a_lo, a_hi, f_lo, f_hi, expected", [
     (-0.005, 0.004, -1.0, 2.0, techniques.WITHIN),
     (-0.05, -0.02, -1.0, 2.0, techniques.OVER),     # adherence wholly below -1 point
-    (-0.005, 0.004, 11.0, 15.0, techniques.OVER),  # FID wholly above 10% of 100
-    (-0.02, 0.01, -1.0, 2.0, techniques.UNDECIDED),
-    (-0.005, 0.004, 5.0, 12.0, techniques.UNDECIDED),
+    (-0.005, 0.004, 11.0, 15.0, techniques.OVER),  # FID change beyond its interval plus 10% of 100
+    (-0.005, 0.004, 10.5, 30.0, techniques.OVER),  # lower end just past the margin
+    (-0.02, 0.01, -1.0, 2.0, techniques.UNDECIDED),  # adherence straddles -1 point
+    (-0.005, 0.004, 5.0, 12.0, techniques.WITHIN),   # FID within its interval plus the margin (lower end 5 <= 10)
+    (-0.005, 0.004, -9.4, 10.2, techniques.WITHIN),  # a wide interval around no change: noise, not a cost
+    (-0.02, 0.01, 11.0, 15.0, techniques.OVER),      # FID decides even when adherence is undecided
 ])
 def test_the_budget_verdict(a_lo, a_hi, f_lo, f_hi, expected):
     assert techniques.verdict(a_lo, a_hi, f_lo, f_hi, base_fid=100.0) == expected

@@ -92,6 +92,29 @@ def test_a_stack_over_the_budget_is_never_chosen_however_fast():
     assert ss.best(short) is None and len(asked) == 1
 
 
+def test_a_lossless_part_adds_no_rendering_and_a_parts_own_rows_cost_none():
+    """int8 + f32 stage engine is judged as int8 alone: one rendering for both, and the part's own rows (read back,
+    not rendered) do not count against the search's rendering budget."""
+    ptq, f32, int8w = "int8:openvino-nncf-ptq", "stages:openvino-f32", "stages:openvino-int8w"
+    table = _table([((ptq, "scheduler:euler@10", f32), 9.0, 8.8, 9.2), ((ptq, "scheduler:euler@10", int8w), 8.9, 8.7, 9.1),
+                    ((ptq, "scheduler:euler@10"), 8.5, 8.3, 8.7), ((ptq, "", f32), 4.0, 3.9, 4.1), ((ptq,), 3.9, 3.8, 4.0)])
+    assert ss.Candidate(ptq, "scheduler:euler@10", f32).picture_key == f"{ptq}+scheduler:euler@10"
+    asked = []
+    verdicts = {f"{ptq}+scheduler:euler@10": UNDECIDED, f"{ptq}+{int8w}+scheduler:euler@10": UNDECIDED, ptq: WITHIN}
+
+    def judge(keys):
+        asked.append(list(keys))
+        return pd.DataFrame([{"key": k, "quality_verdict": verdicts[k], "adherence_delta": -0.02} for k in keys])
+
+    found = ss.search(table, (0.97, 1.03), judge, {ptq: WITHIN}, max_quality=2, batch=1)
+    flat = [k for keys in asked for k in keys]
+    assert flat == [f"{ptq}+scheduler:euler@10", f"{ptq}+{int8w}+scheduler:euler@10", ptq]  # each picture once
+    best = ss.best(found)
+    assert best.key == f"{ptq}+{f32}" and best.judged_as == ptq  # reached although 2 renderings were the budget
+    t = found.set_index("key")
+    assert t.loc[f"{ptq}+scheduler:euler@10", "quality_verdict"] == UNDECIDED  # shared with its f32-stage twin
+
+
 def test_the_pareto_front_keeps_only_undominated_points():
     pts = pd.DataFrame({"speedup": [1.0, 2.0, 3.0, 2.5], "adherence_delta": [0.0, -0.001, -0.05, -0.06]})
     front = ss.pareto(pts, "speedup", "adherence_delta", higher_is_better=True)
@@ -118,6 +141,21 @@ def test_the_reports_answer_is_written_from_the_headline_rows():
     assert "int8:openvino-nncf-ptq+scheduler:euler@25" in s and "9.12x [8.50-9.60]" in s
     assert "6.50x [6.40-6.90] per UNet step" in s and "+0.061 [+0.040, +0.080]" in s and "set-up 95 s" in s
     assert headline_sentences(rows[rows.notebook != "10_ladder"]) == []
+
+
+def test_the_answer_says_when_no_stack_met_the_budget():
+    from sdperf.report import no_admissible_sentence
+
+    rows = pd.DataFrame([
+        dict(notebook="10_ladder", scenario="stack search: a+b", metric="composed_seed_speedup_vs_fp32", value=15.06,
+             note="not admissible: quality undecided", method="m"),
+        dict(notebook="10_ladder", scenario="stack search: c+d", metric="composed_seed_speedup_vs_fp32", value=13.7,
+             note="not admissible: quality over budget", method="m")])
+    s = no_admissible_sentence(rows)
+    assert "judged 2 candidates" in s and "1 quality undecided" in s and "<b>a+b</b>" in s and "15.06x" in s
+    best = dict(notebook="10_ladder", scenario="best admissible stack: a", metric="seed_speedup_vs_fp32", value=3.0,
+                note="", method="m")
+    assert no_admissible_sentence(pd.concat([rows, pd.DataFrame([best])])) is None
 
 
 def test_the_cpu_profile_judges_every_lossy_part_of_its_search_in_12s_table():

@@ -98,7 +98,10 @@ def test_f32_stages_are_what_the_generation_calls_and_keep_the_images(f32, refer
     assert isinstance(text, EngineTextEncoder) and isinstance(decoder, EngineVAEDecoder)
     assert isinstance(pipe.vae.post_quant_conv, torch.nn.Identity)  # folded into the decoder's graph
     assert pipe.unet is not None and not isinstance(pipe.unet, EngineUNet)  # the loop is untouched
-    assert (text.dtype, text.device, text.config) == (torch.float32, torch.device("cpu"), tiny_pipe.text_encoder.config)
+    # the config as built (`architectures` appears once any test of this worker saved the shared pipeline: not ours)
+    same = lambda c: {k: v for k, v in c.to_dict().items() if k != "architectures"}  # noqa: E731
+    assert (text.dtype, text.device) == (torch.float32, torch.device("cpu"))
+    assert same(text.config) == same(tiny_pipe.text_encoder.config)
     f = ctx.facts
     assert f["text_encoder_shape"] == [1, 77] and f["vae_decoder_shape"] == [1, 4, 32, 32]
     assert f["stages_replaced"] == stage_engines.REPLACED and f["stages_precision"] == f["precision"] == "f32"

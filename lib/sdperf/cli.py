@@ -11,7 +11,7 @@ import os
 import sys
 
 from sdperf.errors import ConfigError
-from sdperf.profiles import AUTO, PROFILE_ENV, available_profiles, load_profile
+from sdperf.profiles import AUTO, PROFILE_ENV, available_profiles, check_sections, load_profile
 
 PROFILE_COLUMNS = ["arch", "resolution", "steps", "scheduler", "batch_sizes", "dtype", "device", "repeats",
                    "weights"]
@@ -38,7 +38,9 @@ def _auto_line() -> str:
 
 def _profile_row(name: str) -> dict:
     try:
-        summary = load_profile(name, check_runtime=False).summary()
+        profile = load_profile(name, check_runtime=False)
+        check_sections(profile)
+        summary = profile.summary()
     except ConfigError as exc:  # one broken file should not hide the others
         return {"name": name, "error": str(exc)}
     row = {"name": name, **{k: summary[k] for k in PROFILE_COLUMNS}}

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from sdperf import environment
-from sdperf.paths import scratch_dir
+from sdperf.paths import scratch_dir, sibling_tempfile
 from sdperf.timing import Timing
 from sdperf.comparison import release
 
@@ -93,7 +92,7 @@ def probe(study, dtype: str) -> Probe:
     known = json.loads(path.read_text()) if path.is_file() else {}  # another writer may have added one
     known[key] = asdict(found)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = sibling_tempfile(path)
     with os.fdopen(fd, "w") as f:
         json.dump(known, f)
     os.replace(tmp, path)

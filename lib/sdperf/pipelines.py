@@ -9,13 +9,13 @@ import hashlib
 import inspect
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import diffusers
 import torch
 
 from sdperf import architectures
+from sdperf.paths import sibling_tempfile
 from sdperf.profiles import Profile
 from sdperf.tokenizer import clip_tokenizer
 
@@ -91,7 +91,7 @@ def _cached(cache: Path | None, arch_name: str, component: str, config: dict, se
             return module
     module = build()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = sibling_tempfile(path)
     os.close(fd)
     tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     try:

@@ -5,6 +5,7 @@ Validation lives here, apart from torch, so that a bad profile fails in well und
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -84,6 +85,72 @@ _REQUIRED = [n for n, f in _FIELDS.items()
              if n != "name" and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: plain YAML keeps the last
+    value silently, so a profile edited in two places would run a setting nobody sees at the top."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1}, again on line "
+                    f"{key_node.start_mark.line + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path):
+    """A YAML file through the duplicate-refusing safe loader."""
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory: the ceiling of every size a profile may ask for."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def resolution_bytes(arch: str, resolution: int, batch: int) -> int:
+    """A floor on one generation's memory: four fp32 feature maps (a block's input, its norm, its conv and the
+    residual) of the VAE decoder's last block, full resolution, per image of the batch. The weights and the UNet
+    come on top, so a resolution over this floor can never run."""
+    channels = ARCHS[arch].vae["block_out_channels"][0]
+    return 4 * channels * resolution * resolution * 4 * batch
+
+
+def matmul_bytes(size: int) -> int:
+    """The roof's matmul: two fp32 inputs (randn), their copies in the measured dtype and the output, n x n each."""
+    return 5 * size * size * 4
+
+
+def _check_sizes(profile: str, raw: dict) -> None:
+    have = memory_bytes()
+    need = resolution_bytes(raw["arch"], raw["resolution"], max(raw["batch_sizes"]))
+    if need > have:
+        raise ConfigError(f"profile {profile!r}: resolution {raw['resolution']} at batch {max(raw['batch_sizes'])} "
+                          f"needs more than {_gib(need)} (four fp32 feature maps of the VAE decoder's last block per "
+                          f"image), and this machine has {_gib(have)}; choose a smaller resolution or batch")
+    need = matmul_bytes(raw["matmul_size"])
+    if need > have:
+        largest = int(math.sqrt(have / 20))
+        raise ConfigError(f"profile {profile!r}: matmul_size {raw['matmul_size']} needs {_gib(need)} (five "
+                          f"{raw['matmul_size']}x{raw['matmul_size']} fp32 matrices), and this machine has "
+                          f"{_gib(have)}; choose at most {largest} (2048 reaches the roof on a CPU)")
+
+
+def _check_guidance(profile: str, value) -> None:
+    """Classifier-free guidance is on above 1 and off at exactly 1; below 1, nan or inf is no setting at all (it
+    turned guidance off while rows said "CFG batch", or stored inf/nan images as ok)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
+        raise ConfigError(f"profile {profile!r}: guidance_scale must be a finite number >= 1 (1 = no guidance, "
+                          f"7.5 = SD's default), got {value!r}")
+
+
 def available_profiles() -> list[str]:
     return sorted(p.stem for p in params_dir().glob("*.yml"))
 
@@ -112,7 +179,11 @@ def gpu_available() -> bool:
 
 
 def resolve_name(name: str | None = None) -> str:
-    """'auto' (or nothing) -> $SDPERF_PROFILE if set, else 'cpu' without a GPU and a GPU profile with one."""
+    """'auto' (or None) -> $SDPERF_PROFILE if set, else 'cpu' without a GPU and a GPU profile with one. An empty
+    name is an error, not 'auto': `--profile ""` from a script whose variable was unset would otherwise run the
+    full cpu study into the committed reports/cpu."""
+    if name is not None and not str(name).strip():
+        raise ConfigError(f"profile name {name!r} is empty; valid profiles: {_choices(available_profiles() + [AUTO])}")
     name = name or AUTO
     if name != AUTO:
         return name
@@ -172,9 +243,11 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
         raise ConfigError(f"unknown profile {name!r}; valid profiles: {_choices(valid + [AUTO])}")
     path = params_dir() / f"{name}.yml"
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml(path) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"profile {name!r}: {path} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"profile {name!r}: {path} is not valid YAML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"profile {name!r}: {path} cannot be read as UTF-8 text ({exc})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"profile {name!r}: {path} must be a mapping of key: value")
     allowed = [k for k in _FIELDS if k != "name"]
@@ -207,12 +280,33 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
     if raw["resolution"] % multiple:
         raise ConfigError(f"profile {name!r}: resolution {raw['resolution']} must be a multiple of {multiple} "
                           f"for arch {raw['arch']!r}")
+    _check_guidance(name, raw["guidance_scale"])
+    if not isinstance(raw["prompt"], str) or not raw["prompt"].strip():
+        raise ConfigError(f"profile {name!r}: prompt must be a non-empty string, got {raw['prompt']!r}")
+    if not isinstance(raw["description"], str):
+        raise ConfigError(f"profile {name!r}: description must be a string, got {raw['description']!r}")
+    _check_sizes(name, raw)
     _check_weights(name, raw.get("weights"))
     for key in SECTIONS:
         if not isinstance(raw.get(key, {}), dict):
             raise ConfigError(f"profile {name!r}: {key} must be a mapping of key: value, got {raw[key]!r}")
+    notes = raw.get("notes") or []
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise ConfigError(f"profile {name!r}: notes must be a list of strings, got {raw.get('notes')!r}")
     if check_runtime:
         check_device(name, raw["device"], raw["dtype"])
     values = dict(raw, name=name, batch_sizes=tuple(sizes), guidance_scale=float(raw["guidance_scale"]),
                   notes=tuple(raw.get("notes") or ()))
     return Profile(**values)
+
+
+def check_sections(profile: Profile) -> None:
+    """The training, quality and serving sections, each validated by the package that owns it, so a bad value
+    fails before the first notebook instead of inside 11, 12 or 13 (hours into a full cpu run). Imported here,
+    not at the top: those packages import this module."""
+    from sdperf.quality.settings import settings as quality
+    from sdperf.serving.settings import load as serving
+    from sdperf.training.settings import from_profile as training
+
+    for check in (training, quality, serving):
+        check(profile)

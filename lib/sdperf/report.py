@@ -283,8 +283,30 @@ def headline_sentences(results) -> list[str]:
     return out
 
 
+SEARCH_PREFIX = "stack search: "
+
+
+def no_admissible_sentence(results) -> str | None:
+    """When the search judged stacks and none stayed within the quality budget, the answer says so, with how many
+    were judged and how they failed (from 10's search rows), instead of leaving the reader to infer it."""
+    rows = results[results["notebook"] == LADDER] if len(results) else results
+    if rows.empty or rows["scenario"].astype(str).str.startswith(HEADLINES[0]).any():
+        return None
+    judged = rows[rows["scenario"].astype(str).str.startswith(SEARCH_PREFIX)]
+    if judged.empty:
+        return None
+    verdicts = judged["note"].astype(str).str.split(":", n=1).str[-1].str.strip().value_counts()
+    fastest = judged.sort_values("value", ascending=False).iloc[0]
+    return (f"No stack within the quality budget was found: the search judged {len(judged)} candidates "
+            f"({', '.join(f'{n} {_esc(v)}' for v, n in verdicts.items())}); the fastest judged, "
+            f"<b>{_esc(fastest['scenario'].removeprefix(SEARCH_PREFIX))}</b>, composed at {fastest['value']:.2f}x per image, "
+            f"was {_esc(str(fastest['note']))}.")
+
+
 def _headline_section(results) -> str:
     found = headline_sentences(results)
+    missing = no_admissible_sentence(results)
+    found = ([missing] if missing else []) + found
     if not found:
         return ""
     return "<h2 id='headline'>The answer</h2>" + "".join(f"<p>{s}</p>" for s in found)

@@ -9,13 +9,12 @@ import contextlib
 import fcntl
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from sdperf.paths import profile_reports
+from sdperf.paths import profile_reports, sibling_tempfile
 
 KEY = ["notebook", "scenario", "metric"]
 # lo/hi: the range of a value over fresh-process rounds (min, max); p10/p90: its spread inside one process.
@@ -32,7 +31,7 @@ STATUSES = ("ok", "not_applicable", "skipped", "failed")
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = sibling_tempfile(path, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

@@ -9,14 +9,13 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sdperf import environment, paths
 from sdperf.errors import ConfigError
-from sdperf.profiles import Profile, load_profile
+from sdperf.profiles import Profile, check_sections, load_profile
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 INJECTED_TAG = "injected-parameters"  # papermill's tag on the cell it adds after the `parameters` cell
@@ -66,6 +65,7 @@ def validate(profile_name: str | None, only: list[str] | None,
     """Cheap checks first (YAML, names, the profile's notebook parameters), then the device probe that needs
     torch."""
     profile = load_profile(profile_name, check_runtime=False)
+    check_sections(profile)
     selected = select(only, notebook_names(notebooks_dir))
     check_notebook_parameters(profile, selected, notebooks_dir)
     return load_profile(profile.name), selected
@@ -228,7 +228,7 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
     out.mkdir(parents=True, exist_ok=True)
     name = notebook.stem
     final, failed = out / f"{name}.ipynb", out / f"{name}.failed.ipynb"
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".ipynb", dir=out)
+    fd, tmp_name = paths.sibling_tempfile(out / name, suffix=".ipynb")
     os.close(fd)
     tmp = Path(tmp_name)
     succeeded = False

@@ -17,8 +17,8 @@ cannot see (two engines sharing the caches of one process, an allocator) is why 
 measured whole, in rounds of their own, and only those measurements make the headline.
 
 How a candidate's quality is known. Each is rendered on the trained reference model (sdperf.reference.techniques)
-against its fp32 PLMS-50 images: admissible when its verdict is "within budget" (both 95% paired intervals inside:
-at most 1 point of adherence lost, at most 10% of the fp32 images' domain FID added) and its speed range clears
+against its fp32 PLMS-50 images: admissible when its verdict is "within budget" (sdperf.reference.techniques.verdict:
+adherence interval above -1 point, the domain-FID change within its interval plus 10% of fp32's) and its speed range clears
 the noise floor. Candidates are judged fastest first; a candidate holding a part that alone is over budget is not
 rendered (stacking another technique on it is assumed not to repair it: stated, and such rows say so); a lossless
 candidate (no technique may change the picture) needs no rendering. The search stops at the first admissible
@@ -66,6 +66,13 @@ class Candidate:
     @property
     def lossless(self) -> bool:
         return not Stack.of(self.parts).changes_output
+
+    @property
+    def picture_key(self) -> str:
+        """The stack of its parts that may change the picture: what its quality is judged by. A lossless part (an
+        f32 stage engine, a lossless executor) adds nothing to judge, so two candidates that differ only in one
+        share one rendering on the reference model (the search's renderings are its costliest step)."""
+        return catalog.join([k for k in self.parts if catalog.get(k).changes_output])
 
 
 def unet_side(key: str) -> bool:
@@ -187,27 +194,31 @@ def search(table: pd.DataFrame, band: tuple[float, float], judge: Callable[[list
         if bad:
             t.at[i, "admissible"], t.at[i, "why"] = PRUNED, f"{bad} alone is over the quality budget"
             continue
-        if cand.key not in quality:
-            if rendered >= max_quality:
+        if cand.picture_key not in quality:
+            if rendered >= max_quality and cand.picture_key not in part_verdicts:
                 t.at[i, "why"] = f"search stopped: {max_quality} stacks rendered on the reference model"
                 break
-            todo = [cand.key] + [t.at[j, "key"] for j in range(i + 1, len(t))
-                                 if t.at[j, "speed_verdict"] == "faster" and not t.at[j, "candidate"].lossless
-                                 and not over_budget_part(t.at[j, "candidate"], part_verdicts)
-                                 and t.at[j, "key"] not in quality][:batch - 1]
+            todo = [cand.picture_key]
+            for j in range(i + 1, len(t)):
+                other = t.at[j, "candidate"]
+                if (len(todo) < batch and t.at[j, "speed_verdict"] == "faster" and not other.lossless
+                        and not over_budget_part(other, part_verdicts)
+                        and other.picture_key not in quality and other.picture_key not in todo):
+                    todo.append(other.picture_key)
             todo = todo[:max(1, min(len(todo), max_quality - rendered))]
             for _, q in judge(todo).iterrows():
                 quality[q["key"]] = q.to_dict()
-            rendered += len(todo)
-        q = quality.get(cand.key, {})
+            rendered += len([k for k in todo if k not in part_verdicts])  # a part's own rows are read back
+        q = quality.get(cand.picture_key, {})
         verdict = q.get("quality_verdict", "failed")
         t.at[i, "admissible"] = ADMISSIBLE if verdict == WITHIN else INADMISSIBLE
         t.at[i, "why"] = f"quality {verdict}"
         if verdict == WITHIN:
             break
+    t["judged_as"] = [c.picture_key for c in t.candidate]
     for col in ("quality_verdict", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi", "fid_delta",
                 "fid_delta_lo", "fid_delta_hi"):
-        t[col] = [quality.get(k, {}).get(col) for k in t.key]
+        t[col] = [quality.get(c.picture_key, {}).get(col) for c in t.candidate]
     t.loc[[c.lossless for c in t.candidate], ["adherence_delta", "fid_delta"]] = 0.0
     return t
 

@@ -16,8 +16,9 @@ Rules (stated in the notebook too):
   (sdperf.standalone, by catalog key): the candidates are the techniques "faster" than fp32 eager alone (their
   range over rounds clears the noise band) that keep the picture unless lossy rungs are allowed: lossless by
   declaration, or a quality cost on the trained reference model within the budget (sdperf.reference.techniques:
-  at most 1 point of adherence and 10% of the domain FID, both 95% paired intervals inside); one per family; at most one UNet executor, stacked last because it compiles or exports what the
-  rungs below set up; the others fastest first.
+  adherence interval above -1 point, the domain-FID change within its interval plus 10% of fp32's FID); one per
+  family; at most one UNet executor, stacked last because it compiles or exports what the rungs below set up; the
+  others fastest first.
 """
 from __future__ import annotations
 

@@ -49,19 +49,39 @@ def inception(weights: Path | None, num_features: int = 2048, seed: int = 0) -> 
         if not weights.is_file():
             raise ConfigError(f"Inception weights {str(weights)!r} do not exist; expected a torch-fidelity "
                               "Inception-v3 state dict (weights-inception-2015-12-05-6726825d.pth)")
-        return _build(weights, num_features)
+        state = tensors_only(weights)
+    else:
+        state = random_inception_state(seed)
+    # torch-fidelity unpickles its weights file with weights_only=False (code can run from a crafted file), so it
+    # only ever gets a file written here, from tensors already loaded safely
     with tempfile.TemporaryDirectory(prefix="sdperf-inception-") as tmp:
-        path = Path(tmp) / f"inception-random-seed{seed}.pth"
-        torch.save(random_inception_state(seed), path)
-        return _build(path, num_features)
+        path = Path(tmp) / "inception-state.pth"
+        torch.save(state, path)
+        return _build(path, num_features, shown=weights)
 
 
-def _build(path: Path, num_features: int) -> NoTrainInceptionV3:
+def tensors_only(path: Path) -> dict[str, torch.Tensor]:
+    """A state dict read with torch.load(weights_only=True): a file holding anything but tensors in plain
+    containers (a pickled callable, an object) is refused before any of its code can run."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # the unpickler's refusal, a truncated or non-torch file
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"Inception weights {str(path)!r} were refused: not a plain tensor state dict "
+                          f"(torch.load with weights_only=True: {first}); expected torch-fidelity's "
+                          "weights-inception-2015-12-05-6726825d.pth") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"Inception weights {str(path)!r} hold a {type(state).__name__}, not a state dict of "
+                          "tensors; expected torch-fidelity's weights-inception-2015-12-05-6726825d.pth")
+    return state
+
+
+def _build(path: Path, num_features: int, shown: Path | None = None) -> NoTrainInceptionV3:
     try:
         return NoTrainInceptionV3(name="inception-v3-compat", features_list=[str(num_features)],
                                   feature_extractor_weights_path=str(path))
     except (RuntimeError, KeyError, ValueError) as exc:
-        raise ConfigError(f"Inception weights {str(path)!r} could not be loaded ({exc}); expected a "
+        raise ConfigError(f"Inception weights {str(shown or path)!r} could not be loaded ({exc}); expected a "
                           "torch-fidelity Inception-v3 state dict") from exc
 
 

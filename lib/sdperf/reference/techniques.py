@@ -11,10 +11,16 @@ reference steps, guidance 7.5: the model's quality bar). Against those fp32 imag
 - PSNR of each image against its fp32 twin (median and 10th percentile).
 Paired, because unpaired means hide regressions (a black frame can out-score a poor image on an average).
 
-The budget (the ladder's "changes the picture" rule, sdperf.experiments.ladder): a technique keeps the picture
-when its whole adherence interval lies above -ADHERENCE_BUDGET and its whole FID interval below
-FID_BUDGET_REL x the fp32 images' FID; it breaks it when either interval lies wholly beyond; otherwise the
-interval straddles the budget and the images resolve nothing ("undecided"), which the ladder treats as not kept.
+The budget (the ladder's "changes the picture" rule, sdperf.experiments.ladder, and the stack search's): adherence
+within 1 point of fp32 PLMS-50, domain FID within its bootstrap interval plus a stated margin (issue 15's words).
+- Adherence resolves to about +-1-2 points at the study's image counts, so it must be shown inside: the whole
+  interval above -ADHERENCE_BUDGET is "within", wholly below is "over", straddling is "undecided".
+- Domain FID on 64 evaluator features at 256 paired images has an interval of about +-10 around a margin of ~3
+  (FID_BUDGET_REL x the fp32 images' FID of ~33): asking the whole interval to sit under the margin would admit
+  only what lowers FID, however harmless. So FID breaks the budget when the change is beyond its own bootstrap
+  interval plus the margin (the interval's lower end above +margin: worse than noise can explain), and otherwise
+  leaves the verdict to adherence. The rows keep both intervals, so a stricter reader can apply their own rule.
+"Undecided" is treated as not kept by the ladder and as not admissible by the search.
 
 Rows go to results.csv under the calling notebook with the technique's key, so 10 (which needs the deltas of its
 lossy candidates) and 12 (which shows them all) share one measurement per run: `for_study` measures only the keys
@@ -115,11 +121,13 @@ def psnr_per_image(images: np.ndarray, base: np.ndarray) -> np.ndarray:
 
 
 def verdict(adherence_lo: float, adherence_hi: float, fid_lo: float, fid_hi: float, base_fid: float) -> str:
-    """WITHIN when both intervals clear the budget, OVER when either lies wholly beyond it, else UNDECIDED."""
-    fid_budget = FID_BUDGET_REL * base_fid
-    if adherence_hi < -ADHERENCE_BUDGET or fid_lo > fid_budget:
+    """OVER when the adherence interval lies wholly below -1 point or the FID change exceeds its own interval plus
+    the margin (lower end above it); else WITHIN when the adherence interval lies wholly above -1 point, else
+    UNDECIDED. `fid_hi` is the interval's other end, kept in the signature (and the rows) for a stricter reader."""
+    fid_margin = FID_BUDGET_REL * base_fid
+    if adherence_hi < -ADHERENCE_BUDGET or fid_lo > fid_margin:
         return OVER
-    if adherence_lo >= -ADHERENCE_BUDGET and fid_hi <= fid_budget:
+    if adherence_lo >= -ADHERENCE_BUDGET:
         return WITHIN
     return UNDECIDED
 
@@ -127,8 +135,8 @@ def verdict(adherence_lo: float, adherence_hi: float, fid_lo: float, fid_hi: flo
 def budget_text(base_fid: float | None = None) -> str:
     fid = (f"{FID_BUDGET_REL:.0%} of the fp32 images' domain FID" +
            (f" (+{FID_BUDGET_REL * base_fid:.2f})" if base_fid is not None else ""))
-    return (f"adherence interval above -{ADHERENCE_BUDGET:.2f} (1 point) and domain-FID interval below +{fid}, "
-            "95% paired bootstrap intervals")
+    return (f"adherence interval above -{ADHERENCE_BUDGET:.2f} (1 point) and the domain-FID change within its interval "
+            f"plus {fid} (interval's lower end at most that), 95% paired bootstrap intervals")
 
 
 def measure(keys: list[str], base_profile, *, n: int, steps: int, folder: Path | None = None,
