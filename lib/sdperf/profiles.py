@@ -137,7 +137,7 @@ def _check_sizes(profile: str, raw: dict) -> None:
                           f"image), and this machine has {_gib(have)}; choose a smaller resolution or batch")
     need = matmul_bytes(raw["matmul_size"])
     if need > have:
-        largest = int(math.sqrt(have / 20))
+        largest = int(math.sqrt(have / matmul_bytes(1)))
         raise ConfigError(f"profile {profile!r}: matmul_size {raw['matmul_size']} needs {_gib(need)} (five "
                           f"{raw['matmul_size']}x{raw['matmul_size']} fp32 matrices), and this machine has "
                           f"{_gib(have)}; choose at most {largest} (2048 reaches the roof on a CPU)")
@@ -296,7 +296,7 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
     if check_runtime:
         check_device(name, raw["device"], raw["dtype"])
     values = dict(raw, name=name, batch_sizes=tuple(sizes), guidance_scale=float(raw["guidance_scale"]),
-                  notes=tuple(raw.get("notes") or ()))
+                  notes=tuple(notes))
     return Profile(**values)
 
 
