@@ -10,6 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha2
 .PHONY: study allocators test unit notebooks install lint-notebooks refresh-notebooks clean-reports
 
 study: install allocators
+	$(VENV)/bin/sdperf doctor --profile $(PROFILE)
 	$(VENV)/bin/sdperf run --profile $(PROFILE)
 
 # The allocator rung (sdperf.optimizations.allocator) preloads jemalloc and tcmalloc from Debian's packages; as

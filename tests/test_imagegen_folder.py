@@ -6,6 +6,7 @@ import json
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sdperf.errors import ConfigError
@@ -123,3 +124,98 @@ def test_two_launches_of_one_rank_into_one_folder_fail(smoke, tmp_path, monkeypa
 def test_reading_a_folder_without_manifest_says_what_to_do(tmp_path):
     with pytest.raises(ConfigError, match="manifest.csv' does not exist: generate into"):
         read_manifest(tmp_path)
+
+
+def test_two_launches_with_other_settings_racing_for_one_folder_exactly_one_proceeds(tmp_path):
+    """run.json is created complete and exclusively: of two claims released together, one wins, one fails."""
+    import threading
+
+    for trial in range(20):
+        folder = tmp_path / f"t{trial}"
+        folder.mkdir()
+        start, outcomes = threading.Barrier(2), []
+
+        def claim(steps):
+            start.wait()
+            try:
+                store.claim_run_settings(folder, {"profile": "smoke", "steps": steps})
+                outcomes.append(("ok", steps))
+            except ConfigError as exc:
+                outcomes.append(("refused", str(exc)))
+
+        threads = [threading.Thread(target=claim, args=(s,)) for s in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(o[0] for o in outcomes) == ["ok", "refused"], outcomes
+        winner = next(o[1] for o in outcomes if o[0] == "ok")
+        assert json.loads((folder / "run.json").read_text())["steps"] == winner
+        assert "steps: folder has" in next(o[1] for o in outcomes if o[0] == "refused")
+        assert [p.name for p in folder.iterdir()] == ["run.json"]  # no temp file left
+
+
+def test_a_resume_with_other_captions_for_the_same_ids_is_refused(smoke, one_rank, tmp_path, monkeypatch):
+    _no_model(monkeypatch)
+    out = tmp_path / "copy"
+    shutil.copytree(one_rank[0], out)
+    other = [Caption(c.id, c.text + ", at night") for c in CAPTIONS]
+    with pytest.raises(ConfigError, match="captions_sha256: folder has .*the captions differ"):
+        generate_folder(smoke, other, out, GUIDANCE, progress=False)
+    settings = json.loads((out / "run.json").read_text())  # a folder made before captions were hashed
+    del settings["captions_sha256"]
+    (out / "run.json").write_text(json.dumps(settings))
+    with pytest.raises(ConfigError, match="caption id '(7|12|3)' was generated from '[a-z ]+', this run gives it"):
+        generate_folder(smoke, other, out, GUIDANCE, progress=False)
+    assert generate_folder(smoke, CAPTIONS, out, GUIDANCE, progress=False).generated == 0  # the same ones resume
+
+
+def test_a_regenerated_image_gets_a_current_manifest_row(smoke, tiny_pipe, one_rank, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(one_rank[0], out)
+    gone = KEYS[1].relpath
+    old_row = read_manifest(out).set_index("file").loc[gone]
+    (out / gone).unlink()
+    assert generate_folder(smoke, CAPTIONS, out, GUIDANCE, pipe=tiny_pipe, progress=False).generated == 1
+    table = read_manifest(out)
+    assert len(table) == len(KEYS)
+    assert table.set_index("file").loc[gone, "time_utc"] > old_row["time_utc"]
+
+
+@pytest.mark.parametrize("file", ["../outside.png", "/etc/hostname", "g1.0/../../outside.png"])
+def test_a_manifest_path_never_leaves_its_folder(one_rank, tmp_path, file):
+    out = tmp_path / "copy"
+    shutil.copytree(one_rank[0], out)
+    (tmp_path / "outside.png").write_bytes(b"not ours")
+    table = pd.read_csv(out / "manifest.csv", dtype=str, keep_default_na=False)
+    table.loc[0, "file"] = file
+    table.to_csv(out / "manifest.csv", index=False)
+    with pytest.raises(ConfigError, match=r"names 1 file\(s\) outside its folder, e.g. '" + file.replace(".", r"\.")):
+        read_manifest(out)
+
+
+def test_a_guidance_folder_that_is_a_file_fails_before_any_model(smoke, tmp_path, monkeypatch):
+    _no_model(monkeypatch)
+    (tmp_path / "g1.0").write_text("in the way")
+    with pytest.raises(ConfigError, match=r"g1\.0' is not a folder, but images or manifest rows go there"):
+        generate_folder(smoke, CAPTIONS, tmp_path, GUIDANCE, progress=False)
+
+
+def test_an_image_regenerated_by_a_killed_run_gets_its_row_recovered(smoke, tiny_pipe, one_rank, tmp_path,
+                                                                       monkeypatch):
+    """Deleted, regenerated, killed before its row: the old row describes a file that is gone; the next run
+    writes the row from the new file's time instead of keeping the stale one."""
+    import os
+    import time
+
+    out = tmp_path / "copy"
+    shutil.copytree(one_rank[0], out)
+    again = KEYS[2].relpath
+    old_time = read_manifest(out).set_index("file").loc[again, "time_utc"]
+    later = time.time() + 30
+    os.utime(out / again, (later, later))  # as if written again after its row
+    _no_model(monkeypatch)
+    summary = generate_folder(smoke, CAPTIONS, out, GUIDANCE, progress=False)
+    assert (summary.generated, summary.ranks[0].rows_recovered) == (0, 1)
+    row = read_manifest(out).set_index("file").loc[again]
+    assert row["time_utc"] > old_time and row["time_utc"] == store.utc_from_unix(later)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -109,8 +110,22 @@ def test_missing_weights_folder_fails(params_dir, tmp_path):
         load_profile(params_dir(weights=str(empty)))
 
 
-def test_hub_id_is_accepted_as_weights(params_dir):
-    assert load_profile(params_dir(weights="runwayml/stable-diffusion-v1-5")).weights == "runwayml/stable-diffusion-v1-5"
+def test_a_hub_id_is_accepted_only_when_written_explicitly(params_dir, tmp_path, monkeypatch):
+    from sdperf.profiles import weights_source
+
+    hub = "hub:runwayml/stable-diffusion-v1-5"
+    assert load_profile(params_dir(weights=hub)).weights == hub
+    assert weights_source(hub) == ("runwayml/stable-diffusion-v1-5", False)
+    monkeypatch.chdir(tmp_path)
+    # a relative folder that is missing reads like 'org/model': it is a typo'd path, not a download
+    with pytest.raises(ConfigError, match=r"weights folder 'models/sd15' does not exist \(looked at '.*models/sd15'\)"
+                                          r".*write 'hub:models/sd15'"):
+        load_profile(params_dir(weights="models/sd15"))
+    with pytest.raises(ConfigError, match=r"weights 'hub:not a hub id' is not a hub id; write 'hub:org/model'"):
+        load_profile(params_dir(weights="hub:not a hub id"))
+    (tmp_path / "models" / "sd15").mkdir(parents=True)
+    (tmp_path / "models" / "sd15" / "model_index.json").write_text("{}")
+    assert weights_source(load_profile(params_dir(weights="models/sd15")).weights) == (str(Path("models/sd15")), True)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU message")

@@ -48,17 +48,28 @@ def test_timing_rows_and_replace_on_rerun(env):
     assert len(df[df.metric == "peak_memory"]) == 1  # untouched row of the same scenario stays
 
 
-def test_a_rerun_drops_the_scenarios_it_no_longer_produces(env):
-    old = Recorder("00_prune", "smoke", {**env, "time_utc": "2026-01-01T00:00:00Z"})
+def test_a_staged_run_replaces_all_its_rows_only_when_promoted(env, monkeypatch):
+    """Under `sdperf run` a notebook's rows wait in staging: results.csv keeps its previous rows (a killed run
+    changes nothing), the notebook reads its own new rows, and promotion drops scenarios it no longer produces."""
+    from sdperf import staging
+
+    old = Recorder("00_prune", "smoke", env)
     old.add("engine A, batch 1", "latency", 1.0, "s")
     old.add("engine B, batch 1", "latency", 2.0, "s")
-    Recorder("00_other", "smoke", {**env, "time_utc": "2026-01-01T00:00:00Z"}).add("x", "latency", 3.0, "s")
-    new = Recorder("00_prune", "smoke", {**env, "time_utc": "2026-06-01T00:00:05Z"})
+    Recorder("00_other", "smoke", env).add("x", "latency", 3.0, "s")
+    monkeypatch.setenv(staging.STAGE_ENV, "00_prune")
+    new = Recorder("00_prune", "smoke", {**env, "run_id": "run-2"})
     new.add("engine B, batch 1", "latency", 2.5, "s")
-    assert results.prune_stale_rows("smoke", "00_prune", "2026-06-01T00:00:00Z") == 1
+    kept = read_results("smoke")
+    assert sorted(kept[kept.notebook == "00_prune"].value) == [1.0, 2.0]  # nothing current until it completes
+    assert new.table()[["scenario", "value"]].values.tolist() == [["engine B, batch 1", 2.5]]
+    assert sorted(new.current().notebook) == ["00_other", "00_prune"]  # the others' rows are still seen
+    monkeypatch.delenv(staging.STAGE_ENV)
+    assert results.promote_rows("smoke", "00_prune", staging.rows_path("smoke", "00_prune", "run-2")) == 1
     left = read_results("smoke")
     assert left[left.notebook == "00_prune"][["scenario", "value"]].values.tolist() == [["engine B, batch 1", 2.5]]
     assert left[left.notebook == "00_other"].value.tolist() == [3.0]  # other notebooks' rows are not touched
+    assert not staging.rows_path("smoke", "00_prune", "run-2").exists()
 
 
 def test_non_measured_rows_carry_reason_not_number(env):

@@ -5,6 +5,7 @@ import base64
 import contextlib
 import io
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -235,3 +236,121 @@ def test_a_profiles_notebook_parameters_reach_the_notebook_and_a_typo_fails_befo
         with pytest.raises(ConfigError, match=message):
             runner.run(profile(notebooks), notebooks_dir=nbdir, force=True)
         assert not marker.exists()
+
+
+# ---------------------------------------------------------------- a killed run never passes for a finished one
+
+ROWS_CELL = """import os, time
+from pathlib import Path
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from sdperf import environment, plots
+from sdperf.results import Recorder
+rec = Recorder("00_rows", profile, environment.record(profile, "cpu"))
+rec.add("engine", "latency", float(os.environ["ROW_VALUE"]), "s")
+fig, ax = plt.subplots()
+ax.set_title(os.environ["ROW_VALUE"])
+plots.save_figure(fig, profile, "00_rows", "bars")
+Path(os.environ["ROW_MARKER"]).write_text("rows written")
+time.sleep(float(os.environ["ROW_SLEEP"]))"""
+
+DRIVER = """import sys
+from sdperf import environment, runner
+environment.git_commit = lambda *a, **k: {sha!r}
+sys.exit(runner.run("smoke", notebooks_dir={nbdir!r}, force=True))
+"""
+
+
+def test_a_killed_force_rerun_leaves_the_previous_results_and_the_next_run_redoes_it(tmp_path, monkeypatch):
+    """Kill `sdperf run --force` (SIGKILL, driver and kernel) after the notebook wrote its new row and figure: the
+    previous row, figure, stamp and executed notebook stand; the report calls the rerun interrupted; the next plain
+    run reruns the notebook, cleans the killed run's files, and only then do the new row and figure replace them."""
+    import signal
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    reports = tmp_path / "reports"
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    make_notebook(nbdir / "00_rows.ipynb", [ROWS_CELL])
+    marker = tmp_path / "rows.marker"
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(reports))
+    monkeypatch.setattr(environment, "git_commit", lambda *a, **k: CLEAN_SHA)
+    monkeypatch.setenv("ROW_MARKER", str(marker))
+    monkeypatch.setenv("ROW_SLEEP", "0")
+    monkeypatch.setenv("ROW_VALUE", "1.0")
+    assert run_quiet("smoke", notebooks_dir=nbdir)[0] == 0
+    folder = reports / "smoke"
+    stamp_before = (folder / "notebooks" / "00_rows.run.json").read_text()
+    figure = folder / "figures" / "00_rows__bars.svg"
+    figure_before = figure.read_bytes()
+
+    marker.unlink()
+    env = dict(os.environ, ROW_VALUE="2.0", ROW_SLEEP="120")
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER.format(sha=CLEAN_SHA, nbdir=str(nbdir))], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert marker.exists(), "the forced rerun never reached its row"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    rows = pd.read_csv(folder / "results.csv")
+    assert rows[rows.notebook == "00_rows"].value.tolist() == [1.0]  # the killed run's 2.0 is not current
+    assert (folder / "notebooks" / "00_rows.run.json").read_text() == stamp_before
+    assert (folder / "notebooks" / "00_rows.ipynb").is_file()
+    assert figure.read_bytes() == figure_before
+    assert list((folder / ".staging").rglob("*.csv")), "the killed run's staged row is where the next run finds it"
+    stamps = report.read_stamps("smoke")
+    assert stamps["00_rows"]["status"] == "ok" and "was interrupted" in report.interrupted_text(stamps["00_rows"])
+
+    monkeypatch.setenv("ROW_VALUE", "3.0")
+    code, out = run_quiet("smoke", notebooks_dir=nbdir)  # no --force: the interrupted rerun is redone
+    assert code == 0 and "skipped" not in out
+    rows = pd.read_csv(folder / "results.csv")
+    assert rows[rows.notebook == "00_rows"].value.tolist() == [3.0]
+    assert figure.read_bytes() != figure_before
+    assert not (folder / "notebooks" / "00_rows.running.json").exists()
+    assert not any((folder / ".staging").iterdir()) if (folder / ".staging").exists() else True
+    assert not [p.name for p in (folder / "notebooks").iterdir() if p.name.startswith(".")]
+    assert "interrupted" not in report.read_stamps("smoke")["00_rows"]
+
+
+def test_a_second_run_of_one_profile_fails_at_once_naming_the_first(tmp_path, monkeypatch):
+    from sdperf import staging
+
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
+    make_notebook(tmp_path / "00_good.ipynb", ["pass"])
+    with staging.run_lock("smoke", "run-1"):
+        assert staging.running_run("smoke") == "run-1"
+        with pytest.raises(ConfigError, match=r"another `sdperf run --profile smoke` is running \(pid \d+ run run-1"):
+            runner.run("smoke", notebooks_dir=tmp_path)
+    assert staging.running_run("smoke") is None
+
+
+def test_leftover_temp_files_of_a_dead_run_are_removed_and_fresh_ones_kept(tmp_path, monkeypatch):
+    from sdperf import staging
+
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
+    folder = tmp_path / "reports" / "smoke"
+    (folder / "notebooks").mkdir(parents=True)
+    (folder / ".staging" / "run-1" / "figures").mkdir(parents=True)
+    (folder / ".staging" / "run-1" / "00_x.csv").write_text("notebook\n")
+    (folder / "figures").mkdir()
+    partial = folder / "notebooks" / ".00_x.abc123.ipynb"  # only a run writes here: removed at any age
+    old = folder / "figures" / ".00_x__bars.png.ghi789.tmp"
+    fresh = [folder / ".results.csv.def456.tmp", folder / "figures" / ".00_x__bars.svg.jkl012.tmp"]
+    keep = [folder / "results.csv", folder / "results.csv.lock", folder / "notebooks" / "00_x.ipynb",
+            folder / "notebooks" / "00_x.run.json", folder / "figures" / "00_x__bars.png"]
+    for path in [partial, old, *fresh, *keep]:
+        path.write_text("x")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    removed = staging.clean_leftovers("smoke")
+    assert sorted(removed) == [".staging/run-1", "figures/.00_x__bars.png.ghi789.tmp", "notebooks/.00_x.abc123.ipynb"]
+    assert all(p.exists() for p in fresh + keep)  # a temp file that young may be a notebook's live write

@@ -6,6 +6,7 @@ is answered in well under a second.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -20,7 +21,28 @@ PROFILE_COLUMNS = ["arch", "resolution", "steps", "scheduler", "batch_sizes", "d
 def _run(args) -> int:
     from sdperf import runner
 
-    return runner.run(args.profile, only=args.only, force=args.force)
+    with _terminate_as_interrupt():
+        return runner.run(args.profile, only=args.only, force=args.force)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (a scheduler's stop, `kill`) unwinds like Ctrl-C, so the notebook in flight puts back its previous
+    stamp and drops its staged rows instead of dying mid-write (sdperf.runner.run_one)."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: keep the default
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _auto_line() -> str:
@@ -63,6 +85,14 @@ def _env(args) -> int:
 
     profile = load_profile(args.profile, check_runtime=False)
     print(json.dumps(environment.record(profile.name, profile.device), indent=2))
+    return 0
+
+
+def _doctor(args) -> int:
+    """The profile is validated without its device probe, so a GPU profile can be examined on any machine."""
+    from sdperf import doctor
+
+    print(doctor.report(load_profile(args.profile, check_runtime=False)))
     return 0
 
 
@@ -124,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="rerun notebooks already run for this commit")
     add("profiles", _profiles, "list the profiles and what 'auto' picks here", profile=False)
     add("env", _env, "print the environment record stored beside every number")
+    add("doctor", _doctor, "every rung of the catalog with 'will run' or the reason it won't, on this machine for "
+        "the profile; no model is built")
     add("report", _report, "rebuild reports/<profile>/index.html from what is on disk")
     gen = add("generate", _generate, "generate one image per (prompt id, guidance, seed) into a folder, resumably; "
               "under torchrun each rank makes its share")

@@ -66,6 +66,47 @@ def cpu_isa() -> dict[str, bool]:
     return {f: f in flags for f in ISA_FLAGS}
 
 
+def family_model_stepping() -> str:
+    return "/".join(_cpuinfo().get(k, "?") for k in ("cpu family", "model", "stepping"))
+
+
+def physical_cores() -> int | None:
+    """Distinct (socket, core) pairs in /proc/cpuinfo: two hyper-threads of one core share its FMA units."""
+    pairs, socket = set(), None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "physical id":
+                socket = value
+            elif key == "core id":
+                pairs.add((socket, value))
+    except OSError:
+        return None
+    return len(pairs) or None
+
+
+def cpu_caches() -> str:
+    """'L1d 48K, L1i 32K, L2 2048K, L3 107520K' of CPU 0, from sysfs (per core or shared, as the kernel reports)."""
+    found = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        found.append(f"L{level}{dict(Data='d', Instruction='i').get(kind, '')} {size}")
+    return ", ".join(found) or "unknown"
+
+
+def memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def fingerprint(device: str = "cpu") -> str:
     """A short id of the machine a number belongs to: CPU model, family/model/stepping, logical CPUs, every ISA
     flag, and the GPU where one is used. Two rows with different fingerprints never share a table."""
@@ -109,11 +150,14 @@ def record(profile: str | None = None, device: str = "cpu") -> dict:
         "device": device,
         "device_name": device_name(device),
         "cpu_model": cpu_model(),
-        "cpu_family_model_stepping": "/".join(_cpuinfo().get(k, "?") for k in ("cpu family", "model", "stepping")),
+        "cpu_family_model_stepping": family_model_stepping(),
         "machine": fingerprint(device),
         "run_id": run_id(),
         "cpu_isa": cpu_isa(),
         "logical_cpus": os.cpu_count(),
+        "physical_cores": physical_cores(),
+        "cpu_caches": cpu_caches(),
+        "memory_gib": memory_gib(),
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "threads": torch.get_num_threads(),
         "cuda": torch.version.cuda,

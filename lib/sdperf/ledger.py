@@ -80,7 +80,7 @@ class Ledger:
             return None
         import torch
 
-        return SimpleNamespace(**torch.load(path))
+        return SimpleNamespace(**torch.load(path, weights_only=True))
 
     def append(self, record: dict, output=None) -> None:
         """One worker's result (with role, stack, batch_size, round) and, the first time, its output."""

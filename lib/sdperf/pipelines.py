@@ -137,12 +137,13 @@ def _eval(pipe):
 
 
 def build_from_weights(weights: str, scheduler: str):
-    """Real weights from a local diffusers folder (offline) or a hub id (needs internet)."""
+    """Real weights from a local diffusers folder (offline) or a 'hub:org/model' id (needs internet)."""
     from diffusers import DiffusionPipeline
 
-    local = Path(weights).expanduser().is_dir()
-    pipe = DiffusionPipeline.from_pretrained(str(Path(weights).expanduser()) if local else weights,
-                                             dtype=torch.float32, local_files_only=local)
+    from sdperf.profiles import weights_source
+
+    source, local = weights_source(weights)
+    pipe = DiffusionPipeline.from_pretrained(source, dtype=torch.float32, local_files_only=local)
     pipe.scheduler = make_scheduler(scheduler, dict(pipe.scheduler.config))
     pipe.set_progress_bar_config(disable=True)
     return _eval(pipe)

@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import seaborn as sns
 
-from sdperf.paths import figures_dir
+from sdperf import staging
 from sdperf.results import atomic_write_bytes
 
 STYLE = dict(style="whitegrid", context="notebook", palette="colorblind")
@@ -20,12 +20,16 @@ def use_style() -> None:
 
 
 def save_figure(fig, profile: str, notebook: str, name: str) -> dict[str, Path]:
-    """Write <notebook>__<name>.png/.svg atomically; returns their paths."""
+    """Write <notebook>__<name>.png/.svg atomically; returns their paths. Under `sdperf run` they are staged with the
+    notebook's rows and reach figures/ only when the notebook completes (sdperf.staging)."""
+    from sdperf.environment import run_id
+
+    folder = staging.figure_dir(profile, notebook, run_id())
     out = {}
     for ext in ("png", "svg"):
         buf = io.BytesIO()
         fig.savefig(buf, format=ext, bbox_inches="tight", metadata={"Date": None} if ext == "svg" else None)
-        path = figures_dir(profile) / f"{notebook}__{name}.{ext}"
+        path = folder / f"{notebook}__{name}.{ext}"
         atomic_write_bytes(path, buf.getvalue())
         out[ext] = path
     return out

@@ -198,21 +198,39 @@ def resolve_name(name: str | None = None) -> str:
     return "sd15-a10g" if "A10" in gpu and "A100" not in gpu else "sd15-a100"
 
 
+HUB_PREFIX = "hub:"  # weights from the Hugging Face hub are named explicitly: 'hub:org/model'
+
+
+def weights_source(weights: str) -> tuple[str, bool]:
+    """(what diffusers' from_pretrained takes, whether it is a local folder) for a checked `weights:` value."""
+    if weights.startswith(HUB_PREFIX):
+        return weights[len(HUB_PREFIX):], False
+    return str(Path(weights).expanduser()), True
+
+
 def _check_weights(profile: str, weights) -> None:
+    """An existing diffusers folder, or a hub id written as 'hub:org/model': a bare 'models/sd15' whose folder is
+    missing is a typo'd path, not a model to download 25 s later."""
     if weights is None:
         return
-    if not isinstance(weights, str) or not weights:
-        raise ConfigError(f"profile {profile!r}: weights must be a local folder or a hub id, got {weights!r}")
+    if not isinstance(weights, str) or not weights.strip():
+        raise ConfigError(f"profile {profile!r}: weights must be a local diffusers folder or '{HUB_PREFIX}org/model', "
+                          f"got {weights!r}")
+    if weights.startswith(HUB_PREFIX):
+        if not _HUB_ID.match(weights[len(HUB_PREFIX):]):
+            raise ConfigError(f"profile {profile!r}: weights {weights!r} is not a hub id; write "
+                              f"'{HUB_PREFIX}org/model', e.g. '{HUB_PREFIX}runwayml/stable-diffusion-v1-5'")
+        return
     path = Path(weights).expanduser()
     if path.is_dir():
         if not (path / "model_index.json").is_file():
             raise ConfigError(f"profile {profile!r}: weights folder {str(path)!r} has no model_index.json; "
                               "expected a diffusers pipeline folder (save_pretrained layout)")
         return
-    looks_local = weights.startswith(("/", ".", "~")) or os.sep + os.sep in weights or path.exists()
-    if looks_local or not _HUB_ID.match(weights):
-        raise ConfigError(f"profile {profile!r}: weights folder {weights!r} does not exist; give an existing "
-                          "diffusers pipeline folder or a hub id such as 'org/model'")
+    hint = f" (for the hub id write '{HUB_PREFIX}{weights}')" if _HUB_ID.match(weights) else ""
+    raise ConfigError(f"profile {profile!r}: weights folder {weights!r} does not exist (looked at "
+                      f"{str(path.absolute())!r}); give an existing diffusers pipeline folder or a hub id written as "
+                      f"'{HUB_PREFIX}org/model'{hint}")
 
 
 def check_device(profile: str, device: str, dtype: str) -> None:
@@ -263,8 +281,11 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
     _check_choice(name, "device", raw["device"], DEVICES)
     for key in ("steps", "repeats", "resolution", "matmul_size", "cell_timeout_s", "variant_budget_s"):
         _check_positive_int(name, key, raw[key])
-    for key in ("warmup", "seed"):
-        _check_positive_int(name, key, raw[key], minimum=0)
+    _check_positive_int(name, "seed", raw["seed"], minimum=0)
+    if isinstance(raw["warmup"], int) and not isinstance(raw["warmup"], bool) and raw["warmup"] < 1:
+        raise ConfigError(f"profile {name!r}: warmup must be an integer >= 1, got {raw['warmup']!r}: it counts the "
+                          "first call, which always runs (timed apart as set-up), so 0 would run as 1")
+    _check_positive_int(name, "warmup", raw["warmup"])
     if "rounds" in raw:
         _check_positive_int(name, "rounds", raw["rounds"], minimum=3)
     if not isinstance(raw.get("scheduler_drift", True), bool):

@@ -48,9 +48,17 @@ def load_captions(path, one_per_image: bool = True) -> list[Caption]:
     path = Path(path).expanduser()
     if path.suffix.lower() not in FORMATS:
         raise _fail(path, f"unknown format {path.suffix or '(no suffix)'!r}; accepted formats: {_accepted()}")
+    if path.is_dir():
+        raise _fail(path, f"is a folder, not a file; expected a {FORMATS[path.suffix.lower()]}")
     if not path.is_file():
         raise _fail(path, f"does not exist; expected a {FORMATS[path.suffix.lower()]}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail(path, f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); expected a "
+                          f"{FORMATS[path.suffix.lower()]}") from None
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror}); expected a {FORMATS[path.suffix.lower()]}") from None
     if not text.strip():
         raise _fail(path, f"is empty; expected a {FORMATS[path.suffix.lower()]}")
     reader = {".json": _from_coco_json, ".tsv": _from_tsv, ".txt": _from_text}[path.suffix.lower()]

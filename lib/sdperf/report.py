@@ -30,6 +30,7 @@ tbody tr:nth-child(even) { background: #fafafa; }
 td.not_applicable, td.skipped { color: #666; font-style: italic; background: #f1f1f1; }
 td.failed { color: #a40000; background: #fdeaea; font-weight: 600; }
 td.ok.status { color: #17692b; font-weight: 600; }
+td.partial { color: #8a5a00; background: #fff6e0; }
 .badge { display: inline-block; padding: .1rem .5rem; border-radius: .3rem; font-weight: 600; }
 .badge.ok { background: #e3f4e6; color: #17692b; } .badge.failed { background: #fdeaea; color: #a40000; }
 .badge.unknown { background: #eee; color: #555; }
@@ -38,6 +39,8 @@ figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid #ddd;
 figcaption { color: #555; font-size: .9rem; }
 .links a { margin-right: 1rem; }
 details summary { cursor: pointer; }
+.finding { background: #f4f8fc; border-left: 4px solid #2a6ebb; padding: .4rem .8rem; }
+ul.findings li { margin-bottom: .35rem; }
 """
 
 
@@ -87,13 +90,32 @@ def _read_json(path: Path) -> dict | None:
 
 
 def read_stamps(profile: str) -> dict[str, dict]:
+    """Each notebook's stamp (its last complete run); where a later run of it was killed, `interrupted` holds that
+    run's marker (sdperf.runner), and a notebook whose only run was killed reads 'interrupted'."""
+    from sdperf.runner import interrupted
+
     folder = paths.profile_reports(profile) / "notebooks"
     stamps = {}
     for path in sorted(folder.glob("*.run.json")):
         stamp = _read_json(path)
-        if stamp:
+        if isinstance(stamp, dict) and stamp:
             stamps[stamp.get("notebook") or path.name.removesuffix(".run.json")] = stamp
+    for path in sorted(folder.glob("*.running.json")):
+        name = path.name.removesuffix(".running.json")
+        marker = interrupted(profile, name)
+        if marker is not None:
+            stamps.setdefault(name, {"notebook": name, "status": "interrupted"})["interrupted"] = marker
     return stamps
+
+
+def interrupted_text(stamp: dict) -> str:
+    marker = stamp.get("interrupted")
+    if marker is None:
+        return ""
+    run = f"run {marker['run_id']}, " if marker.get("run_id") else ""
+    started = f"started {marker['started_utc']}" if marker.get("started_utc") else "started at an unknown time"
+    shown = "no complete run exists" if stamp.get("status") == "interrupted" else "these are its last complete results"
+    return f"a later run ({run}{started}) was interrupted; {shown}; the next `sdperf run` reruns it"
 
 
 def failure_text(stamp: dict) -> str:
@@ -112,11 +134,17 @@ def _summary_section(names: list[str], stamps: dict, results) -> str:
         stamp = stamps.get(name, {})
         status = stamp.get("status", "unknown")
         counts = results[results["notebook"] == name]["status"].value_counts()
+        problem = failure_text(stamp) if status == "failed" else interrupted_text(stamp)
+        if status == "ok" and counts.get("failed", 0):  # the notebook ran; some of its rows did not
+            status = "partial"
+            failed = results[(results["notebook"] == name) & (results["status"] == "failed")]
+            problem = (f"{counts['failed']} row(s) failed, e.g. {failed['scenario'].iloc[0]}: "
+                       f"{str(failed['note'].iloc[0])[:160]}" + (f"; {problem}" if problem else ""))
         rows.append({"notebook": name, "status": status, "seconds": fmt(stamp.get("duration_s")),
                      "finished (UTC)": stamp.get("finished_utc", ""), "commit": stamp.get("commit", ""),
                      "rows ok / n.a. / failed": f"{counts.get('ok', 0)} / {counts.get('not_applicable', 0)} / "
                                                 f"{counts.get('failed', 0)}",
-                     "problem": failure_text(stamp) if status == "failed" else ""})
+                     "problem": problem})
         statuses.append(status)
     if not rows:
         return "<h2 id='summary'>Study summary</h2><p>No notebook has run for this profile yet.</p>"
@@ -132,9 +160,10 @@ def _environment_section(env: dict | None, settings: dict) -> str:
         parts.append("<p>No environment.json: this profile has not been run with <code>sdperf run</code>.</p>")
     else:
         isa = env.get("cpu_isa") or {}
-        facts = {k: env.get(k) for k in ("device", "device_name", "cpu_model", "logical_cpus", "usable_cpus",
-                                         "threads", "cuda", "cuda_available", "python", "platform", "commit",
-                                         "time_utc")}
+        facts = {k: env.get(k) for k in ("device", "device_name", "cpu_model", "cpu_family_model_stepping",
+                                         "machine", "physical_cores", "logical_cpus", "usable_cpus", "threads",
+                                         "cpu_caches", "memory_gib", "cuda", "cuda_available", "python", "platform",
+                                         "commit", "time_utc")}
         facts["ISA flags present"] = ", ".join(f for f, on in isa.items() if on) or "none of those checked"
         facts["ISA flags absent"] = ", ".join(f for f, on in isa.items() if not on) or "none"
         facts["allocator env"] = ", ".join(f"{k}={v}" for k, v in (env.get("malloc_env") or {}).items()) or "unset"
@@ -193,13 +222,22 @@ def _status_line(stamp: dict | None) -> str:
     line = f"<p><span class='badge {_esc(status)}'>{_esc(status)}</span> {_esc(meta)}</p>"
     if status == "failed":
         line += f"<p class='failure'>Stopped at {_esc(failure_text(stamp))}</p>"
+    if stamp.get("interrupted") is not None:
+        text = interrupted_text(stamp)
+        line += f"<p class='failure'>{_esc(text[:1].upper() + text[1:])}.</p>"
     return line
 
 
 def _notebook_section(profile: str, name: str, rows, stamp: dict | None, i: int) -> str:
     parts = [f"<h2 id='{_esc(name)}'>{_esc(name)}</h2>", _status_line(stamp), _links(profile, name)]
     if len(rows):
-        parts.append(_results_table(rows, f"nb{i}"))
+        from sdperf.findings import verdict
+
+        counts = rows["status"].value_counts()
+        tally = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items())
+        parts.append(f"<p class='finding'>{verdict(name, rows)}</p>")
+        parts.append(f"<details><summary>All {len(rows)} rows ({_esc(tally)})</summary>"
+                     + _results_table(rows, f"nb{i}") + "</details>")
     else:
         parts.append("<p>No results recorded.</p>")
     parts.append(_figures(profile, name))
@@ -303,6 +341,34 @@ def no_admissible_sentence(results) -> str | None:
             f"was {_esc(str(fastest['note']))}.")
 
 
+def _findings_section(results, names: list[str]) -> str:
+    """One verdict per notebook (sdperf.findings), each linking to its section."""
+    from sdperf.findings import verdicts
+
+    found = verdicts(results, names)
+    items = "".join(f"<li><a href='#{_href(n)}'>{_esc(n)}</a>: {v}</li>" for n, v in found.items())
+    return f"<h2 id='findings'>What each notebook found</h2><ul class='findings'>{items}</ul>" if items else ""
+
+
+def one_machine(results):
+    """(rows of one machine fingerprint and one commit, a notice about the rest): those of the newest row, i.e. of
+    the latest run. A table mixing two CPUs or two commits would divide numbers that were never comparable, so the
+    rest are refused and counted, not shown."""
+    if results.empty or "machine" not in results or "commit" not in results:
+        return results, ""
+    newest = results.sort_values("time_utc", kind="stable").iloc[-1]
+    machine, commit = str(newest["machine"]), str(newest["commit"])
+    same = (results["machine"].astype(str) == machine) & (results["commit"].astype(str) == commit)
+    if same.all():
+        return results, ""
+    others = results[~same].groupby(["commit", "machine"]).size()
+    listed = "; ".join(f"{n} row(s) at commit {_esc(c)} on machine {_esc(m)}" for (c, m), n in others.items())
+    notice = (f"<p class='failure'>Shown: rows of machine {_esc(machine)} at commit {_esc(commit)} only. Refused "
+              f"(another machine or commit, never mixed into one table): {listed}. Rerun those notebooks here "
+              f"(<code>sdperf run --profile ...</code>) to show them.</p>")
+    return results[same].reset_index(drop=True), notice
+
+
 def _headline_section(results) -> str:
     found = headline_sentences(results)
     missing = no_admissible_sentence(results)
@@ -326,12 +392,14 @@ def write_index(profile: str) -> Path:
     env = _read_json(folder / "environment.json")
     settings = load_profile(profile, check_runtime=False).summary()
     stamps = read_stamps(profile)
-    results = read_results(profile)
+    results, refused = one_machine(read_results(profile))
     names = sorted(set(results["notebook"].astype(str)) | set(stamps))
     title = f"sdperf study: profile {profile}"
     body = [f"<h1>{_esc(title)}</h1>",
             f"<p class='sub'>{_esc(settings.get('description', ''))}</p>",
+            refused,
             _headline_section(results),
+            _findings_section(results, names),
             _summary_section(names, stamps, results),
             _ladder_section(profile, results),
             _environment_section(env, settings)]

@@ -1,7 +1,9 @@
 """The study's one tidy table per profile: reports/<profile>/results.csv, a row per (notebook, scenario, metric).
 
 Every write is a read-modify-write under a file lock, written to a temp file and renamed, so a killed run
-leaves either the old table or the new one, never half a file. A re-run replaces its own rows.
+leaves either the old table or the new one, never half a file. Under `sdperf run` a notebook's rows are staged
+(sdperf.staging) and replace all of its earlier rows in one write when it completes (`promote_rows`), so an
+interrupted run leaves the previous complete rows as they were.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from sdperf import staging
 from sdperf.paths import profile_reports, sibling_tempfile
 
 KEY = ["notebook", "scenario", "metric"]
@@ -65,8 +68,11 @@ def results_path(profile: str) -> Path:
 
 
 def read_results(profile: str) -> pd.DataFrame:
-    path = results_path(profile)
-    if not path.is_file():
+    return read_table(results_path(profile))
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    if not Path(path).is_file():
         return pd.DataFrame(columns=COLUMNS)
     return pd.read_csv(path, keep_default_na=False, na_values=[""])
 
@@ -86,18 +92,19 @@ def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
     return table
 
 
-def prune_stale_rows(profile: str, notebook: str, since_utc: str) -> int:
-    """Drop a notebook's rows written before `since_utc` (its latest successful run's start): a scenario the
-    re-run no longer produces (another engine swept, a variant renamed) must not linger as if current."""
+def promote_rows(profile: str, notebook: str, staged: Path) -> int:
+    """Make a completed run's staged rows the notebook's rows: all of its earlier rows out (a scenario the re-run
+    no longer produces must not linger as if current), the staged ones in, in one atomic write under the lock.
+    Returns the number of rows promoted; the staged file is removed."""
     path = results_path(profile)
-    if not path.is_file():
-        return 0
+    new = read_table(staged)
     with locked(path):
-        old = pd.read_csv(path, keep_default_na=False, na_values=[""])
-        stale = (old["notebook"] == notebook) & (old["time_utc"].astype(str) < since_utc)
-        if stale.any():
-            atomic_write_text(path, old[~stale].to_csv(index=False))
-    return int(stale.sum())
+        old = read_table(path)
+        table = pd.concat([old[old["notebook"] != notebook], new], ignore_index=True) if len(old) else new
+        atomic_write_text(path, table.reindex(columns=COLUMNS).to_csv(index=False))
+    for f in (Path(staged), Path(staged).with_name(Path(staged).name + ".lock")):
+        f.unlink(missing_ok=True)
+    return len(new)
 
 
 @dataclass
@@ -110,7 +117,14 @@ class Recorder:
     dtype: str = "float32"
 
     @property
+    def staged(self) -> bool:
+        """Under `sdperf run` this notebook's rows wait in its run's staging file until it completes."""
+        return staging.active(self.notebook)
+
+    @property
     def path(self) -> Path:
+        if self.staged:
+            return staging.rows_path(self.profile, self.notebook, self.env.get("run_id") or _run_id())
         return results_path(self.profile)
 
     def _row(self, scenario: str, metric: str, value, unit: str, p10=None, p90=None, n=None,
@@ -161,14 +175,29 @@ class Recorder:
         msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         self.add(scenario, metric, None, "", status="failed", note=msg[:500])
 
-    def table(self) -> pd.DataFrame:
+    def view(self) -> pd.DataFrame:
+        """The table as it will be when this notebook completes: while staged, its own staged rows stand in for
+        its earlier ones."""
         df = read_results(self.profile)
+        if not self.staged:
+            return df
+        mine = read_table(self.path)
+        return pd.concat([df[df["notebook"] != self.notebook], mine], ignore_index=True) if len(df) else mine
+
+    def table(self) -> pd.DataFrame:
+        df = self.view()
         return df[df["notebook"] == self.notebook].reset_index(drop=True)
 
     def current(self) -> pd.DataFrame:
         """Rows of every notebook taken on this machine at this commit: the only rows a table or a choice may
         read (a row of another CPU or commit never enters one)."""
-        return current_rows(read_results(self.profile), self.env)
+        return current_rows(self.view(), self.env)
+
+
+def _run_id() -> str:
+    from sdperf.environment import run_id
+
+    return run_id()
 
 
 def current_rows(df: pd.DataFrame, env: dict) -> pd.DataFrame:

@@ -152,7 +152,7 @@ def launch(spec: dict, *, setting: str = "default", fresh_interpreter: bool = Fa
         if (out / worker.OUTPUT).is_file():
             import torch
 
-            output = SimpleNamespace(**torch.load(out / worker.OUTPUT))
+            output = SimpleNamespace(**torch.load(out / worker.OUTPUT, weights_only=True))
         return result, output
 
 

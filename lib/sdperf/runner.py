@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdperf import environment, paths
+from sdperf import environment, paths, staging
 from sdperf.errors import ConfigError
 from sdperf.profiles import Profile, check_sections, load_profile
 
@@ -66,9 +66,24 @@ def validate(profile_name: str | None, only: list[str] | None,
     torch."""
     profile = load_profile(profile_name, check_runtime=False)
     check_sections(profile)
+    check_outputs(profile.name)
     selected = select(only, notebook_names(notebooks_dir))
     check_notebook_parameters(profile, selected, notebooks_dir)
     return load_profile(profile.name), selected
+
+
+def check_outputs(profile: str) -> None:
+    """reports/<profile>/ and the folders a run writes into can be written: a read-only folder, or a file where a
+    folder belongs, fails here and not after hours of notebooks."""
+    root = paths.profile_reports(profile)
+    for folder in (root, outputs_dir(profile), paths.figures_dir(profile)):
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"{str(folder)!r} is not a folder, but the run writes its reports there; remove it or "
+                              f"set SDPERF_REPORTS_DIR to another folder")
+        existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"{str(folder)!r} cannot be written ({str(existing)!r} is not a writable folder); "
+                              "make it writable or set SDPERF_REPORTS_DIR to another folder")
 
 
 def check_notebook_parameters(profile: Profile, selected: list[str], notebooks_dir: Path | None = None) -> None:
@@ -147,11 +162,42 @@ def write_stamp(profile: str, name: str, current: dict, status: str, started: fl
                 failure: dict | None = None) -> None:
     from sdperf.results import atomic_write_text
 
-    stamp = {"notebook": name, **current, "status": status, "started_utc": _utc(started),
-             "finished_utc": _utc(finished), "duration_s": round(finished - started, 3)}
+    stamp = {"notebook": name, **current, "status": status, "run_id": environment.run_id(),
+             "started_utc": _utc(started), "finished_utc": _utc(finished), "duration_s": round(finished - started, 3)}
     if failure:
         stamp["error"] = failure
     atomic_write_text(stamp_path(profile, name), json.dumps(stamp, indent=2) + "\n")
+
+
+def running_path(profile: str, name: str) -> Path:
+    """Present while a run of the notebook is under way, and left behind when that run is killed: the notebook's
+    stamp and results stay those of its last complete run, and this marker makes the next run redo it."""
+    return outputs_dir(profile) / f"{name}.running.json"
+
+
+def mark_running(profile: str, name: str, started: float) -> None:
+    from sdperf.results import atomic_write_text
+
+    marker = {"notebook": name, "run_id": environment.run_id(), "pid": os.getpid(), "started_utc": _utc(started)}
+    atomic_write_text(running_path(profile, name), json.dumps(marker, indent=2) + "\n")
+
+
+def read_running(profile: str, name: str) -> dict | None:
+    try:
+        marker = json.loads(running_path(profile, name).read_text())
+    except (OSError, ValueError):
+        return {} if running_path(profile, name).exists() else None
+    return marker if isinstance(marker, dict) else {}
+
+
+def interrupted(profile: str, name: str) -> dict | None:
+    """The marker of a run of `name` that was killed before it completed: any marker but the one of the run that
+    holds the profile's run lock now."""
+    marker = read_running(profile, name)
+    if marker is None:
+        return None
+    live = staging.running_run(profile)
+    return marker if live is None or marker.get("run_id") != live else None
 
 
 # ---------------------------------------------------------------- executing one notebook
@@ -231,26 +277,31 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
     fd, tmp_name = paths.sibling_tempfile(out / name, suffix=".ipynb")
     os.close(fd)
     tmp = Path(tmp_name)
-    succeeded = False
     try:
         papermill.execute_notebook(
             str(notebook), str(tmp), parameters=notebook_parameters(profile, name), kernel_name="python3",
             execution_timeout=profile.cell_timeout_s, cwd=str(paths.REPO_ROOT), progress_bar=False,
             log_output=False)
-        succeeded = True
     except Exception as exc:  # papermill errors, timeouts, dead kernels: all become a failed notebook
-        return describe_failure(exc, tmp)
-    finally:
-        _settle(tmp, final if succeeded else failed)
-        _remove(*((failed, out / f"{name}.failed.html") if succeeded else (final, out / f"{name}.html")))
+        failure = describe_failure(exc, tmp)
+        _settle(tmp, failed)
+        _remove(final, out / f"{name}.html")
+        return failure
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM): not a result; the earlier complete run stands
+        tmp.unlink(missing_ok=True)
+        raise
+    _settle(tmp, final)
+    _remove(failed, out / f"{name}.failed.html")
     return None
 
 
 def up_to_date(notebook: Path, profile: Profile, commit: str, force: bool) -> bool:
-    """Whether this run may skip the notebook: its stamp says ok for this commit, notebook and profile."""
+    """Whether this run may skip the notebook: its stamp says ok for this commit, notebook and profile, and no
+    later run of it was interrupted."""
     current = fingerprint(profile.name, notebook, commit)
     return not force and should_skip(read_stamp(profile.name, notebook.stem), current) \
-        and (outputs_dir(profile.name) / f"{notebook.stem}.ipynb").is_file()
+        and (outputs_dir(profile.name) / f"{notebook.stem}.ipynb").is_file() \
+        and read_running(profile.name, notebook.stem) is None
 
 
 def run_one(notebook: Path, profile: Profile, commit: str, force: bool, say) -> Outcome:
@@ -259,16 +310,28 @@ def run_one(notebook: Path, profile: Profile, commit: str, force: bool, say) -> 
     if up_to_date(notebook, profile, commit, force):
         say(f"skipped {name}: already run for commit {commit}")
         return Outcome(name, SKIPPED)
-    started = time.time()
-    failure = execute(notebook, profile)
-    finished = time.time()
-    write_stamp(profile.name, name, current, FAILED if failure else OK, started, finished, failure)
-    if failure:
-        say(failure_line(name, failure))
-    else:
-        from sdperf.results import prune_stale_rows
+    from sdperf.results import promote_rows
 
-        prune_stale_rows(profile.name, name, _utc(started))
+    run = environment.run_id()
+    started = time.time()
+    mark_running(profile.name, name, started)
+    os.environ[staging.STAGE_ENV] = name  # the kernel inherits it: rows and figures are staged (sdperf.staging)
+    try:
+        failure = execute(notebook, profile)
+    except BaseException:  # interrupted: nothing of this run becomes current; the marker asks for a rerun
+        staging.discard(profile.name, name, run)
+        raise
+    finally:
+        os.environ.pop(staging.STAGE_ENV, None)
+    finished = time.time()
+    if failure:
+        staging.discard(profile.name, name, run)
+        say(failure_line(name, failure))
+    else:  # rows and figures first: a kill before the stamp below leaves the marker, so the notebook runs again
+        promote_rows(profile.name, name, staging.rows_path(profile.name, name, run))
+        staging.promote_figures(profile.name, name, run)
+    write_stamp(profile.name, name, current, FAILED if failure else OK, started, finished, failure)
+    running_path(profile.name, name).unlink(missing_ok=True)
     return Outcome(name, FAILED if failure else OK, finished - started, failure)
 
 
@@ -344,16 +407,28 @@ def _prefetch(profile: Profile, notebooks: list[str], folder: Path) -> float:
 
 def run(profile_name: str | None, only: list[str] | None = None, force: bool = False,
         notebooks_dir: Path | None = None) -> int:
-    """Run the study for one profile; 0 when every selected notebook ran or was already up to date, else 1."""
+    """Run the study for one profile; 0 when every selected notebook ran or was already up to date, else 1.
+    One run per profile at a time (sdperf.staging.run_lock): a second fails at once instead of mixing rows."""
+    profile, selected = validate(profile_name, only, notebooks_dir)
+    os.environ[environment.RUN_ID_ENV] = ""  # a new run id for this run, shared by its notebooks' kernels
+    with staging.run_lock(profile.name, environment.run_id()):
+        return _run_locked(profile, selected, force, notebooks_dir)
+
+
+def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_dir: Path | None) -> int:
     from tqdm import tqdm
 
     from sdperf import report
 
-    profile, selected = validate(profile_name, only, notebooks_dir)
+    for name in selected:
+        if read_running(profile.name, name) is not None:
+            tqdm.write(f"{name}: its last run was interrupted; its previous results stood and it runs again")
+    removed = staging.clean_leftovers(profile.name)
+    if removed:
+        tqdm.write(f"removed {len(removed)} file(s) an interrupted run left: {', '.join(removed[:5])}"
+                   + (" ..." if len(removed) > 5 else ""))
     folder = Path(notebooks_dir or paths.notebooks_dir())
-    os.environ[environment.RUN_ID_ENV] = ""  # a new run id for this run, shared by its notebooks' kernels
-    environment.run_id()
-    write_environment(profile)
+    run_id = environment.run_id()
     commit = environment.git_commit()
     stale = [n for n in selected if not up_to_date(folder / f"{n}.ipynb", profile, commit, force)]
     prefetch_s = _prefetch(profile, stale, folder)
@@ -362,6 +437,8 @@ def run(profile_name: str | None, only: list[str] | None = None, force: bool = F
         for name in bar:
             bar.set_postfix_str(name)
             outcomes.append(run_one(folder / f"{name}.ipynb", profile, commit, force, tqdm.write))
+    staging.remove_run(profile.name, run_id)
+    write_environment(profile)  # at the end: a run killed before this leaves the last finished run's record
     html_ok = convert(profile.name, outcomes, tqdm.write)
     index = report.write_index(profile.name)
     print(summary_table(outcomes))

@@ -116,8 +116,7 @@ def interleaved(calls: dict[str, Callable[[], object]], *, device: str, warmup: 
     in turn (A B, B A, A B, ...). A process gets faster as it ages (allocator, page faults) and a neighbour may
     come and go: in turn, such drift hits every call alike instead of whichever ran last, so ratios stay honest.
     Peak memory is not read here (the calls share the process): see `peak_of`."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    _check_counts(warmup, repeats)
     synchronize(device)
     first = {k: time_once(fn, device) for k, fn in calls.items()}
     for _ in range(max(warmup - 1, 0)):
@@ -138,13 +137,20 @@ def peak_of(fn: Callable[[], object], device: str) -> tuple[int | None, str]:
     return peak_memory(device)
 
 
+def _check_counts(warmup: int, repeats: int) -> None:
+    """warmup counts the first call, which always runs: 0 would run as 1 and be recorded as 0."""
+    if warmup < 1:
+        raise ValueError(f"warmup must be >= 1 (it counts the first call, which always runs), got {warmup}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+
+
 def measure(fn: Callable[[], object], *, device: str, warmup: int = 1, repeats: int = 3,
             first: Callable[[], object] | None = None) -> Timing:
     """First call timed alone (it carries compile/build/allocator warm-up; `first` when given, a cheaper call
-    that warms the same code), then `warmup` untimed calls, then `repeats` timed calls; peak memory covers the
-    steady-state calls."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    that warms the same code), then `warmup - 1` untimed calls (`warmup` counts the first), then `repeats` timed
+    calls; peak memory covers the steady-state calls."""
+    _check_counts(warmup, repeats)
     once = _time_once_cuda if device == "cuda" else _time_once_cpu
     synchronize(device)
     first_s = once(first or fn)

@@ -1,10 +1,11 @@
 """The generated folder on disk: images written once (temp + rename), per-rank manifest parts, the manifest.
 
-    DIR/run.json               settings the pixels depend on; a restart with other settings fails, naming them
+    DIR/run.json               settings the pixels depend on and the captions' hash, created exclusively by the
+                               first launch; a launch or restart with other settings or captions fails, naming them
     DIR/g<guidance>/<id>_s<seed>.png
     DIR/parts/rank-<r>.jsonl   one row per finished image, appended by its rank after the image's rename
     DIR/manifest.csv           one row per image in the folder (any run into it), sorted by key, rebuilt from the
-                               parts at the end of every run
+                               parts at the end of every run; a regenerated image's row is its latest
     DIR/summary.json           images/s per rank and in total, of the last run
     DIR/scores/                per-shard scoring states (sdperf.quality.sharded)
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -28,6 +30,7 @@ import pandas as pd
 
 from sdperf.errors import ConfigError
 from sdperf.imagegen.keys import ImageKey
+from sdperf.paths import sibling_tempfile
 from sdperf.results import atomic_write_bytes, atomic_write_text, locked
 
 RUN_FILE = "run.json"
@@ -40,35 +43,102 @@ COLUMNS = ["key", "prompt_id", "caption", "guidance", "seed", "file", "steps", "
            "commit", "time_utc", "rank"]
 # results.atomic_write_bytes names its temp file ".<name>.<random>.tmp" beside the target
 _TEMP = re.compile(r"^\.(?P<name>.+\.png)\.[^.]+\.tmp$")
+_GUIDANCE_DIR = re.compile(r"^g[0-9]")  # keys.ImageKey.relpath's folder per guidance scale
 
 
 def check_out_dir(out_dir) -> Path:
-    """An existing folder or one that can be made; a file there fails before any model is built."""
+    """An existing folder or one that can be made, and every folder of it a run writes into writable; a file there
+    or a read-only subfolder fails before any model is built."""
     path = Path(out_dir).expanduser()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"out dir {str(path)!r} is a file, not a folder; give a new or existing folder")
     parent = next((p for p in (path, *path.parents) if p.exists()), None)
     if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"out dir {str(path)!r} cannot be created: {str(parent)!r} is not a writable folder")
+    if path.is_dir():
+        for sub in sorted(path.iterdir()):
+            if sub.name != PARTS_DIR and not _GUIDANCE_DIR.match(sub.name):
+                continue
+            if not sub.is_dir():
+                raise ConfigError(f"out dir {str(path)!r}: {str(sub)!r} is not a folder, but images or manifest "
+                                  "rows go there: remove it or give a new --out")
+            if not os.access(sub, os.W_OK | os.X_OK):
+                raise ConfigError(f"out dir {str(path)!r}: its folder {str(sub)!r} is not writable; images and "
+                                  "manifest rows are written there: make it writable or give a new --out")
     return path
 
 
-def check_run_settings(out_dir: Path, settings: dict) -> None:
-    """Record what the pixels depend on; a folder made with other settings is not resumed into."""
+def captions_sha256(captions: dict[str, str]) -> str:
+    """The captions a folder's images were made from (id -> text, in id order)."""
+    return hashlib.sha256(json.dumps(sorted(captions.items()), ensure_ascii=False).encode()).hexdigest()
+
+
+def claim_run_settings(out_dir: Path, settings: dict) -> None:
+    """Record what the pixels depend on, or check that the folder was made with it. The first launch creates
+    run.json complete and exclusively (a hard link of a finished temp file fails if the name exists), so of two
+    launches started together with different settings exactly one proceeds; the other fails here."""
     path = out_dir / RUN_FILE
-    if path.is_file():
+    fd, tmp = sibling_tempfile(path, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
         try:
-            old = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); it records the settings the images of "
-                              f"{str(out_dir)!r} were made with: restore it or give a new --out") from exc
-        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-        if diff:
-            said = "; ".join(f"{k}: folder has {a!r}, this run {b!r}" for k, (a, b) in diff.items())
-            raise ConfigError(f"out dir {str(out_dir)!r} holds images made with other settings ({said}); "
-                              "rerun with the same profile or give a new --out")
-        return
-    atomic_write_text(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+            os.link(tmp, path)
+            return
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links: exclusive create, then the content
+            if _create_exclusive(path, settings):
+                return
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    _check_settings(out_dir, path, settings)
+
+
+def _create_exclusive(path: Path, settings: dict) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    return True
+
+
+def _check_settings(out_dir: Path, path: Path, settings: dict) -> None:
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); it records the settings the images of "
+                          f"{str(out_dir)!r} were made with: restore it or give a new --out") from exc
+    except OSError as exc:
+        raise ConfigError(f"{str(path)!r} cannot be read ({exc.strerror}); it records the settings the images of "
+                          f"{str(out_dir)!r} were made with") from exc
+    if not isinstance(old, dict):
+        raise ConfigError(f"{str(path)!r} holds {type(old).__name__}, not the settings mapping it should")
+    # a folder made before the captions were hashed is checked caption by caption instead (check_captions)
+    diff = {k: (old.get(k), v) for k, v in settings.items()
+            if old.get(k) != v and not (k == "captions_sha256" and k not in old)}
+    if diff:
+        said = "; ".join(f"{k}: folder has {a!r}, this run {b!r}" for k, (a, b) in diff.items())
+        hint = (" (the captions differ: give the captions file and selection the folder was made with)"
+                if "captions_sha256" in diff else "")
+        raise ConfigError(f"out dir {str(out_dir)!r} holds images made with other settings ({said}){hint}; "
+                          "rerun with the same profile and captions or give a new --out")
+
+
+def check_captions(out_dir: Path, captions: dict[str, str]) -> None:
+    """A caption id already in the folder's rows must mean the same text: otherwise its images show another
+    prompt, and a resume would skip them as done."""
+    for row in read_parts(out_dir):
+        text = captions.get(str(row["prompt_id"]))
+        if text is not None and text != row["caption"]:
+            raise ConfigError(f"out dir {str(out_dir)!r}: caption id {row['prompt_id']!r} was generated from "
+                              f"{row['caption']!r}, this run gives it {text!r}; ids name the images: use the "
+                              "captions file the folder was made with or give a new --out")
 
 
 def png_bytes(image: np.ndarray) -> bytes:
@@ -121,6 +191,16 @@ def utc_now() -> str:
 
 def utc_from_unix(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def unix_from_utc(text: str) -> float:
+    """The inverse of utc_from_unix (a time without a zone is read as UTC; an unreadable one as the far future, so
+    a row hand-edited into another format is never taken for stale)."""
+    try:
+        when = dt.datetime.fromisoformat(str(text))
+    except ValueError:
+        return float("inf")
+    return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
 class ManifestPart:
@@ -188,17 +268,25 @@ def row_key(row: dict) -> ImageKey:
 
 
 def rebuild_manifest(out_dir) -> pd.DataFrame:
-    """manifest.csv from the parts: rows whose image exists, one per key (the first written), sorted by key."""
+    """manifest.csv from the parts: rows whose image exists, one per key, sorted by key. A key's row is its latest:
+    an image deleted and generated again (other code, another commit) is described by the run that made it."""
     out_dir = Path(out_dir)
     with locked(out_dir / MANIFEST):  # independent shards may finish together: the last rebuild sees all rows
-        first: dict[ImageKey, dict] = {}
+        latest: dict[ImageKey, dict] = {}
         for row in sorted(read_parts(out_dir), key=lambda r: r["time_utc"]):
-            key = row_key(row)
-            if key not in first and (out_dir / row["file"]).is_file():
-                first[key] = row
-        table = pd.DataFrame([first[k] for k in sorted(first)], columns=COLUMNS)
+            if (out_dir / row["file"]).is_file():
+                latest[row_key(row)] = row
+        table = pd.DataFrame([latest[k] for k in sorted(latest)], columns=COLUMNS)
         atomic_write_text(out_dir / MANIFEST, table.to_csv(index=False))
     return table
+
+
+def _inside(folder: Path, file: str) -> bool:
+    """Whether `file` (a manifest's relative path) stays inside `folder`, links and '..' resolved."""
+    if not file or Path(file).is_absolute():
+        return False
+    root = folder.resolve()
+    return (root / file).resolve().is_relative_to(root)
 
 
 def read_manifest(out_dir) -> pd.DataFrame:
@@ -216,6 +304,10 @@ def read_manifest(out_dir) -> pd.DataFrame:
     lacking = [c for c in REQUIRED if c not in df.columns]
     if lacking:
         raise ConfigError(f"{str(path)!r} lacks column(s) {', '.join(lacking)}; expected {', '.join(REQUIRED)}")
+    outside = [f for f in df["file"] if not _inside(folder, f)]
+    if outside:
+        raise ConfigError(f"{str(path)!r} names {len(outside)} file(s) outside its folder, e.g. {outside[0]!r}; a "
+                          "manifest lists images by paths relative to its own folder")
     missing = [f for f in df["file"] if not (folder / f).is_file()]
     if missing:
         raise ConfigError(f"{str(path)!r} names {len(missing)} image(s) that are not in the folder, "

@@ -62,7 +62,8 @@ def load(arch: str, weights: Path | None = None, seed: int = 0) -> ClipScorer:
     # open_clip logs a warning for a random init; this module says so itself (ClipScorer.weights is None)
     with _quiet(logging.getLogger()), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained)
+        # weights_only: a crafted checkpoint is refused by torch's unpickler instead of running its code
+        model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained, weights_only=True)
     return ClipScorer(model.eval(), open_clip.get_tokenizer(arch), preprocess, arch, weights)
 
 

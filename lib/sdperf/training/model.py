@@ -8,11 +8,10 @@ gradients and AdamW moments per rank do not fit twice.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from sdperf import architectures
+from sdperf.profiles import weights_source
 
 
 def unet_config(arch: str, width: float) -> dict:
@@ -26,9 +25,8 @@ def build_unet(arch: str, width: float, seed: int, weights: str | None = None):
     from diffusers import UNet2DConditionModel
 
     if weights and width == 1.0:
-        local = Path(weights).expanduser().is_dir()
-        unet = UNet2DConditionModel.from_pretrained(str(Path(weights).expanduser()) if local else weights,
-                                                    subfolder="unet", local_files_only=local)
+        source, local = weights_source(weights)
+        unet = UNet2DConditionModel.from_pretrained(source, subfolder="unet", local_files_only=local)
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -41,9 +39,8 @@ def noise_scheduler(arch: str, weights: str | None = None):
     from diffusers import DDPMScheduler
 
     if weights:
-        local = Path(weights).expanduser().is_dir()
-        return DDPMScheduler.from_pretrained(str(Path(weights).expanduser()) if local else weights,
-                                             subfolder="scheduler", local_files_only=local)
+        source, local = weights_source(weights)
+        return DDPMScheduler.from_pretrained(source, subfolder="scheduler", local_files_only=local)
     return DDPMScheduler(**{k: v for k, v in architectures.get(arch).scheduler.items() if k != "steps_offset"})
 
 

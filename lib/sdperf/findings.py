@@ -1,0 +1,149 @@
+"""One verdict per notebook, written from its rows in results.csv: a reader's first screen, with no typed number.
+
+Each sentence names its number, its range over rounds, what it divides (the baseline), the method of the row and
+whether it clears the fp32-vs-fp32 noise floor, as the rows themselves record them (sdperf.rounds writes
+"faster / within noise / slower (noise band a-b)" into every compared row's note). Rows not measured are counted
+with their first reason, so a notebook whose rungs do not apply here does not read as a success.
+"""
+from __future__ import annotations
+
+import html
+import re
+from typing import Callable
+
+import pandas as pd
+
+TWIN = "fp32-eager"  # the fp32 twin: the noise floor's row, not a configuration to rank
+NOT_MEASURED = ("not_applicable", "skipped", "failed")
+_BAND = re.compile(r"(faster|slower|within noise) \(noise band ([0-9.]+)-([0-9.]+)x\)")
+
+
+def _esc(text) -> str:
+    return html.escape(str(text), quote=False)
+
+
+def _num(value, digits: int = 2) -> str:
+    return f"{float(value):.{digits}f}"
+
+
+def _range(row, digits: int = 2, unit: str = "x") -> str:
+    text = f"{_num(row['value'], digits)}{unit}"
+    lo, hi = row.get("lo"), row.get("hi")
+    if pd.notna(lo) and pd.notna(hi):
+        text += f" [{_num(lo, digits)}-{_num(hi, digits)}]"
+    return text
+
+
+def _band(note: str) -> str:
+    """'faster than the noise floor (0.94-1.07x)' from a compared row's note, or '' when it has none."""
+    m = _BAND.search(str(note))
+    if not m:
+        return ""
+    word, lo, hi = m.groups()
+    return {"faster": "faster than", "slower": "slower than", "within noise": "within"}[word] + \
+        f" the noise floor ({lo}-{hi}x)"
+
+
+def _not_measured(rows: pd.DataFrame) -> str:
+    """'; 2 not applicable here (…), 1 failed (…)': what the notebook could not measure, with the first reason."""
+    parts = []
+    for status in NOT_MEASURED:
+        mine = rows[rows["status"] == status]
+        if len(mine):
+            reason = str(mine["note"].iloc[0]).split("; ")[0][:140]
+            parts.append(f"{len(mine)} {status.replace('_', ' ')} (e.g. {_esc(reason)})")
+    return "; " + ", ".join(parts) if parts else ""
+
+
+def speed_verdict(rows: pd.DataFrame) -> str | None:
+    """The fastest configuration per image at 50 PLMS steps over fp32 eager, and how the others fall against the
+    noise floor."""
+    ok = rows[(rows["status"] == "ok") & (rows["metric"] == "seed_speedup_vs_fp32") & (rows["key"] != TWIN)
+              & rows["value"].notna()]
+    if ok.empty:
+        return None
+    best = ok.loc[ok["value"].astype(float).idxmax()]
+    bands = ok["note"].astype(str).str.extract(_BAND)[0].fillna("no band").value_counts()
+    counts = ", ".join(f"{n} {w}" for w, n in bands.items())
+    band = _band(best["note"])
+    return (f"fastest of {len(ok)}: <b>{_esc(best['scenario'].removesuffix(', batch 1'))}</b>, "
+            f"{_range(best)} per image over fp32 eager at 50 PLMS steps"
+            f"{', ' + band if band else ''} (method: {_esc(best['method'])}); all {len(ok)} against the floor: "
+            f"{_esc(counts)}")
+
+
+def baseline_verdict(rows: pd.DataFrame) -> str | None:
+    one = rows[(rows["scenario"] == "fp32 eager, batch 1") & (rows["status"] == "ok")].set_index("metric")
+    if "s_per_image" not in one.index:
+        return None
+    s = one.loc["s_per_image"]
+    text = f"fp32 eager takes {_range(s, 2, ' s')} per image at batch 1 (method: {_esc(s['method'])})"
+    if "unet_step" in one.index:
+        text += f", {_range(one.loc['unet_step'], 3, ' s')} per UNet step"
+    if "percent_of_peak" in one.index:
+        text += f", {_num(one.loc['percent_of_peak']['value'], 0)}% {_esc(one.loc['percent_of_peak']['note'])}"
+    return text
+
+
+def quality_verdict(rows: pd.DataFrame) -> str | None:
+    """How many techniques stayed within the quality budget on the trained reference model."""
+    deltas = rows[(rows["metric"] == "reference_adherence_delta") & (rows["status"] == "ok") & (rows["key"] != TWIN)]
+    if deltas.empty:
+        return None
+    verdict = deltas["note"].astype(str).str.extract(r"^(within budget|over budget|undecided)")[0].fillna("unjudged")
+    counts = verdict.value_counts()
+    over = deltas[verdict == "over budget"]
+    text = (f"on the trained reference model, {len(deltas)} techniques paired image by image against fp32 PLMS: "
+            + ", ".join(f"{n} {_esc(v)}" for v, n in counts.items()))
+    if len(over):
+        worst = over.loc[over["value"].astype(float).idxmin()]
+        text += (f"; the largest adherence loss: <b>{_esc(worst['key'])}</b> {_range(worst, 3, '')} "
+                 f"(method: {_esc(worst['method'])})")
+    return text
+
+
+def scaling_verdict(rows: pd.DataFrame) -> str | None:
+    eff = rows[(rows["metric"] == "scaling_efficiency") & (rows["status"] == "ok")]
+    if eff.empty:
+        return None
+    items = [f"{_esc(r['scenario'])}: {_num(r['value'])}" for _, r in eff.iterrows()]
+    return "scaling efficiency (1.0 = linear) " + "; ".join(items)
+
+
+def serving_verdict(rows: pd.DataFrame) -> str | None:
+    tput = rows[(rows["metric"] == "throughput") & (rows["status"] == "ok") & rows["value"].notna()]
+    if tput.empty:
+        return None
+    best = tput.loc[tput["value"].astype(float).idxmax()]
+    return (f"highest throughput <b>{_esc(best['scenario'])}</b>, {_num(best['value'], 3)} images/s "
+            f"({_esc(str(best['note']).split(';')[0])}) over {len(tput)} LoadGen runs")
+
+
+def ladder_verdict(rows: pd.DataFrame) -> str | None:
+    recipe = rows[rows["scenario"].astype(str).str.startswith(("best admissible stack: ", "best lossless stack: "))
+                  & (rows["metric"] == "seed_speedup_vs_fp32")]
+    if recipe.empty:
+        return speed_verdict(rows)
+    items = [f"<b>{_esc(r['scenario'])}</b> {_range(r)} per image over fp32 eager PLMS-50 (method: "
+             f"{_esc(r['method'])})" for _, r in recipe.iterrows()]
+    return "; ".join(items)
+
+
+# notebook -> what its verdict is about; every other notebook gets the speed verdict when it has compared rows
+SPECIFIC: dict[str, Callable[[pd.DataFrame], str | None]] = {
+    "00_baseline": baseline_verdict, "10_ladder": ladder_verdict, "11_training_scaling": scaling_verdict,
+    "12_fid_clip": quality_verdict, "13_serving": serving_verdict,
+}
+
+
+def verdict(name: str, rows: pd.DataFrame) -> str:
+    """The notebook's one-sentence finding (HTML), from its rows only."""
+    text = (SPECIFIC.get(name) or speed_verdict)(rows) if len(rows) else None
+    if text is None:
+        ok = int((rows["status"] == "ok").sum()) if len(rows) else 0
+        text = f"{ok} measured row(s), none of them a comparison with fp32 eager" if ok else "nothing measured"
+    return text + _not_measured(rows) + "."
+
+
+def verdicts(results: pd.DataFrame, names: list[str]) -> dict[str, str]:
+    return {name: verdict(name, results[results["notebook"] == name]) for name in names}
