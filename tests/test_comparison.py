@@ -34,7 +34,9 @@ def test_known_cost_comes_out_at_half_per_step_within_the_noise_band(measured):
     row = cmp.row("twice")
     lo, hi = cmp.noise["unet_step_speedup"]
     assert 0.5 * lo <= row["unet_step_speedup"] <= 0.5 * hi, (row["unet_step_speedup"], lo, hi)
-    assert row["unet_step_speedup"] < lo  # its median is clear of the fp32-vs-fp32 band
+    # its median is clear of the fp32-vs-fp32 band, unless a neighbour on the 2-core machine (xdist's other worker)
+    # widened that band past the 2x cost itself: then the method can only say "within noise", as asserted below
+    assert row["unet_step_speedup"] < lo or lo < 0.5, (row["unet_step_speedup"], lo, hi)
     # "slower" needs every round below the band; on a loaded 2-core CI machine one round of a tiny model can
     # stray into it, and the method then rightly says "within noise". It must never say "faster".
     assert row["unet_step_speedup_verdict"] == rounds.speed_verdict(
