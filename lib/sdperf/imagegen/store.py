@@ -78,10 +78,11 @@ def claim_run_settings(out_dir: Path, settings: dict) -> None:
     run.json complete and exclusively (a hard link of a finished temp file fails if the name exists), so of two
     launches started together with different settings exactly one proceeds; the other fails here."""
     path = out_dir / RUN_FILE
+    text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
     fd, tmp = sibling_tempfile(path, suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         try:
@@ -90,7 +91,7 @@ def claim_run_settings(out_dir: Path, settings: dict) -> None:
         except FileExistsError:
             pass
         except OSError:  # a filesystem without hard links: exclusive create, then the content
-            if _create_exclusive(path, settings):
+            if _create_exclusive(path, text):
                 return
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -98,13 +99,13 @@ def claim_run_settings(out_dir: Path, settings: dict) -> None:
     _check_settings(out_dir, path, settings)
 
 
-def _create_exclusive(path: Path, settings: dict) -> bool:
+def _create_exclusive(path: Path, text: str) -> bool:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+        fh.write(text)
     return True
 
 
