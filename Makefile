@@ -10,6 +10,8 @@ STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha2
 .PHONY: study allocators test unit notebooks install lint-notebooks refresh-notebooks clean-reports
 
 study: install allocators
+	@if $(CUDA_PROBE) >/dev/null 2>&1; then $(MAKE) --no-print-directory install-gpu; \
+	else echo "install-gpu: skipped, no CUDA device ('$(CUDA_PROBE)' failed); the GPU rungs will say not applicable"; fi
 	$(VENV)/bin/sdperf doctor --profile $(PROFILE)
 	$(VENV)/bin/sdperf run --profile $(PROFILE)
 
@@ -30,14 +32,15 @@ test: unit notebooks
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadscope
 unit: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q $(XDIST)
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q $(XDIST) --durations=25
 
-# nbval runs every notebook on the tiny smoke profile, writing into a scratch reports folder;
+# nbval runs every notebook on the tiny smoke profile, writing into a scratch reports folder (NB_REPORTS, when set:
+# .ci/run then checks the smoke report those notebooks drew in a browser);
 # loadscope keeps each notebook's cells together on one worker. A kernel may take over a minute to start while
 # the other worker runs torchrun ranks or an SD pipeline (13 did not answer in nbval's default 60 s on a fresh clone).
 notebooks: install
-	OMP_NUM_THREADS=1 SDPERF_PROFILE=smoke SDPERF_REPORTS_DIR=$$(mktemp -d) $(PY) -m pytest -q -p no:cacheprovider \
-		$(XDIST) --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-kernel-startup-timeout=300 notebooks
+	OMP_NUM_THREADS=1 SDPERF_PROFILE=smoke SDPERF_REPORTS_DIR=$${NB_REPORTS:-$$(mktemp -d)} $(PY) -m pytest -q -p no:cacheprovider \
+		$(XDIST) --durations=25 --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-kernel-startup-timeout=300 notebooks
 
 install: $(STAMP)
 
@@ -49,6 +52,26 @@ $(STAMP): requirements.lock pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# GPU machines: requirements-gpu.lock (TensorRT 10 for 07's TensorRT rung, onnxruntime-gpu) over the main lock; its
+# header says why each pin. onnxruntime and onnxruntime-gpu own the same files, so both go before the GPU build is
+# installed alone; -c keeps every package the main lock pins at its version. `make study` runs this when
+# $(CUDA_PROBE) finds a device; a main-lock reinstall removes this stamp too, so the swap is redone after it.
+CUDA_PROBE ?= nvidia-smi -L
+GPU_STAMP := $(VENV)/.installed-gpu-$(shell cat requirements-gpu.lock | sha256sum | cut -c1-16)
+.PHONY: install-gpu check-gpu-lock
+install-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): $(STAMP) requirements-gpu.lock
+	$(PY) -m pip uninstall --quiet -y onnxruntime onnxruntime-gpu
+	$(PY) -m pip install --quiet -r requirements-gpu.lock -c requirements.lock
+	rm -f $(VENV)/.installed-gpu-*
+	touch $@
+
+# Asks the indexes (no install) whether every GPU-lock pin has a Linux x86_64 CPython 3.11 wheel (sdperf.lock_check);
+# exits 1 naming a pin without one, 3 when the only gaps are on an index that did not answer (pypi.nvidia.com).
+check-gpu-lock: install
+	$(VENV)/bin/sdperf check-lock requirements-gpu.lock
+
 # Re-executes the notebooks on smoke and keeps only the outputs of `# NBVAL_CHECK_OUTPUT` cells.
 refresh-notebooks: install
 	$(PY) -m sdperf.notebook_hygiene refresh notebooks/*.ipynb
@@ -58,3 +81,12 @@ lint-notebooks: install
 
 clean-reports:
 	rm -rf reports/smoke
+
+# The report as a reader's browser shows it (sdperf.report_check): index.html is rebuilt from what is on disk, then
+# opened in headless Chromium; it fails, listing every problem, on an image that does not load, a table wider than
+# the page, a figure without a caption. Needs a Chromium (apt-get install -y chromium); without one it exits 3.
+.PHONY: check-report
+check-report: PROFILE := $(if $(filter auto,$(PROFILE)),cpu,$(PROFILE))
+check-report: install
+	$(VENV)/bin/sdperf report --profile $(PROFILE)
+	$(VENV)/bin/sdperf check-report --profile $(PROFILE) $(if $(SCREENSHOT),--screenshot $(SCREENSHOT))

@@ -4,6 +4,14 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_sessionstart(session):
+    """sdperf.quiet's warning filters in force for every test, as in a notebook or a worker: `import sdperf` during
+    collection installs them inside pytest's warnings.catch_warnings, which drops them when collection ends."""
+    from sdperf import quiet
+
+    quiet.install()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_reports(tmp_path_factory):
     """Nothing a test runs may write into the repository's reports/."""

@@ -1,13 +1,17 @@
-"""DeepSpeed-Inference: the replaced-module counter, availability without CUDA, and an honest record on the tiny
-pipeline (0 modules replaced -> pass-through, never a speed-up)."""
+"""DeepSpeed-Inference: the replaced-module counter, availability without CUDA, an honest record on the tiny
+pipeline (0 modules replaced -> pass-through, never a speed-up), and DeepSpeed's own injection policies checked
+against the SD module tree on the CPU (a diffusers/transformers drift fails here, not on a GPU)."""
 from __future__ import annotations
 
+import copy
+import types
 
 import pytest
 import torch
 
 from sdperf.experiments import deepspeed as exp
 from sdperf.optimizations import deepspeed_inference as ds
+from sdperf.optimizations import deepspeed_policies as dp
 from sdperf.pipelines import build_pipeline
 from sdperf.results import read_results
 from sdperf.study import open_study
@@ -53,7 +57,9 @@ def test_availability_without_cuda_says_why(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert not ds.availability("cuda")[0]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert ds.availability("cuda") == (True, ds.availability("cuda")[1])
+    assert ds.availability("cuda", clip_adapter=True)[0]
+    ok, reason = ds.availability("cuda")  # the lock's transformers stops the seed's call before any kernel
+    assert not ok and "DSClipEncoder: missing CLIPTextModel.text_model" in reason
 
 
 def test_bad_dtype_names_the_choices(tiny_pipe):
@@ -90,3 +96,139 @@ def test_pass_through_is_recorded_as_zero_replacements_not_a_speedup(scratch_rep
     assert rec.value == 0 and "not a DeepSpeed speed-up" in rec.note
     pub = exp.published_vs_measured(study, cmp).iloc[0]
     assert pub.measured_here is None and pub.published == pytest.approx(4.53 / 2.68)
+
+
+# --- DeepSpeed's policies against the SD module tree (deepspeed_policies), on the CPU -------------------------------
+
+def _meta_classes(arch_name: str) -> dict[str, set]:
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from sdperf import architectures
+
+    arch = architectures.get(arch_name)
+    with torch.device("meta"):  # shapes only: SD 1.5's tree in a fraction of a second
+        built = {"unet": UNet2DConditionModel(**arch.unet), "vae": AutoencoderKL(**arch.vae),
+                 "text_encoder": CLIPTextModel(CLIPTextConfig(**arch.text_encoder))}
+    return {name: {type(m) for m in module.modules()} for name, module in built.items()}
+
+
+def test_the_tiny_twin_has_the_module_classes_of_sd15_and_sd2():
+    """What lets the policy check run on the tiny twin: DeepSpeed matches classes, and the twin has SD's."""
+    tiny = _meta_classes("tiny")
+    assert _meta_classes("sd15") == tiny
+    sd2 = _meta_classes("sd2-base")
+    assert sd2["unet"] == tiny["unet"] and sd2["vae"] == tiny["vae"]
+    # SD 2's OpenCLIP tower differs only in its activation (gelu, not quick_gelu), which no policy reads
+    assert {c.__module__ for c in sd2["text_encoder"] ^ tiny["text_encoder"]} == {"transformers.activations"}
+
+
+def _rows(table) -> dict:
+    return {r["policy"]: r for r in table.to_dict("records")}
+
+
+def _paths(module, prefix: str, cls) -> set[str]:
+    return {p for p, m in module.named_modules(prefix=prefix) if type(m) is cls}
+
+
+def test_policies_match_the_sd_tree_with_the_clip_adapter(tiny_pipe):
+    from deepspeed.module_inject.replace_policy import generic_policies
+    from deepspeed.ops.transformer.inference.diffusers_attention import DeepSpeedDiffusersAttention
+    from deepspeed.ops.transformer.inference.op_binding.base import BaseOp
+    from diffusers.models.attention import BasicTransformerBlock
+    from diffusers.models.attention_processor import Attention
+    from transformers.models.clip.modeling_clip import CLIPEncoderLayer
+
+    before, state = ds.census(tiny_pipe), (BaseOp.inference_module, DeepSpeedDiffusersAttention.layer_id)
+    table = dp.policy_table(tiny_pipe, clip_adapter=True)
+    rows = _rows(table)
+    assert [c.__name__ for c in generic_policies] == ["UNetPolicy", "VAEPolicy"]  # the rows below are all of them
+    assert set(rows) == {"DSClipEncoder", "UNetPolicy", "VAEPolicy", "HFCLIPLayerPolicy"}
+    assert all(not r["missing"] and not r["error"] for r in rows.values()), table[["policy", "missing", "error"]]
+    assert dp.mismatches(table) == [] and dp.mismatches(table, applied_only=False) == []
+
+    assert rows["DSClipEncoder"]["replaced"] == {"text_encoder": "DSClipEncoder"}
+    unet = rows["UNetPolicy"]
+    assert unet["matched"] == ("unet",) and unet["expected_class"].endswith(".UNet2DConditionModel")
+    attention, blocks = _paths(tiny_pipe.unet, "unet", Attention), _paths(tiny_pipe.unet, "unet", BasicTransformerBlock)
+    assert len(attention) == 12 and len(blocks) == 6  # the tiny UNet's 6 transformer blocks, 2 attentions each
+    assert unet["replaced"] == {"unet": "DSUNet", **dict.fromkeys(attention, "DeepSpeedDiffusersAttention"),
+                                **dict.fromkeys(blocks, "DeepSpeedDiffusersTransformerBlock")}
+    vae = rows["VAEPolicy"]
+    assert vae["matched"] == ("vae",) and vae["replaced"] == {"vae": "DSVAE"}  # its Attention modules are kept
+    assert _paths(tiny_pipe.vae, "vae", Attention)
+    clip = rows["HFCLIPLayerPolicy"]
+    assert set(clip["matched"]) == _paths(tiny_pipe.text_encoder, "text_encoder", CLIPEncoderLayer) != set()
+    assert not clip["applied_by_generic_injection"]
+
+    # everything ran on copies, and DeepSpeed's class state is as it was
+    assert ds.census(tiny_pipe) == before and not hasattr(tiny_pipe.text_encoder, "text_model")
+    assert (BaseOp.inference_module, DeepSpeedDiffusersAttention.layer_id) == state
+
+
+def test_without_the_adapter_the_missing_text_model_is_reported(tiny_pipe):
+    table = dp.policy_table(tiny_pipe)
+    rows = _rows(table)
+    assert rows["DSClipEncoder"]["missing"] == ("CLIPTextModel.text_model",)
+    assert rows["DSClipEncoder"]["replaced"] == {}  # generic_injection stops there
+    assert dp.mismatches(table) == ["DSClipEncoder: missing CLIPTextModel.text_model"]
+    assert dp.twin_mismatches(False) == ("DSClipEncoder: missing CLIPTextModel.text_model",)
+    assert dp.twin_mismatches(True) == ()
+
+
+@pytest.mark.parametrize("drift", ["renamed", "removed"])
+def test_a_policy_whose_class_moved_is_reported_as_not_matching(tiny_pipe, monkeypatch, drift):
+    """diffusers renames or moves UNet2DConditionModel: DeepSpeed's UNetPolicy then matches no component."""
+    from diffusers.models.unets import unet_2d_condition
+
+    if drift == "renamed":
+        renamed = type("UNet2DConditionModel2", (), {"__module__": unet_2d_condition.__name__})
+        monkeypatch.setattr(unet_2d_condition, "UNet2DConditionModel", renamed)
+    else:
+        monkeypatch.delattr(unet_2d_condition, "UNet2DConditionModel")
+    table = dp.policy_table(tiny_pipe, clip_adapter=True)
+    unet = _rows(table)["UNetPolicy"]
+    assert unet["matched"] == () and unet["replaced"] == {}
+    found = dp.mismatches(table)
+    if drift == "renamed":
+        assert found == ["UNetPolicy: matches no component "
+                         "(it expects diffusers.models.unets.unet_2d_condition.UNet2DConditionModel2)"]
+    else:  # generic_injection builds every generic policy for every component: the whole call fails
+        gone = "missing diffusers.models.unets.unet_2d_condition.UNet2DConditionModel"
+        assert found == [f"{p}: {gone}" for p in ("DSClipEncoder", "UNetPolicy", "VAEPolicy")]
+
+
+def test_modules_without_the_attributes_the_policies_read_are_reported(tiny_pipe):
+    """A UNet attention without `to_q` and CLIP attentions without `q_proj`: each policy names what it missed."""
+    from diffusers.models.attention_processor import Attention
+
+    unet, te = copy.deepcopy(tiny_pipe.unet), copy.deepcopy(tiny_pipe.text_encoder)
+    first = next(m for m in unet.modules() if type(m) is Attention)
+    first.query = first.to_q
+    del first.to_q
+    for layer in te.encoder.layers:
+        layer.self_attn.query = layer.self_attn.q_proj
+        del layer.self_attn.q_proj
+    drifted = types.SimpleNamespace(text_encoder=te, unet=unet, vae=tiny_pipe.vae)
+    table = dp.policy_table(drifted, clip_adapter=True)
+    rows = _rows(table)
+    assert rows["UNetPolicy"]["missing"] == ("Attention.to_q",)
+    assert rows["HFCLIPLayerPolicy"]["missing"] == ("CLIPAttention.q_proj",)
+    assert rows["VAEPolicy"]["missing"] == () and rows["DSClipEncoder"]["missing"] == ()
+    assert dp.mismatches(table) == ["UNetPolicy: missing Attention.to_q"]  # the CLIP layer policy is not applied
+    assert "HFCLIPLayerPolicy: missing CLIPAttention.q_proj" in dp.mismatches(table, applied_only=False)
+    with pytest.raises(ValueError, match="holds no nn.Module attribute"):
+        dp.policy_table(object())
+
+
+def test_doctor_names_the_policy_mismatch_on_a_gpu_profile():
+    """sdperf doctor reads the catalog's availability: on a CUDA profile, also without CUDA here, the seed's
+    call is refused with the missing attribute, and the adapted rung only for the missing CUDA device."""
+    from sdperf.optimizations import catalog
+    from sdperf.profiles import load_profile
+
+    ctx = catalog.Context(load_profile("sd15-a10g", check_runtime=False))
+    ok, reason = catalog.get("deepspeed:inject").availability(ctx)
+    assert not ok and "missing CLIPTextModel.text_model" in reason and "deepspeed:inject-clip-adapter" in reason
+    ok, reason = catalog.get("deepspeed:inject-clip-adapter").availability(ctx)
+    assert ok == torch.cuda.is_available() and "text_model" not in reason

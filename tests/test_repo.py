@@ -102,9 +102,24 @@ def test_strip_keeps_only_checked_outputs():
 SHARED = REPO_ROOT.parent / "shared"
 
 
+# where each transcribed source was checked: its seed beside the checkout, else the shared reference sheet
+SEED_FILES = {"Cerebrium SD ladder": "seeds/cerebrium-sd-ladder.txt", "NeMo SD inference": "seeds/nemo-sd-performance.txt",
+              "Paiton SDXL": "seeds/paiton-sdxl-mi300x.txt"}
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the seeds live in ../shared beside the checkout (CI has it)")
 def test_published_figures_appear_in_their_sources():
     for row in published.load().itertuples():
-        text = (SHARED / row.source_file).read_text()
+        name = SEED_FILES.get(row.source, "reference-numbers.md")
+        text = (SHARED / name).read_text()
         figure = f"{row.value:g}"
-        assert re.search(rf"(?<![\d.]){re.escape(figure)}(?![\d])", text), f"{figure} not in {row.source_file}"
+        assert re.search(rf"(?<![\d.]){re.escape(figure)}(?![\d])", text), f"{figure} not in {name}"
+
+
+def test_published_sources_are_cited_by_url():
+    df = published.load()
+    assert "source_file" not in df and df.url.str.match(r"https?://").all()
+    assert published.cite("Paiton SDXL").endswith("(https://www.evp.cloud/post/advanced-optimization-in-image-"
+                                                  "generation-soaring-from-5-it-s-to-11-it-s)")
+    with pytest.raises(KeyError, match="valid sources: Cerebrium SD ladder"):
+        published.url("Cerebrium")

@@ -201,7 +201,8 @@ def test_index_shows_results_figures_and_links(study):
     assert "99_other" not in page
     assert "href='notebooks/00_good.ipynb'" in page and "href='notebooks/00_good.html'" in page
     assert "ISA flags present" in page and env["cpu_model"] in page
-    assert "http://" not in page and "https://" not in page and "<script" not in page
+    offline = re.sub(r"<a href='https?://[^'\s]+'>", "", page)  # sources are links to follow, never loaded
+    assert "http://" not in offline and "https://" not in offline and "<script" not in page
 
 
 def test_a_profiles_notebook_parameters_reach_the_notebook_and_a_typo_fails_before_anything_runs(tmp_path,
@@ -245,13 +246,17 @@ from pathlib import Path
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from sdperf import environment, plots
+from sdperf import environment, figure_captions, plots
 from sdperf.results import Recorder
-rec = Recorder("00_rows", profile, environment.record(profile, "cpu"))
+env = environment.record(profile, "cpu")
+rec = Recorder("00_rows", profile, env)
 rec.add("engine", "latency", float(os.environ["ROW_VALUE"]), "s")
 fig, ax = plt.subplots()
 ax.set_title(os.environ["ROW_VALUE"])
-plots.save_figure(fig, profile, "00_rows", "bars")
+caption = figure_captions.Caption(what="a test bar", device=figure_captions.device_text(env),
+                                  baseline=figure_captions.NO_BASELINE, method="a row written by hand",
+                                  n="value " + os.environ["ROW_VALUE"])
+plots.save_figure(fig, profile, "00_rows", "bars", caption)
 Path(os.environ["ROW_MARKER"]).write_text("rows written")
 time.sleep(float(os.environ["ROW_SLEEP"]))"""
 
@@ -287,6 +292,8 @@ def test_a_killed_force_rerun_leaves_the_previous_results_and_the_next_run_redoe
     stamp_before = (folder / "notebooks" / "00_rows.run.json").read_text()
     figure = folder / "figures" / "00_rows__bars.svg"
     figure_before = figure.read_bytes()
+    caption = folder / "figures" / "00_rows__bars.caption.json"
+    assert json.loads(caption.read_text())["n"] == "value 1.0"
 
     marker.unlink()
     env = dict(os.environ, ROW_VALUE="2.0", ROW_SLEEP="120")
@@ -306,6 +313,7 @@ def test_a_killed_force_rerun_leaves_the_previous_results_and_the_next_run_redoe
     assert (folder / "notebooks" / "00_rows.run.json").read_text() == stamp_before
     assert (folder / "notebooks" / "00_rows.ipynb").is_file()
     assert figure.read_bytes() == figure_before
+    assert json.loads(caption.read_text())["n"] == "value 1.0"  # the caption stays with its figure
     assert list((folder / ".staging").rglob("*.csv")), "the killed run's staged row is where the next run finds it"
     stamps = report.read_stamps("smoke")
     assert stamps["00_rows"]["status"] == "ok" and "was interrupted" in report.interrupted_text(stamps["00_rows"])
@@ -316,6 +324,7 @@ def test_a_killed_force_rerun_leaves_the_previous_results_and_the_next_run_redoe
     rows = pd.read_csv(folder / "results.csv")
     assert rows[rows.notebook == "00_rows"].value.tolist() == [3.0]
     assert figure.read_bytes() != figure_before
+    assert json.loads(caption.read_text())["n"] == "value 3.0"  # promoted with the figure
     assert not (folder / "notebooks" / "00_rows.running.json").exists()
     assert not any((folder / ".staging").iterdir()) if (folder / ".staging").exists() else True
     assert not [p.name for p in (folder / "notebooks").iterdir() if p.name.startswith(".")]

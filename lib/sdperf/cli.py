@@ -92,7 +92,11 @@ def _doctor(args) -> int:
     """The profile is validated without its device probe, so a GPU profile can be examined on any machine."""
     from sdperf import doctor
 
-    print(doctor.report(load_profile(args.profile, check_runtime=False)))
+    profile = load_profile(args.profile, check_runtime=False)
+    found = doctor.record(profile)
+    print(doctor.report(profile, found))
+    if args.record:
+        print(f"recorded: {doctor.write_record(found)}")
     return 0
 
 
@@ -102,6 +106,40 @@ def _report(args) -> int:
     profile = load_profile(args.profile, check_runtime=False)
     print(report.write_index(profile.name))
     return 0
+
+
+def _check_report(args) -> int:
+    """Exit 0 when the page passes, 1 with every problem listed, 3 (not 1) when no browser is here to check it."""
+    from sdperf import report_check
+
+    profile = load_profile(args.profile, check_runtime=False)
+    try:
+        result = report_check.check_report(profile.name, args.screenshot, args.width)
+    except report_check.BrowserMissing as exc:
+        print(f"sdperf check-report: cannot check, {exc}", file=sys.stderr)
+        return report_check.EXIT_NO_BROWSER
+    print(report_check.summary(result))
+    return 0 if result.ok else report_check.EXIT_PROBLEMS
+
+
+def _check_lock(args) -> int:
+    """Exit 0 when every pin has an installable file for the target, 1 naming each pin that has none, 3 when the only
+    gaps are pins on an index that could not be reached."""
+    from sdperf import lock_check
+    from sdperf.locks import read_lock
+
+    glibc = _glibc(args.glibc)
+    lock = read_lock(args.lock)
+    results = lock_check.check_lock(lock, glibc=glibc)
+    print(lock_check.summary(lock, results, glibc=glibc))
+    return lock_check.exit_code(results)
+
+
+def _glibc(text: str) -> tuple[int, int]:
+    major, dot, minor = text.partition(".")
+    if not (dot and major.isdigit() and minor.isdigit()) or int(major) != 2 or int(minor) < 5:
+        raise ConfigError(f"--glibc {text!r} is not valid; choose a glibc version 2.5 or later, e.g. 2.28")
+    return int(major), int(minor)
 
 
 def _generate(args) -> int:
@@ -154,9 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="rerun notebooks already run for this commit")
     add("profiles", _profiles, "list the profiles and what 'auto' picks here", profile=False)
     add("env", _env, "print the environment record stored beside every number")
-    add("doctor", _doctor, "every rung of the catalog with 'will run' or the reason it won't, on this machine for "
-        "the profile; no model is built")
+    doc = add("doctor", _doctor, "every rung of the catalog with 'will run' or the reason it won't, on this machine "
+              "for the profile; no model is built")
+    doc.add_argument("--record", action="store_true", help="also write reports/<profile>/doctor.json, shown at the "
+                     "top of the report (sdperf run records it itself)")
     add("report", _report, "rebuild reports/<profile>/index.html from what is on disk")
+    check = add("check-report", _check_report, "open reports/<profile>/index.html in headless Chromium and fail on "
+                "images that do not load, tables wider than the page, figures without a caption")
+    check.add_argument("--screenshot", metavar="PNG", help="where to write the full-page screenshot "
+                       "(default: a new temp folder; the path is printed)")
+    check.add_argument("--width", type=int, default=1280, metavar="PX", help="viewport width (default 1280)")
+    lck = add("check-lock", _check_lock, "ask the package indexes whether every pin of a lock has a wheel for "
+              "Linux x86_64 CPython 3.11, without installing anything", profile=False)
+    lck.add_argument("lock", help="the lock file, e.g. requirements-gpu.lock")
+    lck.add_argument("--glibc", default="2.28", metavar="2.N", help="the oldest glibc to install on (default 2.28, "
+                     "torch's own manylinux_2_28)")
     gen = add("generate", _generate, "generate one image per (prompt id, guidance, seed) into a folder, resumably; "
               "under torchrun each rank makes its share")
     gen.add_argument("--prompts", required=True, metavar="FILE",

@@ -50,12 +50,46 @@ def rungs(profile: Profile) -> list[dict]:
     return out
 
 
-def report(profile: Profile) -> str:
+def tally(rows: list[dict]) -> str:
+    will = sum(r["verdict"] == WILL_RUN for r in rows)
+    return f"{will} of {len(rows)} rungs will run here; {len(rows) - will} won't, each with its reason"
+
+
+def report(profile: Profile, found: dict | None = None) -> str:
+    """The doctor's text: the machine, then one line per rung (from `found`, a record(), when already computed)."""
     import pandas as pd
 
-    table = pd.DataFrame(rungs(profile))
-    counts = table["verdict"].value_counts()
-    head = machine_lines(profile) + [f"{counts.get(WILL_RUN, 0)} of {len(table)} rungs will run here; "
-                                     f"{counts.get(WONT_RUN, 0)} won't, each with its reason:"]
+    found = found or {"machine_lines": machine_lines(profile), "rungs": rungs(profile)}
+    table = pd.DataFrame(found["rungs"])
+    head = found["machine_lines"] + [tally(found["rungs"]) + ":"]
     with pd.option_context("display.max_colwidth", 160, "display.width", 250):
         return "\n".join(head) + "\n" + table.to_string(index=False)
+
+
+RECORD_NAME = "doctor.json"
+
+
+def record(profile: Profile) -> dict:
+    """What `sdperf doctor` found, with where and when: stored beside a run's results so the report can say, at its
+    top, which rungs could run on the machine that produced them (and the rows cannot be read without it)."""
+    import datetime as dt
+
+    from sdperf import environment
+
+    return {"profile": profile.name, "machine": environment.fingerprint(profile.device),
+            "commit": environment.git_commit(),
+            "time_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "machine_lines": machine_lines(profile), "rungs": rungs(profile)}
+
+
+def write_record(found: dict):
+    """reports/<profile>/doctor.json, written whole or not at all."""
+    import json
+
+    from sdperf import paths
+    from sdperf.results import atomic_write_text
+
+    path = paths.profile_reports(found["profile"]) / RECORD_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(found, indent=2) + "\n")
+    return path

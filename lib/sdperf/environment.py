@@ -107,6 +107,90 @@ def memory_gib() -> float | None:
     return None
 
 
+# The variables that decide how many threads OpenMP, MKL and OpenBLAS start and where they run.
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES",
+              "OMP_WAIT_POLICY", "KMP_AFFINITY", "KMP_BLOCKTIME", "GOMP_CPU_AFFINITY")
+# Allocators a process may have preloaded instead of glibc's malloc (the allocator rung preloads the first two).
+ALLOCATOR_LIBS = ("libjemalloc", "libtcmalloc", "libmimalloc")
+NO_GPU = "not applicable: no CUDA device"
+
+
+def _parallel_line(info: str, label: str) -> str | None:
+    """The value after `label` in torch.__config__.parallel_info() ('omp_get_max_threads() : 2' -> '2')."""
+    for line in info.splitlines():
+        key, sep, value = line.strip().partition(" : " if label.endswith("()") else ": ")
+        if sep and key == label:
+            return value.strip()
+    return None
+
+
+def thread_settings() -> dict:
+    """How this process runs operators in parallel, as torch reports it: intra-op threads (one operator split
+    over cores), inter-op threads (independent operators at once), the parallel backend (OpenMP or TBB) with
+    OpenMP's and MKL's own thread counts, and the environment variables that set them ('unset' when absent)."""
+    import torch
+
+    info = torch.__config__.parallel_info()
+    return {"intra_op_threads": torch.get_num_threads(), "inter_op_threads": torch.get_num_interop_threads(),
+            "parallel_backend": _parallel_line(info, "ATen parallel backend") or "unknown",
+            "omp_max_threads": _parallel_line(info, "omp_get_max_threads()") or "not built with OpenMP",
+            "mkl_max_threads": _parallel_line(info, "mkl_get_max_threads()") or "not built with MKL",
+            "env": {k: os.environ.get(k, "unset") for k in THREAD_ENV}}
+
+
+def allocator(maps: Path = Path("/proc/self/maps")) -> str:
+    """The malloc this process runs on: a preloaded jemalloc/tcmalloc/mimalloc found among its mapped libraries,
+    else glibc's ('unknown' where /proc is not readable)."""
+    try:
+        mapped = {line.split()[-1] for line in maps.read_text().splitlines() if "/" in line}
+    except OSError:
+        return "unknown: /proc/self/maps is not readable"
+    found = sorted(path for path in mapped if Path(path).name.startswith(ALLOCATOR_LIBS))
+    return ", ".join(found) if found else "glibc malloc"
+
+
+def gpu_driver() -> str:
+    """The NVIDIA driver's version from nvidia-smi (or NVML through pynvml when nvidia-smi is absent)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception as exc:  # pynvml absent, or NVML without a driver: say which
+        return f"unknown: nvidia-smi gave nothing and NVML failed ({type(exc).__name__})"
+
+
+def _amdgpu_driver() -> str:
+    try:
+        return "amdgpu " + Path("/sys/module/amdgpu/version").read_text().strip()
+    except OSError:
+        return "unknown: /sys/module/amdgpu/version is not readable"
+
+
+def gpu() -> dict | str:
+    """The GPU torch sees: name, count, memory, compute capability, the driver, and the CUDA (or HIP) runtime torch
+    was built with; NO_GPU where torch sees no CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return NO_GPU
+    props = torch.cuda.get_device_properties(0)
+    hip = getattr(torch.version, "hip", None)
+    return {"name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
+            "memory_gib": round(props.total_memory / 2**30, 1), "compute_capability": f"{props.major}.{props.minor}",
+            "driver": _amdgpu_driver() if hip else gpu_driver(),
+            "runtime": f"HIP {hip}" if hip else f"CUDA {torch.version.cuda}",
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
+
+
 def fingerprint(device: str = "cpu") -> str:
     """A short id of the machine a number belongs to: CPU model, family/model/stepping, logical CPUs, every ISA
     flag, and the GPU where one is used. Two rows with different fingerprints never share a table."""
@@ -160,6 +244,9 @@ def record(profile: str | None = None, device: str = "cpu") -> dict:
         "memory_gib": memory_gib(),
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "threads": torch.get_num_threads(),
+        "thread_settings": thread_settings(),
+        "allocator": allocator(),
+        "gpu": gpu(),
         "cuda": torch.version.cuda,
         "cuda_available": torch.cuda.is_available(),
         "python": platform.python_version(),

@@ -141,8 +141,10 @@ def build_from_weights(weights: str, scheduler: str):
     from diffusers import DiffusionPipeline
 
     from sdperf.profiles import weights_source
+    from sdperf.quiet import loading_bars_off
 
     source, local = weights_source(weights)
+    loading_bars_off()
     pipe = DiffusionPipeline.from_pretrained(source, dtype=torch.float32, local_files_only=local)
     pipe.scheduler = make_scheduler(scheduler, dict(pipe.scheduler.config))
     pipe.set_progress_bar_config(disable=True)

@@ -23,8 +23,11 @@ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2r
        padding: 0 1rem; color: #1d1d1f; line-height: 1.45; }
 h1 { margin-bottom: .2rem; } h2 { border-bottom: 2px solid #ddd; padding-bottom: .2rem; margin-top: 2.5rem; }
 .sub { color: #666; margin-top: 0; }
+.table-scroll { overflow-x: auto; max-width: 100%; margin: .6rem 0 1rem; }
 table { border-collapse: collapse; margin: .6rem 0 1rem; font-size: .92rem; }
+.table-scroll > table { margin: 0; }
 th, td { border: 1px solid #ddd; padding: .25rem .6rem; text-align: left; vertical-align: top; }
+td.long, table.kv td + td { overflow-wrap: anywhere; }
 th { background: #f4f4f6; }
 tbody tr:nth-child(even) { background: #fafafa; }
 td.not_applicable, td.skipped { color: #666; font-style: italic; background: #f1f1f1; }
@@ -69,7 +72,7 @@ def _kv_table(mapping: dict, key: str = "setting", value: str = "value") -> str:
     import pandas as pd
 
     df = pd.DataFrame({key: list(mapping), value: [fmt(v) for v in mapping.values()]})
-    return df.to_html(index=False, escape=True, border=0)
+    return _scrolling(df.to_html(index=False, escape=True, border=0, classes="kv"))
 
 
 def _styled_table(df, classes, uuid: str) -> str:
@@ -77,7 +80,28 @@ def _styled_table(df, classes, uuid: str) -> str:
     from pandas.io.formats.style import Styler
 
     styler = Styler(df, uuid=uuid, cell_ids=False).hide(axis="index").format(escape="html")
-    return styler.set_td_classes(classes).to_html()
+    classes = classes.copy()
+    for col in (c for c in _long_token_columns(df) if c in classes.columns):
+        classes[col] = (classes[col].fillna("").astype(str) + " long").str.strip()
+    return _scrolling(styler.set_td_classes(classes).to_html())
+
+
+LONG_TOKEN = 30  # characters: a word longer than this (a path, a repr, a stack key) may break anywhere
+
+
+def _long_token_columns(df) -> list:
+    """Columns holding a word longer than LONG_TOKEN. Only their cells may break inside a word (CSS `td.long`): a
+    90-character path in a note would otherwise set the table's minimum width past the page, while letting every
+    column break anywhere splits short words ("float3|2") when the table is squeezed."""
+    return [col for col in df.columns
+            if df[col].astype(str).str.split().explode().fillna("").str.len().max() > LONG_TOKEN]
+
+
+def _scrolling(table_html: str) -> str:
+    """A table never widens the page: long words wrap (`_long_token_columns`), and a table still wider than the
+    text column (many columns) scrolls sideways inside this container instead of the page
+    (sdperf.report_check measures exactly that)."""
+    return f"<div class='table-scroll'>{table_html}</div>"
 
 
 # ---------------------------------------------------------------- inputs
@@ -154,19 +178,42 @@ def _summary_section(names: list[str], stamps: dict, results) -> str:
     return "<h2 id='summary'>Study summary</h2>" + _styled_table(df, classes, "summary")
 
 
+NOT_RECORDED = "not recorded (environment.json from an earlier sdperf)"
+
+
+def _threads_allocator_gpu_facts(env: dict) -> dict:
+    """The environment record's thread settings, allocator and GPU as table rows; a record written before they
+    were recorded says so instead of leaving them out."""
+    threads = env.get("thread_settings") or {}
+    facts = {f"threads: {k.replace('_', ' ')}": threads.get(k, NOT_RECORDED)
+             for k in ("intra_op_threads", "inter_op_threads", "parallel_backend", "omp_max_threads",
+                       "mkl_max_threads")}
+    thread_env = threads.get("env")
+    facts["thread env"] = (", ".join(f"{k}={v}" for k, v in thread_env.items() if v != "unset") or "none set"
+                           if thread_env is not None else NOT_RECORDED)
+    facts["allocator"] = env.get("allocator", NOT_RECORDED)
+    gpu = env.get("gpu", NOT_RECORDED)
+    if isinstance(gpu, dict):
+        facts.update({f"GPU {k.replace('_', ' ')}": v for k, v in gpu.items()})
+    else:
+        facts["GPU"] = gpu
+    return facts
+
+
 def _environment_section(env: dict | None, settings: dict) -> str:
     parts = ["<h2 id='environment'>Environment</h2>"]
     if env is None:
         parts.append("<p>No environment.json: this profile has not been run with <code>sdperf run</code>.</p>")
     else:
         isa = env.get("cpu_isa") or {}
-        facts = {k: env.get(k) for k in ("device", "device_name", "cpu_model", "cpu_family_model_stepping",
-                                         "machine", "physical_cores", "logical_cpus", "usable_cpus", "threads",
-                                         "cpu_caches", "memory_gib", "cuda", "cuda_available", "python", "platform",
-                                         "commit", "time_utc")}
+        facts = {k: env.get(k, NOT_RECORDED)
+                 for k in ("device", "device_name", "cpu_model", "cpu_family_model_stepping", "machine",
+                           "physical_cores", "logical_cpus", "usable_cpus", "threads", "cpu_caches", "memory_gib",
+                           "cuda", "cuda_available", "python", "platform", "commit", "time_utc")}
         facts["ISA flags present"] = ", ".join(f for f, on in isa.items() if on) or "none of those checked"
         facts["ISA flags absent"] = ", ".join(f for f, on in isa.items() if not on) or "none"
         facts["allocator env"] = ", ".join(f"{k}={v}" for k, v in (env.get("malloc_env") or {}).items()) or "unset"
+        facts.update(_threads_allocator_gpu_facts(env))
         packages = {k: v or "not installed" for k, v in (env.get("packages") or {}).items()}
         parts += ["<h3>Machine</h3>", _kv_table(facts), "<details><summary>Package versions</summary>",
                   _kv_table(packages, "package", "version"), "</details>"]
@@ -192,14 +239,34 @@ def _results_table(rows, uuid: str) -> str:
     return _styled_table(shown, classes, uuid)
 
 
+NO_CAPTION = "No caption recorded: this figure was drawn before captions existed; rerun the notebook."
+
+
 def _figures(profile: str, name: str) -> str:
+    """Each figure of notebook `name` with its stored caption (sdperf.figure_captions) and its SVG link; loaded
+    eagerly, so a full-page capture shows every figure."""
     figs = []
     for png in sorted(paths.figures_dir(profile).glob(f"{name}__*.png")):
         svg = png.with_suffix(".svg")
         link = f" · <a href='{_href('figures/' + svg.name)}'>SVG</a>" if svg.is_file() else ""
-        figs.append(f"<figure><img src='{_href('figures/' + png.name)}' alt='{_esc(png.stem)}' loading='lazy'>"
-                    f"<figcaption>{_esc(png.name)}{link}</figcaption></figure>")
+        text, alt, missing = _caption_text(png)
+        figs.append(f"<figure><img src='{_href('figures/' + png.name)}' alt='{_esc(alt)}'>"
+                    f"<figcaption{missing}>{_esc(text)}{link}</figcaption></figure>")
     return "\n".join(figs)
+
+
+def _caption_text(png: Path) -> tuple[str, str, str]:
+    """(caption text, alt text, class attribute) of a figure: its stored caption, or why there is none, marked
+    class='missing' (the report check counts such a figure as uncaptioned)."""
+    from sdperf import figure_captions
+
+    try:
+        caption = figure_captions.read(png)
+    except ValueError as e:
+        return f"Caption unreadable ({e}); rerun the notebook.", png.stem, " class='missing'"
+    if caption is None:
+        return NO_CAPTION, png.stem, " class='missing'"
+    return caption.text(), caption.what, ""
 
 
 EXECUTED_COPIES = ((".html", "executed notebook (HTML)"), (".ipynb", "executed notebook (.ipynb)"),
@@ -350,6 +417,65 @@ def _findings_section(results, names: list[str]) -> str:
     return f"<h2 id='findings'>What each notebook found</h2><ul class='findings'>{items}</ul>" if items else ""
 
 
+PUBLISHED_STYLE = """<style>
+table.published { width: 100%; table-layout: fixed; }
+table.published td { overflow-wrap: anywhere; }
+table.published td.not_measured { color: #666; font-style: italic; background: #f1f1f1; }
+table.published .where { color: #555; font-size: .85rem; }
+</style>"""
+PUBLISHED_WIDTHS = (12, 16, 21, 25, 5, 21)  # % of the page: source, claim, published, measured, method, why
+
+
+def _published_cell(r) -> str:
+    """The published figure (a ratio, a change or only words), what it divides, and its hardware and settings."""
+    detail = _esc(r.published_detail)
+    if r.published is None or r.published != r.published:
+        figure = detail
+    else:
+        unit = "x" if r.published_unit == "x" else f" {_esc(r.published_unit)}"
+        figure = f"<b>{r.published:g}{unit}</b> ({detail})"
+    return f"{figure}<br><span class='where'>{_esc(r.hardware)}; {_esc(r.settings)}</span>"
+
+
+def _published_section(results) -> str:
+    """Every seed claim and anchor the study compares with (sdperf.published_vs_measured): the published figure
+    with its hardware, settings and a link to its source, beside the figure measured here read from `results`
+    (or why it was not), the method, and why the two can differ. No text is cut short."""
+    from sdperf import published_vs_measured as pvm
+
+    t = pvm.table(results)
+    methods = list(dict.fromkeys(m for m in t.method if m))  # each told once, under the table
+    rows = []
+    for r in t.itertuples():
+        linked = r.url.startswith(("https://", "http://"))
+        source = (f"<a href='{_esc(r.url)}'>{_esc(r.source)}</a>" if linked
+                  else f"{_esc(r.source)}<br><span class='where'>{_esc(r.url)}</span>")
+        if r.url_note:
+            source += f"<br><span class='where'>{_esc(r.url_note)}</span>"
+        if r.measured_x is None or r.measured_x != r.measured_x:
+            measured = f"<td class='not_measured'>{_esc(r.measured)}</td>"
+        else:
+            measured = f"<td><b>{_esc(r.measured)}</b><br><span class='where'>{_esc(r.measured_what)}</span></td>"
+        m = methods.index(r.method) + 1 if r.method else 0
+        method = f"<a href='#published-method-{m}'>M{m}</a>" if m else ""
+        rows.append(f"<tr><td>{source}</td><td>{_esc(r.claim)}</td><td>{_published_cell(r)}</td>{measured}"
+                    f"<td>{method}</td><td>{_esc(r.why_they_differ)}</td></tr>")
+    done = int(t.measured_x.notna().sum())
+    cols = "".join(f"<col style='width:{w}%'>" for w in PUBLISHED_WIDTHS)
+    head = "".join(f"<th>{h}</th>" for h in ("source", "claim", "published (hardware; settings)", "measured here",
+                                             "method", "why they can differ"))
+    return (f"<h2 id='published'>Published vs measured</h2>{PUBLISHED_STYLE}"
+            f"<p>Every seed claim and every anchor the study compares with: the published figure with its hardware "
+            f"and settings and a link to its source, beside the figure this run's rows hold (median with its range; "
+            f"its method) or the rows' own reason it was not measured, and why the two can differ. Compare ratios, "
+            f"not seconds: the hardware differs.</p><details open><summary>{len(t)} claims from "
+            f"{t.source.nunique()} sources: {done} measured here, {len(t) - done} not measured here</summary>"
+            f"<table class='published'><colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table><p>Methods of the measured figures:</p><ul>"
+            + "".join(f"<li id='published-method-{i}'>M{i}: {_esc(m)}</li>" for i, m in enumerate(methods, 1))
+            + "</ul></details>")
+
+
 def one_machine(results):
     """(rows of one machine fingerprint and one commit, a notice about the rest): those of the newest row, i.e. of
     the latest run. A table mixing two CPUs or two commits would divide numbers that were never comparable, so the
@@ -367,6 +493,45 @@ def one_machine(results):
               f"(another machine or commit, never mixed into one table): {listed}. Rerun those notebooks here "
               f"(<code>sdperf run --profile ...</code>) to show them.</p>")
     return results[same].reset_index(drop=True), notice
+
+
+def _doctor_section(profile: str, results) -> str:
+    """`sdperf doctor`'s verdict at the top: which rungs could run on the machine behind these rows and why the
+    others could not, so a missing rung below reads as "not applicable here", not as forgotten."""
+    from sdperf import doctor
+
+    found = _read_json(paths.profile_reports(profile) / doctor.RECORD_NAME)
+    if found is None:
+        return (f"<p class='doctor'>No <code>sdperf doctor</code> record for this profile yet "
+                f"(<code>sdperf doctor --profile {_esc(profile)} --record</code> writes one; "
+                f"<code>sdperf run</code> records its own).</p>")
+    rows = found.get("rungs") or []
+    table = "".join(f"<tr><td>{_esc(r['rung'])}</td><td>{_esc(r['notebook'])}</td><td>{_esc(r['verdict'])}</td>"
+                    f"<td>{_esc(r['reason'])}</td></tr>" for r in rows)
+    machines = set(results["machine"].astype(str)) if len(results) and "machine" in results else set()
+    other = (f" <b>It was recorded on machine {_esc(found.get('machine'))}, not the machine of the rows below "
+             f"({_esc(', '.join(sorted(machines)))}).</b>") if machines and found.get("machine") not in machines else ""
+    lines = "".join(f"<li>{_esc(line)}</li>" for line in found.get("machine_lines") or [])
+    return (f"<p class='doctor'><b>What can run here</b> (<code>sdperf doctor</code>, machine "
+            f"{_esc(found.get('machine'))}, commit {_esc(found.get('commit'))}, {_esc(found.get('time_utc'))}): "
+            f"{_esc(doctor.tally(rows))}.{other}</p>"
+            f"<details><summary>Every rung with its verdict and reason</summary><ul>{lines}</ul>"
+            f"<table class='doctor'><thead><tr><th>rung</th><th>notebook</th><th>verdict</th><th>reason</th></tr>"
+            f"</thead><tbody>{table}</tbody></table></details>")
+
+
+def _not_yet_measured_section(profile, results) -> str:
+    """A profile nobody has run yet (every GPU profile, on this project's CPU machines) gets a page that says so and
+    how to fill it, above the published figures its rows will be set against, instead of an empty page."""
+    if len(results):
+        return ""
+    where = "on a GPU" if profile.device != "cpu" else "on this machine"
+    need = " on a machine with an NVIDIA GPU (the pinned GPU extras come with it: <code>make install-gpu</code>)" \
+        if profile.device == "cuda" else ""
+    return (f"<p class='failure'><b>Not yet measured {where}.</b> No row of profile {_esc(profile.name)} exists. "
+            f"Run <code>make study PROFILE={_esc(profile.name)}</code>{need}; <code>sdperf doctor --profile "
+            f"{_esc(profile.name)}</code> first lists every rung with \"will run\" or why not. The published "
+            f"figures below are what its rows will be set against.</p>")
 
 
 def _headline_section(results) -> str:
@@ -390,7 +555,8 @@ def write_index(profile: str) -> Path:
 
     folder = paths.profile_reports(profile)
     env = _read_json(folder / "environment.json")
-    settings = load_profile(profile, check_runtime=False).summary()
+    chosen = load_profile(profile, check_runtime=False)
+    settings = chosen.summary()
     stamps = read_stamps(profile)
     results, refused = one_machine(read_results(profile))
     names = sorted(set(results["notebook"].astype(str)) | set(stamps))
@@ -398,8 +564,11 @@ def write_index(profile: str) -> Path:
     body = [f"<h1>{_esc(title)}</h1>",
             f"<p class='sub'>{_esc(settings.get('description', ''))}</p>",
             refused,
+            _not_yet_measured_section(chosen, results),
+            _doctor_section(profile, results),
             _headline_section(results),
             _findings_section(results, names),
+            _published_section(results),
             _summary_section(names, stamps, results),
             _ladder_section(profile, results),
             _environment_section(env, settings)]

@@ -418,7 +418,7 @@ def run(profile_name: str | None, only: list[str] | None = None, force: bool = F
 def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_dir: Path | None) -> int:
     from tqdm import tqdm
 
-    from sdperf import report
+    from sdperf import doctor, report
 
     for name in selected:
         if read_running(profile.name, name) is not None:
@@ -431,6 +431,9 @@ def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_di
     run_id = environment.run_id()
     commit = environment.git_commit()
     stale = [n for n in selected if not up_to_date(folder / f"{n}.ipynb", profile, commit, force)]
+    # What could run here, judged before anything is built: the catalog's rungs are the study notebooks' rungs, so a
+    # run of another notebooks folder (the tests' stand-ins) has nothing for the doctor to judge.
+    found = doctor.record(profile) if notebooks_dir is None else None
     prefetch_s = _prefetch(profile, stale, folder)
     outcomes = []
     with tqdm(selected, desc=f"sdperf {profile.name}", unit="notebook") as bar:
@@ -439,6 +442,8 @@ def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_di
             outcomes.append(run_one(folder / f"{name}.ipynb", profile, commit, force, tqdm.write))
     staging.remove_run(profile.name, run_id)
     write_environment(profile)  # at the end: a run killed before this leaves the last finished run's record
+    if found is not None:
+        doctor.write_record(found)
     html_ok = convert(profile.name, outcomes, tqdm.write)
     index = report.write_index(profile.name)
     print(summary_table(outcomes))

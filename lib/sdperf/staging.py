@@ -51,7 +51,8 @@ def figure_dir(profile: str, notebook: str, run_id: str) -> Path:
 
 
 def promote_figures(profile: str, notebook: str, run_id: str) -> int:
-    """Move the run's figures of `notebook` into figures/ and delete its figures the run no longer drew."""
+    """Move the run's figures of `notebook` (every `<notebook>__*` file: PNG, SVG and caption) into figures/ and
+    delete its files the run no longer drew, so a figure and its caption come and go together."""
     staged = figures_path(profile, run_id)
     new = sorted(staged.glob(f"{notebook}__*")) if staged.is_dir() else []
     final = figures_dir(profile)
@@ -66,7 +67,7 @@ def promote_figures(profile: str, notebook: str, run_id: str) -> int:
 
 
 def discard(profile: str, notebook: str, run_id: str) -> None:
-    """Drop what an unfinished run of `notebook` staged: its rows and its figures."""
+    """Drop what an unfinished run of `notebook` staged: its rows and its figures with their captions."""
     rows = rows_path(profile, notebook, run_id)
     for path in (rows, rows.with_name(rows.name + ".lock")):
         path.unlink(missing_ok=True)

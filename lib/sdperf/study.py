@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sdperf import environment, plots
+from sdperf import environment, figure_captions, plots
 from sdperf.generation import Workload
 from sdperf.paths import scratch_dir
 from sdperf.pipelines import build_pipeline
@@ -35,8 +35,17 @@ class Study:
     def workload(self, batch_size: int = 1, steps: int | None = None) -> Workload:
         return Workload.from_profile(self.profile, batch_size=batch_size, steps=steps)
 
-    def save_figure(self, fig, name: str):
-        return plots.save_figure(fig, self.profile.name, self.notebook, name)
+    def save_figure(self, fig, name: str, *, what: str | None = None, baseline: str | None = None,
+                    method: str | None = None, n: str | None = None, taken_in: dict | None = None):
+        """Save `fig` with its caption: `what` it shows, the `baseline` its ratios divide (NO_BASELINE when they
+        divide nothing), the `method` that took the numbers, and `n`, what they are over (from the data, not typed).
+        The device comes from this study's environment record, or from `taken_in`, the record of the machine that
+        took the numbers when that was another (a committed model's training). A missing or empty field raises
+        ValueError before anything is written."""
+        device = figure_captions.device_text(self.env if taken_in is None else taken_in)
+        caption = figure_captions.Caption(what=what, device=device,
+                                          baseline=baseline, method=method, n=n)
+        return plots.save_figure(fig, self.profile.name, self.notebook, name, caption)
 
     def conditions(self, batch_size: int = 1, scope: str = "whole generation") -> str:
         """What a measured figure stands for, for published-vs-measured tables."""

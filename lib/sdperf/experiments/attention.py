@@ -118,14 +118,16 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
         r = published.select(source, config=config).iloc[0]
         steps = "" if pd.isna(r.steps) else f", {int(r.steps)} steps"
         rows.append(published_row(
-            "SD 1.5 denoising throughput, SDPA, eager", f"{source} ({r.note})", r.hardware,
+            "SD 1.5 denoising throughput, SDPA, eager", f"{published.cite(source)}; {r.note}", r.hardware,
             f"{r.model}, {int(r.resolution)}px{steps}, batch {int(r.batch_size)}, {config}", float(r.value),
             it_per_s, measured, unit="it/s"))
     return pd.DataFrame(rows)
 
 
 def plot(study: Study, cmp: Comparison):
-    return speedup_and_memory(study, cmp, f"attention variants vs {BASELINE} ({study.device})", "attention")
+    return speedup_and_memory(study, cmp, f"attention variants vs {BASELINE} ({study.device})", "attention",
+                              f"Attention processors and SDPA backends in {study.profile.dtype}",
+                              baseline=f"{BASELINE} (SDPA, PyTorch's choice of backend)")
 
 
 # --- token merging (tomesd) ---------------------------------------------------------------------------------

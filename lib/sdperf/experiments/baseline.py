@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import architectures, environment, published, rounds
+from sdperf import architectures, environment, figure_captions, published, rounds
 from sdperf import ledger as ledgers
 from sdperf.measurements import unet_flops
 from sdperf.optimizations.catalog import BASELINE_KEY
@@ -94,7 +94,7 @@ def measure_batches(study: Study, say=print) -> BaselineRuns:
     rows, recs = [], []
     for b, g in ok.groupby("batch_size"):
         row = {"batch_size": int(b), "rounds": len(g), "iterations": int(g.iterations.iloc[0]),
-               "it_per_s": float(g.it_per_s.median())}
+               "it_per_s": float(g.it_per_s.median()), "method": methods[int(b)]}
         for metric, col, unit, note in METRICS:
             row[col], row[col + "_lo"], row[col + "_hi"] = g[col].median(), g[col].min(), g[col].max()
             recs.append(dict(scenario=f"{LABEL}, batch {int(b)}", metric=metric, value=row[col], unit=unit,
@@ -139,12 +139,21 @@ def plot_breakdown(study: Study, runs: BaselineRuns):
     df = runs.stages
     err = [df["seconds_per_image_call"] - df["lo"], df["hi"] - df["seconds_per_image_call"]]
     ax.barh(df["stage"], df["seconds_per_image_call"], xerr=err, capsize=3, color=plt.cm.tab10.colors[:len(df)])
-    for y, (s, share) in enumerate(zip(df["seconds_per_image_call"], df["share_percent"])):
-        ax.text(s, y, f" {share:.1f}%", va="center")
+    for y, (hi, share) in enumerate(zip(df["hi"], df["share_percent"])):  # beyond the range bar, not over it
+        ax.text(hi, y, f"  {share:.1f}%", va="center")
     ax.invert_yaxis()
+    ax.set_xlim(0, float(df["hi"].max()) * 1.18)
     ax.set_xlabel("seconds per generation (median over rounds, bars: min-max)")
     ax.set_title(f"fp32 eager, batch 1: where the time goes ({study.profile.name}, {study.profile.steps} steps)")
-    study.save_figure(fig, "stage_breakdown")
+    b = int(runs.sweep.batch_size.min())
+    n = int(runs.sweep.loc[runs.sweep.batch_size == b, "rounds"].iloc[0])
+    study.save_figure(fig, "stage_breakdown",
+                      what=f"Where one fp32 eager generation's time goes at batch {b}, {study.profile.steps} "
+                      f"{study.profile.scheduler} steps, {study.profile.resolution}px: seconds per stage per "
+                      "generation, with each stage's share of their sum",
+                      baseline=figure_captions.NO_BASELINE + " (seconds)",
+                      method=f"{runs.method}; stages timed inside each process's timed generations",
+                      n=f"{n} fp32 eager processes at batch {b}")
     return fig
 
 
@@ -158,10 +167,11 @@ def nemo_scaling() -> pd.DataFrame:
 
 def plot_batch_sweep(study: Study, sweep: pd.DataFrame):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    err = [sweep["latency_s"] - sweep["latency_s_lo"], sweep["latency_s_hi"] - sweep["latency_s"]]
-    axes[0].errorbar(sweep["batch_size"], sweep["latency_s"], yerr=err, marker="o", capsize=4, label="latency")
-    axes[0].plot(sweep["batch_size"], sweep["s_per_image"], marker="s", label="s / image")
-    axes[0].set(xlabel="batch size (images per prompt)", ylabel="seconds", title=f"measured here ({study.device})")
+    for col, marker, label in (("latency_s", "o", "latency"), ("s_per_image", "s", "s / image")):
+        err = [sweep[col] - sweep[col + "_lo"], sweep[col + "_hi"] - sweep[col]]
+        axes[0].errorbar(sweep["batch_size"], sweep[col], yerr=err, marker=marker, capsize=4, label=label)
+    axes[0].set(xlabel="batch size (images per prompt)", ylabel="seconds (median, bars: min-max)",
+                title=f"measured here ({study.device})", ylim=(0, None))
     axes[0].legend()
     base = float(sweep.loc[sweep.batch_size == sweep.batch_size.min(), "latency_s"].iloc[0])
     axes[1].plot(sweep["batch_size"], sweep["latency_s"] / base, marker="o", label=f"measured here ({study.device})")
@@ -171,7 +181,16 @@ def plot_batch_sweep(study: Study, sweep: pd.DataFrame):
                  label="linear (no batching gain)")
     axes[1].set(xlabel="batch size", ylabel="latency / latency at smallest batch", title="how latency scales")
     axes[1].legend(fontsize=8)
-    study.save_figure(fig, "batch_sweep")
+    r = sweep["rounds"].astype(int)
+    study.save_figure(fig, "batch_sweep",
+                      what="fp32 eager latency and seconds per image by batch size (left), and latency relative to "
+                      "the smallest batch beside NeMo's published A100 fp16 table (right)",
+                      baseline=f"left: {figure_captions.NO_BASELINE} (seconds); right: each curve's own latency at "
+                      "its smallest batch (ratio of medians)",
+                      method=(f"every batch size: {sweep['method'].iloc[0]}" if sweep["method"].nunique() == 1 else
+                              "; ".join(f"batch {b}: {m}" for b, m in zip(sweep.batch_size, sweep["method"]))),
+                      n=(f"{r.min()}" if r.min() == r.max() else f"{r.min()}-{r.max()}")
+                      + f" fp32 eager processes per batch size (batch sizes {', '.join(map(str, sweep.batch_size))})")
     return fig
 
 
@@ -181,7 +200,7 @@ def published_vs_measured(study: Study, sweep: pd.DataFrame) -> pd.DataFrame:
     one = sweep[sweep.batch_size == 1].iloc[0] if (sweep.batch_size == 1).any() else sweep.iloc[0]
     here = f"{study.env['device_name']} ({study.device}, {study.env['threads']} threads)"
     rows = [
-        {"claim": "fp32 baseline latency", "source": "Cerebrium", "hardware": "NVIDIA A10G",
+        {"claim": "fp32 baseline latency", "source": published.cite("Cerebrium SD ladder"), "hardware": "NVIDIA A10G",
          "conditions": "SD v1.x, 512px, steps not stated", "published": published.value(
              "Cerebrium SD ladder", config="fp32"), "measured_here": one["latency_s"], "unit": "s",
          "measured_conditions": f"{p.arch}, {p.resolution}px, {p.steps} {p.scheduler} steps, batch 1, {here}"},
@@ -190,7 +209,8 @@ def published_vs_measured(study: Study, sweep: pd.DataFrame) -> pd.DataFrame:
     base = float(one["latency_s"])
     for b in sweep["batch_size"]:
         if int(b) in nemo.index and int(b) != 1 and (sweep.batch_size == 1).any():
-            rows.append({"claim": f"latency batch {int(b)} / batch 1", "source": "NeMo", "hardware": "A100 80GB",
+            rows.append({"claim": f"latency batch {int(b)} / batch 1", "source": published.cite("NeMo SD inference"),
+                         "hardware": "A100 80GB",
                          "conditions": "SD 1.x, 512px, 50 PLMS, framework fp16 AMP",
                          "published": nemo.loc[int(b), "relative_latency"],
                          "measured_here": float(sweep.loc[sweep.batch_size == b, "latency_s"].iloc[0]) / base,

@@ -28,8 +28,51 @@ def baseline_runs(cmp: Comparison) -> pd.DataFrame:
     return raw[(raw.config == BASELINE) & (raw.status == "ok")]
 
 
-def speedup_and_memory(study: Study, cmp: Comparison, title: str, name: str):
-    """speedup_bars (median with the min-max range over rounds) beside each configuration's own peak memory."""
+def rounds_n(study: Study, table: pd.DataFrame) -> str:
+    """What a comparison figure's medians are over, read from the rows it draws: rounds per configuration, each a
+    fresh process timing the profile's repeats after its first call."""
+    ok = table[table.status == "ok"] if "status" in table else table
+    if "variant" in ok:  # the baseline's bar is 1 by definition; its processes open and close every round
+        ok = ok[ok.variant != BASELINE]
+    if ok.empty:
+        return "no configuration measured beside the baseline"
+    r = pd.to_numeric(ok["rounds"], errors="coerce").dropna().astype(int) if "rounds" in ok else pd.Series([])
+    if r.empty:
+        return f"{len(ok)} configuration(s) beside the baseline; their rounds are not in the table drawn"
+    span = str(r.min()) if r.min() == r.max() else f"{r.min()}-{r.max()}"
+    reps = study.profile.repeats
+    return (f"{span} rounds per configuration ({len(ok)} beside {BASELINE}), each round one fresh process per "
+            f"configuration timing {reps} generation{'s' if reps != 1 else ''} after its first call")
+
+
+def rounds_method(cmp: Comparison, table: pd.DataFrame | None = None) -> str:
+    """The method of the rows a figure draws (rounds.method, 'composed' where a loop-only stack borrows the
+    baseline's decode), each stated once."""
+    t = cmp.table if table is None else table
+    return methods_text(t.get("method", pd.Series([], dtype=object))) or cmp.method
+
+
+def methods_text(methods) -> str:
+    """Distinct methods joined once: one that extends another (a loop-only stack's 'composed' suffix) adds only
+    its extension."""
+    unique = list(dict.fromkeys(m for m in methods if isinstance(m, str) and m))
+    out = []
+    for m in unique:
+        base = max((b for b in unique if b != m and m.startswith(b)), key=len, default="")
+        out.append(m[len(base):].lstrip("; ") if base else m)
+    return "; ".join(out)
+
+
+def interpolated(baseline: str, batch_size: int = 1) -> str:
+    """A comparison figure's baseline in words: `baseline` in processes of its own, interpolated per round."""
+    return (f"{baseline} at batch {batch_size}, its own processes before and after each configuration's, "
+            "interpolated to that configuration's time in each round")
+
+
+def speedup_and_memory(study: Study, cmp: Comparison, title: str, name: str, what: str,
+                       baseline: str = BASELINE):
+    """speedup_bars (median with the min-max range over rounds) beside each configuration's own peak memory;
+    `what` opens the caption, `baseline` says what the fp32 eager configuration runs."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
     speedup_bars(cmp.table, title, ax=left)
     ok = cmp.ok()
@@ -37,5 +80,8 @@ def speedup_and_memory(study: Study, cmp: Comparison, title: str, name: str):
     right.set(ylabel="peak memory (MiB)", title="each configuration's own process, timed calls")
     for ax in (left, right):  # long variant names: slanted and right-aligned under their bars
         plt.setp(ax.get_xticklabels(), rotation=35, ha="right", rotation_mode="anchor")
-    study.save_figure(fig, name)
+    study.save_figure(fig, name, what=f"{what}: speed-up per image at the profile's steps (left; bars: min-max over "
+                      "rounds, label: PSNR vs fp32) and each configuration's peak RSS in its own process (right)",
+                      baseline=interpolated(baseline) + " (memory: absolute MiB)", method=rounds_method(cmp),
+                      n=rounds_n(study, cmp.table))
     return fig

@@ -17,7 +17,6 @@ faster there, which is why the seconds and the operator counts are the figures t
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -25,6 +24,7 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from sdperf import figure_captions, published
 from sdperf.comparison import BASELINE, Comparison, published_row, release, run_variants
 from sdperf.measurements import capture_block_inputs
 from sdperf.study import Study
@@ -112,8 +112,7 @@ def _outermost_math(e) -> bool:
 def profile_steps(unet, args, kwargs, device: str, steps: int) -> HostSplit:
     """Profile `steps` UNet calls (warm already) with CPU activities and split each step's time."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    if device != "cuda":  # kineto logs a GPU-count error on machines without one: noise for a CPU study
-        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    # kineto's GPU-count error and trace markers on a machine without a GPU: quietened once, in sdperf.quiet
     with profile(activities=acts) as prof:
         for _ in range(steps):
             with record_function(STEP):
@@ -226,18 +225,33 @@ def plot(study: Study, h: HostOverhead):
     for (label, v), color in zip(parts, plt.cm.tab10.colors):
         ax.barh([f"latent {h.latent}"], [v], left=left, color=color, label=label)
         left += v
-    ax.barh([f"latent {h.tiny_latent}\n(whole step)"], [h.tiny_step.median], color=plt.cm.tab10.colors[3])
-    ax.set(xlabel="seconds per UNet step (profiled)", title=f"UNet step split, batch {h.batch} ({study.device})")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, fontsize=8)
-    study.save_figure(fig, "host_split")
+    t = h.tiny_step
+    ax.barh([f"latent {h.tiny_latent}\n(whole step)"], [t.median], color=plt.cm.tab10.colors[3],
+            xerr=[[t.median - min(t.times)], [max(t.times) - t.median]], capsize=3,
+            label="whole step at the smallest latent (median, bar: min-max)")
+    ax.set(xlabel="seconds per UNet step", title=f"UNet step split, batch {h.batch} ({study.device})")
+    # beside the axes, not over them: a legend below overlapped the x label
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    p = study.profile
+    study.save_figure(fig, "host_split",
+                      what=f"One fp32 eager UNet step at latent {h.latent}x{h.latent} (UNet batch {h.batch}, "
+                      "the guidance batch) split into math operators (conv, matmul, attention), other ATen work and "
+                      "time outside every ATen operator (Python), beside a whole step at the smallest latent "
+                      f"{h.tiny_latent}x{h.tiny_latent}: the host-side share CUDA graphs would remove",
+                      baseline=figure_captions.NO_BASELINE + " (seconds per step)",
+                      method="in this notebook's process: the split is torch.profiler's mean over the profiled "
+                      f"steps (CPU activities); the smallest-latent step is timed unprofiled after {p.warmup} "
+                      "warm-up call(s)",
+                      n=f"{p.repeats} profiled steps; {len(t.times)} timed steps at the smallest latent")
     return fig
 
 
 def published_vs_measured(study: Study, h: HostOverhead) -> pd.DataFrame:
     """The seed's claim has no figure; what is measured here is the most a replay could remove."""
     return pd.DataFrame([published_row(
-        "CUDA graphs remove per-kernel launch and Python overhead", "Cerebrium SD ladder (closing suggestion)",
-        "NVIDIA A10G", "no figure published", None, 100 * h.split.host_upper_s / h.split.profiled_step_s,
+        "CUDA graphs remove per-kernel launch and Python overhead",
+        published.cite("Cerebrium SD ladder") + ", closing suggestion", "NVIDIA A10G", "no figure published", None,
+        100 * h.split.host_upper_s / h.split.profiled_step_s,
         study.conditions(scope=f"one UNet step, upper bound of the host share, latent {h.latent}"), unit="%",
         detail="'capture the graph operations and replay it at once' (qualitative)")])
 

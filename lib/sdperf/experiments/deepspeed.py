@@ -6,6 +6,7 @@ classes before and after), and a ratio is only ever reported beside that count.
 """
 from __future__ import annotations
 
+from collections import Counter
 from importlib import resources
 from typing import Callable
 
@@ -14,7 +15,9 @@ import pandas as pd
 
 from sdperf import published
 from sdperf.comparison import Comparison, published_row, release, run_variants
+from sdperf.experiments.common import interpolated, rounds_method, rounds_n
 from sdperf.optimizations import deepspeed_inference as ds
+from sdperf.optimizations import deepspeed_policies
 from sdperf.plots import speedup_bars
 from sdperf.study import Study
 
@@ -36,6 +39,24 @@ def targets(study: Study) -> pd.DataFrame:
     counts = ds.injection_targets(study.pipeline("float32"))
     release()
     return pd.DataFrame({"module": list(counts), "count": list(counts.values())})
+
+
+def policy_check() -> pd.DataFrame:
+    """DeepSpeed's own policies against the tiny SD twin's modules (SD 1.5's module classes, which tests check),
+    without and with sdperf's CLIP layout adapter: per policy, the class it expects, what it matches, the modules
+    generic_injection would replace (counted by DeepSpeed class) and the attributes it did not find. The check
+    CI runs (tests/test_opt_deepspeed.py) and the DeepSpeed rungs' availability reports on a CUDA profile."""
+    twin = deepspeed_policies.tiny_twin()
+    frames = []
+    for adapter in (False, True):
+        table = deepspeed_policies.policy_table(twin, clip_adapter=adapter)
+        table.insert(0, "clip_adapter", adapter)
+        frames.append(table)
+    out = pd.concat(frames, ignore_index=True)
+    out["matched"] = out.matched.map(", ".join)
+    out["replaced"] = out.replaced.map(lambda r: ", ".join(f"{n} {c}" for c, n in Counter(r.values()).items()))
+    out["missing"] = out.missing.map(", ".join)
+    return out.drop(columns=["note"])
 
 
 def _error(exc: BaseException) -> str:
@@ -86,7 +107,8 @@ def configs(study: Study) -> list[tuple[str, str]]:
     """The seed's call (and the same with sdperf's CLIP adapter), with the fp16 rung it is added to where the
     kernels exist; everywhere, the UNet-only call that DeepSpeed turns into a pass-through, timed and labelled as
     one. Where the kernels are missing the catalog's availability records them as not applicable."""
-    ok, _ = ds.availability(study.device, study.profile.arch)
+    # with the CLIP adapter: the configuration that can run where only the lock's transformers stops the seed's call
+    ok, _ = ds.availability(study.device, study.profile.arch, clip_adapter=True)
     fp16 = [(FP16, "precision:float16")] if ok else []  # the seed's ratio is against fp16 + inference_mode
     return fp16 + [(KERNELS, "deepspeed:inject"), (KERNELS_ADAPTED, "deepspeed:inject-clip-adapter"),
                    (PASS_THROUGH, "deepspeed:unet-fp32")]
@@ -123,7 +145,7 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
         cond = (study.conditions(scope=f"whole generation, '{injected[0]}' vs fp16 eager") +
                 f"; median latencies, {cmp.method}")
     return pd.DataFrame([published_row(
-        "fp16 + inference_mode -> + DeepSpeed kernel injection", "Cerebrium SD ladder", "NVIDIA A10G",
+        "fp16 + inference_mode -> + DeepSpeed kernel injection", published.cite("Cerebrium SD ladder"), "NVIDIA A10G",
         "SD v1.x, 512px, fp16", before / after, measured, cond, detail=f"{before} s -> {after} s")])
 
 
@@ -137,5 +159,9 @@ def plot(study: Study, cmp: Comparison):
     if (cmp.ok().replaced_modules == 0).any():
         title += "\na bar with 0 replaced is run-to-run noise, not a speed-up"
     fig = speedup_bars(table, title)
-    study.save_figure(fig, "speedup")
+    study.save_figure(fig, "speedup",
+                      what="DeepSpeed-Inference (init_inference, kernel injection) configurations: speed-up per image "
+                      "at the profile's steps, median with min-max bars over rounds, each bar labelled with the "
+                      "modules DeepSpeed replaced",
+                      baseline=interpolated("fp32 eager"), method=rounds_method(cmp), n=rounds_n(study, cmp.table))
     return fig

@@ -11,8 +11,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from sdperf import engine_sweep, published, rounds
+from sdperf import engine_sweep, plots, published, rounds
 from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
+from sdperf.experiments.common import interpolated, rounds_method, rounds_n
 from sdperf.optimizations import catalog, engine_export, openvino_engine
 from sdperf.plots import speedup_bars
 
@@ -216,7 +217,7 @@ def batch_sweep(study, cmp: Comparison, key: str, batch_sizes: list[int], budget
                      "engine_s_per_image_seed": r["s_per_image_seed"],
                      **{k: r[k] for k in ("seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict",
                                           "unet_step_speedup", "unet_step_speedup_lo", "unet_step_speedup_hi",
-                                          "unet_step_speedup_verdict")}, "method": c.method})
+                                          "unet_step_speedup_verdict")}, "rounds": r["rounds"], "method": c.method})
     return pd.DataFrame(rows)
 
 
@@ -252,7 +253,7 @@ def published_vs_measured(study, cmp: Comparison, sweep: pd.DataFrame | None, be
         measured = float(got.seed_speedup.iloc[0]) if len(got) else None
         how = _said(got.iloc[0], "seed_speedup", got.method.iloc[0]) if len(got) else "not measured"
         rows.append(published_row(
-            f"framework -> engine speed-up, batch {b}", *nemo, fw / trt, measured,
+            f"framework -> engine speed-up, batch {b}", published.cite(nemo[0]), *nemo[1:], fw / trt, measured,
             study.conditions(b, scope="per image at 50 PLMS steps, composed from the measured stages")
             + f"; fp32 eager -> {best or 'no engine'} (UNet only; text encoder and VAE in PyTorch); {how}",
             detail=f"{fw} s -> {trt} s"))
@@ -262,8 +263,8 @@ def published_vs_measured(study, cmp: Comparison, sweep: pd.DataFrame | None, be
     for config, key in (("OpenVINO", "engine:openvino-f32"), ("OpenVINO static shapes", "engine:openvino-f32-static")):
         got = ok.loc[key] if key in ok.index else None
         rows.append(published_row(
-            f"fp32 PyTorch -> {config}", hf, "Intel Sapphire Rapids CPU", "SD, 512px", fp32 / published.value(
-                hf, config=config), float(got["seed_speedup"]) if got is not None else None,
+            f"fp32 PyTorch -> {config}", published.cite(hf), "Intel Sapphire Rapids CPU", "SD, 512px",
+            fp32 / published.value(hf, config=config), float(got["seed_speedup"]) if got is not None else None,
             study.conditions(1, scope="per image at 50 PLMS steps, composed from the measured stages")
             + f"; fp32 eager -> {key} (UNet only)" + (f"; {_said(got, 'seed_speedup', cmp.method)}"
                                                       if got is not None else ""),
@@ -275,14 +276,28 @@ def plot(study, cmp: Comparison, sweep: pd.DataFrame | None, best: str | None = 
     """Left: speed-up of each engine at batch 1 (min-max over rounds). Right: the NeMo table's shape, the
     engine's per-image speed-up at 50 steps (composed) per batch size."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-    speedup_bars(cmp.table[cmp.table.variant != TWIN], f"engines vs fp32 eager, whole generation, batch 1 "
-                 f"({study.device})", ax=axes[0])
+    drawn = cmp.table[cmp.table.variant != TWIN]
+    speedup_bars(drawn, f"engines vs fp32 eager, whole generation, batch 1 ({study.device})", ax=axes[0])
     ok = sweep[sweep.status == "ok"] if sweep is not None and len(sweep) else None
     if ok is not None and len(ok):
         err = [ok.seed_speedup - ok.seed_speedup_lo, ok.seed_speedup_hi - ok.seed_speedup]
         axes[1].bar([f"batch {b}" for b in ok.batch_size], ok.seed_speedup, yerr=err, capsize=4)
         axes[1].axhline(1.0, color="grey", ls=":")
-        axes[1].set(ylabel="speed-up vs fp32 eager (x)",
+        scale = plots.ratio_scale(axes[1], [1.0, *ok.seed_speedup, *ok.seed_speedup_lo, *ok.seed_speedup_hi])
+        axes[1].set(ylabel="speed-up vs fp32 eager (x" + (", log)" if scale == "log" else ")"),
                     title=f"{best} per batch size, per image at 50 steps (composed)")
-    study.save_figure(fig, "engine_speedup")
+    n = rounds_n(study, drawn)
+    method = rounds_method(cmp, drawn)
+    if ok is not None and len(ok):
+        r = ok["rounds"].astype(int) if "rounds" in ok else pd.Series([], dtype=int)
+        n += (f"; right: {r.min() if r.min() == r.max() else f'{r.min()}-{r.max()}'} rounds per batch size"
+              if len(r) else "")
+        method += ("; right: each batch size a run of its own, per image at 50 PLMS steps composed from the "
+                   "measured stages")
+    study.save_figure(fig, "engine_speedup",
+                      what="Exported engines (ONNX Runtime, OpenVINO, TensorRT where present) against fp32 eager: "
+                      "speed-up per image at the profile's steps at batch 1 (left; median, bars: min-max over "
+                      "rounds, label: PSNR vs fp32), and the fastest latent-keeping engine per batch size (right)",
+                      baseline=interpolated(BASELINE) + "; right: fp32 eager at the same batch size",
+                      method=method, n=n)
     return fig

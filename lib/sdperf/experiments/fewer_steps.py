@@ -16,8 +16,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sdperf import drift, published
+from sdperf import drift, figure_captions, published
 from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
+from sdperf.experiments.common import methods_text, rounds_n
 from sdperf.generation import generate, initial_latents
 from sdperf.optimizations import catalog
 from sdperf.optimizations import fewer_steps as opt
@@ -25,9 +26,10 @@ from sdperf.study import Study
 
 # With random weights the drift measures how far each solver's trajectory lands from the reference's, not quality.
 DRIFT_MEANING = "trajectory difference from the reference; random weights: not a quality figure"
-TIMING_COLUMNS = ["variant", "status", "unet_calls", "s_per_image_seed", "seed_speedup", "seed_speedup_lo",
-                  "seed_speedup_hi", "seed_speedup_verdict", "unet_step_s", "unet_step_speedup",
-                  "unet_step_speedup_lo", "unet_step_speedup_hi", "unet_step_speedup_verdict", "note"]
+TIMING_COLUMNS = ["variant", "status", "unet_calls", "s_per_image_seed", "s_per_image_seed_lo", "s_per_image_seed_hi",
+                  "seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict", "unet_step_s",
+                  "unet_step_speedup", "unet_step_speedup_lo", "unet_step_speedup_hi", "unet_step_speedup_verdict",
+                  "rounds", "method", "note"]
 
 
 def parse(key: str) -> tuple[str, int]:
@@ -53,9 +55,12 @@ def compare(study: Study, keys: list[str]) -> Comparison:
 def timing_table(cmp: Comparison) -> pd.DataFrame:
     """The baseline (composed at the seeds' 50 steps) and each scheduler (at its own steps), with the UNet calls
     each makes per image there (the worker counts them) and the ratios with their range and verdict."""
-    calls = cmp.measured.summary.set_index("config")["seed_unet_calls"]
+    summary = cmp.measured.summary.set_index("config")
     t = cmp.table[cmp.table.variant != TWIN].copy()
-    t["unet_calls"] = t.variant.map(calls)
+    t["unet_calls"] = t.variant.map(summary["seed_unet_calls"])
+    for end in ("_lo", "_hi"):  # the per-image seconds' own min-max over rounds, for the figure's bars
+        col = "s_per_image_seed" + end
+        t[col] = t.variant.map(summary[col]) if col in summary else None
     return t.reindex(columns=TIMING_COLUMNS).reset_index(drop=True)
 
 
@@ -104,7 +109,7 @@ def published_vs_measured(study: Study, cmp: Comparison, timing: pd.DataFrame) -
     """NeMo's 50-step PLMS latency beside this machine's (composed); no source publishes the 50 -> 20 step ratio."""
     nemo = published.select("NeMo SD inference", model="SD 1.x", batch_size=1, config="framework fp16 AMP")
     base = timing[timing.variant == BASELINE].iloc[0]
-    rows = [published_row("s/image at the reference protocol", "NeMo SD inference (seeds/nemo-sd-performance.txt)",
+    rows = [published_row("s/image at the reference protocol", published.cite("NeMo SD inference"),
                           str(nemo.loc[0, "hardware"]), f"SD 1.x, 512px, PLMS {int(nemo.loc[0, 'steps'])} steps, "
                           "batch 1, framework fp16 AMP", float(nemo.loc[0, "value"]), float(base["s_per_image_seed"]),
                           _conditions(study, f"fp32 eager, {study.profile.scheduler} at 50 steps composed from the "
@@ -123,15 +128,21 @@ def published_vs_measured(study: Study, cmp: Comparison, timing: pd.DataFrame) -
 
 
 def plot(study: Study, timing: pd.DataFrame, drifts: pd.DataFrame):
-    """Per-image time (composed) against UNet calls with its range over rounds, and the drift each saving costs."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    """Per-image time (composed) against UNet calls with its min-max range over rounds, and the drift each saving
+    costs; each configuration a marker of its own, named in one legend beside the axes (no labels over points)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4))
     ok = timing[timing.status == "ok"]
-    left.scatter(ok["unet_calls"], ok["s_per_image_seed"], zorder=3)
+    markers = "osD^vP*Xh<>p"
+    style = {v: (plt.cm.tab10.colors[i % 10], markers[i % len(markers)]) for i, v in enumerate(ok["variant"])}
     for r in ok.itertuples():
-        left.annotate(r.variant, (r.unet_calls, r.s_per_image_seed), fontsize=7, xytext=(3, 3),
-                      textcoords="offset points")
-    left.set(xlabel="UNet calls per image", ylabel="s / image (composed from measured stages)",
-             title=f"cost per image ({study.device})", xlim=(0, np.nanmax(ok["unet_calls"]) * 1.1))
+        y = float(r.s_per_image_seed)
+        lo, hi = (getattr(r, "s_per_image_seed_lo", None), getattr(r, "s_per_image_seed_hi", None))
+        err = [[y - float(lo)], [float(hi) - y]] if pd.notna(lo) and pd.notna(hi) else None
+        color, marker = style[r.variant]
+        left.errorbar([r.unet_calls], [y], yerr=err, fmt=marker, color=color, capsize=3, ms=7, label=r.variant,
+                      zorder=3)
+    left.set(xlabel="UNet calls per image", ylabel="s / image (composed; median, bars: min-max)",
+             title=f"cost per image ({study.device})", xlim=(0, np.nanmax(ok["unet_calls"]) * 1.1), ylim=(0, None))
     right.set(xlabel="UNet calls per image", ylabel="PSNR vs the reference (dB)",
               title="drift from the reference image (random weights: trajectory, not quality)")
     if drifts.empty:  # nothing measured: the reason, and no axis furniture that suggests a measurement
@@ -140,13 +151,26 @@ def plot(study: Study, timing: pd.DataFrame, drifts: pd.DataFrame):
         right.set_xticks([])
         right.set_yticks([])
     else:
-        right.scatter(drifts["unet_calls"], drifts["image_psnr_db"], zorder=3)
         for r in drifts.itertuples():
-            right.annotate(r.variant, (r.unet_calls, r.image_psnr_db), fontsize=7, xytext=(3, 3),
-                           textcoords="offset points")
+            color, marker = style.get(r.variant, ("black", "o"))
+            right.scatter([r.unet_calls], [r.image_psnr_db], color=color, marker=marker, s=45, zorder=3,
+                          label=None if r.variant in style else r.variant)
         right.axhline(40, color="grey", ls=":", label="40 dB: the study's 'visually identical' line")
-        right.legend(fontsize=8)
-    study.save_figure(fig, "steps_cost_and_drift")
+    handles, labels = left.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    fig.legend(handles + more[0], labels + more[1], loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8,
+               frameon=False)
+    study.save_figure(fig, "steps_cost_and_drift",
+                      what="Schedulers at fewer steps: seconds per image at each scheduler's own step count, "
+                      "composed from the stages the workers measured, against UNet calls per image (left), and "
+                      "the PSNR of each scheduler's image against the reference scheduler's from the same initial "
+                      "latents (right; random weights: trajectory difference, not quality)",
+                      baseline=f"left: {figure_captions.NO_BASELINE} (seconds per image; fp32 eager is the "
+                      f"50-step {study.profile.scheduler} point); right: the reference scheduler's image",
+                      method=(methods_text(ok.get("method", [])) or "fresh process per configuration, rounds in turn")
+                      + "; drift from untimed generations on one pipeline",
+                      n=rounds_n(study, ok) + ("; drift: one image per scheduler" if len(drifts)
+                                               else "; drift: not measured"))
     return fig
 
 

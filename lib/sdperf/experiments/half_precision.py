@@ -11,9 +11,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import half_budget, published
+from sdperf import half_budget, plots, published
 from sdperf.comparison import TWIN, Comparison, release, run_variants
 from sdperf.environment import cpu_isa
+from sdperf.experiments.common import interpolated, methods_text, rounds_n
 from sdperf.measurements import unet_flops
 from sdperf.optimizations import half_precision
 from sdperf.optimizations.catalog import Stack
@@ -44,7 +45,7 @@ def _block_only(study: Study, probe: half_budget.Probe, reason: str) -> dict:
     study.recorder.skipped(f"{name(dtype)}, batch 1", reason)
     return {"variant": name(dtype), "key": f"precision:{dtype}", "status": BLOCK_ONLY, "note": reason,
             "speedup": probe.speedup, "speedup_lo": probe.speedup_lo, "speedup_hi": probe.speedup_hi,
-            "block_rel_error": probe.block_rel_error}
+            "block_rel_error": probe.block_rel_error, "method": note, "block_calls": len(probe.block_times)}
 
 
 def compare_precisions(study: Study) -> tuple[pd.DataFrame, Comparison]:
@@ -142,7 +143,7 @@ def published_vs_measured(study: Study, table: pd.DataFrame) -> pd.DataFrame:
                  f"whole generation, median [min-max] {r.speedup_lo:.3f}-{r.speedup_hi:.3f}x, {r.speedup_verdict}; "
                  f"{r.method}")
     return pd.DataFrame([{
-        "claim": "fp32 -> fp16 speed-up", "source": "Cerebrium", "hardware": "NVIDIA A10G",
+        "claim": "fp32 -> fp16 speed-up", "source": published.cite("Cerebrium SD ladder"), "hardware": "NVIDIA A10G",
         "conditions": "SD v1.x, 512px", "published": fp32 / fp16, "published_detail": f"{fp32} s -> {fp16} s",
         "measured_here": measured,
         "measured_conditions": f"{scope}; {p.arch}, {p.resolution}px, {p.steps} {p.scheduler} steps, batch 1, "
@@ -159,11 +160,24 @@ def plot(study: Study, table: pd.DataFrame):
     err = [shown.speedup - shown.speedup_lo, shown.speedup_hi - shown.speedup]
     axes[0].bar(shown.label, shown.speedup, yerr=err, capsize=5, color=plt.cm.tab10.colors[:len(shown)])
     axes[0].axhline(1.0, color="grey", ls=":")
-    axes[0].set(ylabel="speed-up vs fp32 (x)", title=f"end to end, batch 1 ({study.device})")
+    scale = plots.ratio_scale(axes[0], [1.0, *shown.speedup, *shown.speedup_lo, *shown.speedup_hi])
+    axes[0].set(ylabel="speed-up vs fp32 (x" + (", log)" if scale == "log" else ")"),
+                title=f"end to end, batch 1 ({study.device})")
     whole = shown[shown.status == "ok"]
     axes[1].bar(whole.label, whole.peak_memory_mib, color=plt.cm.tab10.colors[:len(whole)])
     axes[1].set(ylabel="peak memory (MiB)", title="peak memory, each configuration's own process")
     for ax in axes:
         plt.setp(ax.get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor")
-    study.save_figure(fig, "precision_speedup")
+    block = shown[shown.status == BLOCK_ONLY]
+    n = rounds_n(study, shown)
+    if len(block):
+        n += (f"; {', '.join(block.variant)}: one UNet block, {int(block.block_calls.min())} timed calls in one "
+              "process (its whole generations would overrun the budget)")
+    study.save_figure(fig, "precision_speedup",
+                      what="Half precision (weights and activations) against fp32: speed-up per image at the "
+                      "profile's steps, median with min-max bars over rounds (p10/p90 for a one-UNet-block "
+                      "stand-in), and each configuration's peak RSS in its own process",
+                      baseline=interpolated("fp32 eager") + "; a block stand-in divides the same block in fp32, "
+                      "timed in turn in its process (memory: absolute MiB)",
+                      method=methods_text(shown.get("method", [])) or "not measured", n=n)
     return fig

@@ -132,11 +132,13 @@ def published_vs_measured(study: Study, claims: pd.DataFrame, method: str) -> pd
               f"{row['speedup_hi'].iloc[0]:.3f}x, {row['verdict'].iloc[0]}" if len(row) else
               "; not measured in this run")
     return pd.DataFrame([published_row(
-        f"{CLAIM} speed-up", "Cerebrium SD ladder (seeds/cerebrium-sd-ladder.txt)", "NVIDIA A10G",
+        f"{CLAIM} speed-up", published.cite("Cerebrium SD ladder"), "NVIDIA A10G",
         "SD v1.x, 512px, fp16, one latency each, no spread given", fp16 / im, measured,
         f"{study.conditions(1)}, {study.profile.dtype}{spread}; {method}", detail=f"{fp16} s -> {im} s")])
 
 
 def plot(study: Study, cmp: Comparison):
     """Speed-up of each mode over the inference_mode baseline (min-max over rounds), and its peak memory."""
-    return speedup_and_memory(study, cmp, f"vs {BASELINE} under inference_mode ({study.device})", "grad_modes")
+    return speedup_and_memory(study, cmp, f"vs {BASELINE} under inference_mode ({study.device})", "grad_modes",
+                              "Grad modes (grad on with frozen or trainable parameters, no_grad, inference_mode) "
+                              f"in {study.profile.dtype}", baseline=f"{BASELINE} under inference_mode")

@@ -29,9 +29,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sdperf import half_budget, published, rounds
+from sdperf import half_budget, plots, published, rounds
 from sdperf.comparison import BASELINE, Comparison, published_row, run_variants
 from sdperf.errors import ConfigError
+from sdperf.experiments.common import interpolated, rounds_method, rounds_n
 from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Context, Stack
 from sdperf.standalone import keeps_picture, standalone
@@ -311,13 +312,22 @@ def plot(study: Study, ladders: list[Ladder], cmp: Comparison):
             ax.bar(labels, y, yerr=err, capsize=4, color=[colors.get(x, "tab:gray") for x in t[v]])
             ax.axhspan(lo, hi, color="grey", alpha=0.2, label="noise band (fp32 vs fp32)")
             ax.axhline(1.0, color="black", lw=0.8)
-            ax.set(ylabel="x (median, min-max over rounds)", title=f"{lad.name}: per image, {what}")
+            scale = plots.ratio_scale(ax, [1.0, lo, hi, *y, *t[l].astype(float), *t[h].astype(float)])
+            ax.set(ylabel="x (median, min-max over rounds" + (", log)" if scale == "log" else ")"),
+                   title=f"{lad.name}: per image, {what}")
             ax.tick_params(axis="x", labelrotation=25, labelsize=8)
             if not len(t):
                 ax.text(0.5, 0.5, "no rung ran", transform=ax.transAxes, ha="center")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(cmp.method, fontsize=9)
-    study.save_figure(fig, "ladder")
+    drawn = pd.concat([lad.table[lad.table.rung > 0] for lad in ladders], ignore_index=True)
+    study.save_figure(fig, "ladder",
+                      what=f"The ladders ({', '.join(lad.name for lad in ladders)}), rung by rung: each rung the whole "
+                      "stack up to it, speed-up per image at the profile's steps over fp32 eager (left) and over the "
+                      "rung below (right), coloured by verdict against the noise band (green faster, red slower, "
+                      "grey within noise; band shaded)",
+                      baseline=interpolated(BASELINE) + "; right: the rung below in the same round (ratio of the "
+                      "two rungs' ratios)", method=rounds_method(cmp), n=rounds_n(study, drawn))
     return fig
 
 
@@ -360,46 +370,64 @@ def record_best(study: Study, best: dict) -> None:
     ])
 
 
-def _measured(ladder: Ladder, key: str) -> float | None:
+def _rung(ladder: Ladder, key: str) -> pd.Series | None:
     t = ladder.table
-    row = t[(t.key == key) & (t.status == "ok")]
-    return float(row.vs_rung_below.iloc[0]) if len(row) and pd.notna(row.vs_rung_below.iloc[0]) else None
+    row = t[t.key == key] if len(t) else t
+    return row.iloc[0] if len(row) else None
 
 
-def _top(ladder: Ladder) -> float | None:
-    t = ladder.table[(ladder.table.status == "ok") & (ladder.table.rung > 0)]
-    return float(t.speedup.iloc[-1]) if len(t) and pd.notna(t.speedup.iloc[-1]) else None
+def _measured(ladder: Ladder, key: str, column: str = "vs_rung_below") -> tuple[float | None, str]:
+    """(the rung's figure, or None, and why not: the rung's own reason when it did not run)."""
+    r = _rung(ladder, key)
+    if r is None:
+        return None, f"not measured here: {key} is not a rung of the {ladder.name} ladder"
+    if r.status != "ok" or pd.isna(r[column]):
+        return None, f"not measured here: {r.status}: {r.note}"
+    return float(r[column]), ""
 
 
 def published_vs_measured(study: Study, cerebrium: Ladder, best: Ladder) -> pd.DataFrame:
     """Every speed claim of the seeds beside the ratio measured here (median over rounds), with the hardware
-    and conditions of each."""
-    here = study.conditions()
+    and conditions of each. Like with like: a rung over the rung below beside a published rung; the whole
+    published ladder only beside a stack whose every rung ran (otherwise the rungs that ran are their own row);
+    per image beside a latency, per UNet step beside an it/s figure."""
+    rung = study.conditions(scope="per image at the profile's steps, this Cerebrium-order rung over the rung below")
+    stack = study.conditions(scope="per image at 50 PLMS steps composed from the measured stages, the "
+                                   "Cerebrium-order stack over fp32 eager")
     lad = published.select("Cerebrium SD ladder").set_index("config")["value"]
     nemo = published.select("NeMo SD inference", model="SD 1.x", batch_size=1).set_index("config")["value"]
     paiton = published.select("Paiton SDXL").set_index("config")["value"]
+    cer, nv, amd = (published.cite(s) for s in ("Cerebrium SD ladder", "NeMo SD inference", "Paiton SDXL"))
     recipe = best_recipe(best)
-    rows = [
-        published_row("fp32 -> fp16", "Cerebrium", "NVIDIA A10G", "SD v1.x 512px", lad["fp32"] / lad["fp16"],
-                      _measured(cerebrium, "precision:float16"), here, detail=f"{lad['fp32']} -> {lad['fp16']} s"),
-        published_row("+ inference_mode", "Cerebrium", "NVIDIA A10G", "SD v1.x 512px, on fp16",
-                      lad["fp16"] / lad["inference_mode"], _measured(cerebrium, "grad:inference_mode"), here,
-                      detail=f"{lad['fp16']} -> {lad['inference_mode']} s"),
-        published_row("+ DeepSpeed inference", "Cerebrium", "NVIDIA A10G", "SD v1.x 512px, on fp16",
-                      lad["inference_mode"] / lad["deepspeed"], _measured(cerebrium, "deepspeed:inject"),
-                      here, detail=f"{lad['inference_mode']} -> {lad['deepspeed']} s"),
-        published_row("whole ladder (fp32 -> DeepSpeed)", "Cerebrium", "NVIDIA A10G", "SD v1.x 512px",
-                      lad["fp32"] / lad["deepspeed"], _top(cerebrium), here + " (Cerebrium order, rungs that ran)",
-                      detail=f"{lad['fp32']} -> {lad['deepspeed']} s"),
-        published_row("framework -> TensorRT, batch 1", "NeMo", "NVIDIA A100 80GB", "SD 1.x 512px, 50 PLMS",
-                      nemo["framework fp16 AMP"] / nemo["TensorRT fp16"], recipe["seed_speedup"],
-                      here + f" (best recipe here: {recipe['recipe']}; per image composed at 50 PLMS steps)",
-                      detail=f"{nemo['framework fp16 AMP']} -> {nemo['TensorRT fp16']} s"),
-        published_row("PyTorch + diffusers -> custom kernels (it/s)", "Paiton", "AMD MI300X", "SDXL 1024px, 20 steps",
-                      paiton["Paiton custom kernels fp16"] / paiton["PyTorch + diffusers fp16"],
-                      recipe["per_unet_step_speedup"], here + " (best recipe here, per UNet step)",
-                      detail=f"~{paiton['PyTorch + diffusers fp16']:g} -> ~{paiton['Paiton custom kernels fp16']:g} it/s"),
-    ]
+    rows = []
+    for claim, key, before, after in (("fp32 -> fp16", "precision:float16", "fp32", "fp16"),
+                                      ("+ inference_mode", "grad:inference_mode", "fp16", "inference_mode"),
+                                      ("+ DeepSpeed inference", "deepspeed:inject", "inference_mode", "deepspeed")):
+        got, why = _measured(cerebrium, key)
+        rows.append(published_row(claim, cer, "NVIDIA A10G", "SD v1.x 512px", lad[before] / lad[after], got,
+                                  why or rung, detail=f"{lad[before]} -> {lad[after]} s"))
+    got, why = _measured(cerebrium, "grad:inference_mode", "seed_speedup")
+    rows.append(published_row("fp32 -> fp16 -> inference_mode (the rungs before DeepSpeed)", cer, "NVIDIA A10G",
+                              "SD v1.x 512px", lad["fp32"] / lad["inference_mode"], got, why or stack,
+                              detail=f"{lad['fp32']} -> {lad['inference_mode']} s"))
+    got, why = _measured(cerebrium, "deepspeed:inject", "seed_speedup")
+    rows.append(published_row("the whole ladder (fp32 -> DeepSpeed)", cer, "NVIDIA A10G", "SD v1.x 512px",
+                              lad["fp32"] / lad["deepspeed"], got,
+                              (f"{why}; a stack without its DeepSpeed rung is not the whole ladder (the rungs that "
+                               "ran are the row above)") if why else stack,
+                              detail=f"{lad['fp32']} -> {lad['deepspeed']} s"))
+    rows.append(published_row(
+        "framework -> TensorRT, batch 1", nv, "NVIDIA A100 80GB", "SD 1.x 512px, 50 PLMS",
+        nemo["framework fp16 AMP"] / nemo["TensorRT fp16"], recipe["seed_speedup"],
+        study.conditions(scope="per image at 50 PLMS steps composed from the measured stages")
+        + f"; the best recipe here ({recipe['recipe']}), not an engine alone: 07 sets engines beside this figure",
+        detail=f"{nemo['framework fp16 AMP']} -> {nemo['TensorRT fp16']} s"))
+    rows.append(published_row(
+        "PyTorch + diffusers -> custom kernels (it/s)", amd, "AMD MI300X", "SDXL 1024px, 20 steps",
+        paiton["Paiton custom kernels fp16"] / paiton["PyTorch + diffusers fp16"], recipe["per_unet_step_speedup"],
+        study.conditions(scope="per UNet step, the unit of it/s (denoising steps per second), not per image")
+        + f"; the best recipe here ({recipe['recipe']})",
+        detail=f"~{paiton['PyTorch + diffusers fp16']:g} -> ~{paiton['Paiton custom kernels fp16']:g} it/s"))
     out = pd.DataFrame(rows)
     out["method"] = best.table.method.iloc[0] if len(best.table) else ""
     return out

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from sdperf import plots
 from sdperf import stack_search as ss
 from sdperf.comparison import Comparison, run_variants
 from sdperf.errors import ConfigError
@@ -172,7 +173,8 @@ def show(found: pd.DataFrame) -> pd.DataFrame:
 
 def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
     """Speed against adherence and against domain FID for every candidate judged on the reference model, the
-    Pareto front of each drawn as a line; the speed axis is logarithmic (ratios)."""
+    Pareto front of each drawn as a line; the speed axis is logarithmic when the ratios span more than 10x
+    (plots.ratio_scale; a narrow span on a log axis reads as overlapping tick labels)."""
     pts = found[found.adherence_delta.notna() & (found.admissible != ss.NOT_JUDGED)].copy()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for ax, col, better, label in ((axes[0], "adherence_delta", True, "adherence change (points of 1)"),
@@ -187,11 +189,29 @@ def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
             if h.get(col) is not None:
                 ax.scatter([h["per_image_speedup"]], [h[col]], s=90, facecolors="none", edgecolors="black", zorder=4)
         ax.axhline(0, color="black", lw=0.5)
-        ax.set(xscale="log", xlabel="per-image speed-up over fp32 PLMS-50 (composed; log)", ylabel=label)
+        scale = plots.ratio_scale(ax, [*pts.speedup, *pts.speedup_lo, *pts.speedup_hi,
+                                       *[h["per_image_speedup"] for h in heads]], "x")
+        ax.set(xlabel="per-image speed-up over fp32 PLMS-50 (composed" + ("; log)" if scale == "log" else ")"),
+               ylabel=label)
         ax.legend(fontsize=7, loc="best")
     fig.suptitle(f"SD 1.5 speed ({study.env['device_name']}) vs quality on the trained reference model", fontsize=10)
     fig.tight_layout()
-    study.save_figure(fig, "stack_search_front")
+    from sdperf.quality.settings import settings
+
+    s = settings(study.profile)
+    study.save_figure(fig, "stack_search_front",
+                      what="The stack search: every candidate stack judged on the study's trained reference model, "
+                      "its composed per-image speed-up (bars: min-max over rounds; log axis past a 10x span) against "
+                      "its paired "
+                      "adherence change (left) and domain-FID change (right), admissible (o) or not (x), the Pareto "
+                      "front dashed, the stacks then measured whole circled",
+                      baseline="fp32 eager PLMS 50 steps (speed: interpolated per round; quality: the reference "
+                      "model's fp32 images of the same captions and latents)",
+                      method=f"speed: {ss.COMPOSED}; quality: paired deltas with 95% bootstrap intervals "
+                      "(sdperf.reference.techniques)",
+                      n=f"{len(pts)} candidate stack(s); quality over {s.reference_delta_images} paired images each "
+                      f"at {s.reference_steps} steps; speed composed from the profile's {study.profile.rounds} rounds "
+                      "of each part's fresh processes")
     return fig
 
 

@@ -14,6 +14,7 @@ from sdperf import published
 from sdperf.architectures import get as get_arch
 from sdperf.architectures import vae_scale_factor
 from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
+from sdperf.experiments.common import interpolated, rounds_method, rounds_n
 from sdperf.drift import relative_error
 from sdperf.generation import Workload, encode
 from sdperf.optimizations import torch_compile as tc
@@ -288,7 +289,7 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
         b = published.select(source, config=after, model="SD 1.5").iloc[0]
         measured, which = _measured(cmp, pairs)
         rows.append(published_row(
-            claim, source, a["hardware"], f"{a['model']}, {a['resolution']}px, batch {a['batch_size']}",
+            claim, published.cite(source), a["hardware"], f"{a['model']}, {a['resolution']}px, batch {a['batch_size']}",
             float(b["value"]) / float(a["value"]), measured, study.conditions(scope=f"UNet step, {which}"),
             detail=f"{a['value']} -> {b['value']} {a['unit']}"))
     return pd.DataFrame(rows)
@@ -299,7 +300,8 @@ def plot(study: Study, cmp: Comparison, compiles: pd.DataFrame):
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [3, 2]})
-    speedup_bars(cmp.table[cmp.table.variant != TWIN], f"torch.compile set-ups vs fp32 eager ({study.profile.name}, "
+    drawn = cmp.table[cmp.table.variant != TWIN]
+    speedup_bars(drawn, f"torch.compile set-ups vs fp32 eager ({study.profile.name}, "
                  f"{study.device})", ax=left)
     ok = compiles[compiles.status == "ok"] if len(compiles) else compiles
     if len(ok):
@@ -310,5 +312,10 @@ def plot(study: Study, cmp: Comparison, compiles: pd.DataFrame):
         right.set_yticks(list(y), ok["variant"])
         right.set(xlabel="compile in the first call (s)", title="what compiling cost")
         right.legend(fontsize=8)
-    study.save_figure(fig, "speedup_and_compile")
+    study.save_figure(fig, "speedup_and_compile",
+                      what="torch.compile set-ups: speed-up per image at the profile's steps (left; median, bars: "
+                      "min-max over rounds, label: PSNR vs fp32) and the compile time inside the first call, round "
+                      "0 with cold caches beside the median of later rounds with the cache on disk (right)",
+                      baseline=interpolated(BASELINE) + " (compile: absolute seconds)",
+                      method=rounds_method(cmp, drawn), n=rounds_n(study, drawn))
     return fig

@@ -23,7 +23,9 @@ device, before any kernel is built (observed here with the lock's transformers 5
 `DSUNet` passes `return_dict` positionally (it lands in `class_labels`) and drops `added_cond_kwargs`
 (DeepSpeed #8408, open), so SDXL is out. The GPU set the sources support: DeepSpeed >= 0.13.2, diffusers >= 0.25,
 transformers < 5.6 (5.5.4 is the last release #46285 reports unaffected), SD 1.x/2, float16. No GPU run here
-confirmed that set.
+confirmed that set. Whether DeepSpeed's own policies still match the installed diffusers/transformers, and which
+modules they would replace, is computed on the CPU by DeepSpeed's own code (`deepspeed_policies`); availability()
+names a mismatch on every CUDA profile, also in `sdperf doctor` on a machine without CUDA.
 """
 from __future__ import annotations
 
@@ -44,8 +46,34 @@ INJECTION_DTYPE = "float16"
 SUPPORTED_ARCHS = ("sd15", "sd2-base", "tiny")
 
 
-def availability(device: str, arch: str = "sd15") -> tuple[bool, str]:
-    """Whether DeepSpeed's diffusers kernel injection can run here, and if not, why."""
+def policy_mismatch(clip_adapter: bool = False) -> str:
+    """Why DeepSpeed's own injection policies would not match this stack's SD module tree ("" when they do), from
+    sdperf.optimizations.deepspeed_policies run on the tiny SD twin on the CPU (about a second, once per
+    process). Without the adapter, says whether the adapter would fix it."""
+    from sdperf.optimizations import deepspeed_policies
+
+    try:
+        found = deepspeed_policies.twin_mismatches(clip_adapter)
+    except Exception as exc:  # noqa: BLE001 - a check that cannot run is itself the reason
+        return f"DeepSpeed's policy check could not run: {type(exc).__name__}: {exc}"
+    if not found:
+        return ""
+    import deepspeed
+    import diffusers
+    import transformers
+
+    why = (f"DeepSpeed {deepspeed.__version__}'s injection policies do not match diffusers {diffusers.__version__} / "
+           f"transformers {transformers.__version__} (DeepSpeed's own code, run on the CPU on the tiny SD twin): "
+           + "; ".join(found))
+    if not clip_adapter and not policy_mismatch(clip_adapter=True):
+        why += "; with sdperf's CLIP layout adapter (deepspeed:inject-clip-adapter) they match"
+    return why
+
+
+def availability(device: str, arch: str = "sd15", clip_adapter: bool = False) -> tuple[bool, str]:
+    """Whether DeepSpeed's diffusers kernel injection can run here, and if not, why. On a CUDA profile DeepSpeed's
+    policies are also checked against the installed diffusers/transformers (`policy_mismatch`), also where this
+    machine has no CUDA, so that `sdperf doctor --profile <gpu profile>` names a version drift before a GPU does."""
     if device != "cuda":
         return False, (f"device {device!r}: DeepSpeed's diffusers kernels (deepspeed.ops.transformer.inference, "
                        "InferenceBuilder) are CUDA/ROCm kernels; DeepSpeed's CPU accelerator implements none of "
@@ -53,9 +81,15 @@ def availability(device: str, arch: str = "sd15") -> tuple[bool, str]:
     if arch not in SUPPORTED_ARCHS:
         return False, (f"arch {arch!r}: DSUNet forwards only sample/timestep/encoder_hidden_states, so SDXL's "
                        f"added_cond_kwargs would be dropped; kernel injection supports {', '.join(SUPPORTED_ARCHS)}")
+    mismatch = policy_mismatch(clip_adapter)
     if not torch.cuda.is_available():
-        return False, "device 'cuda' requested but torch.cuda.is_available() is False"
-    return True, "CUDA device: fused attention / transformer-block kernels are built on first use (JIT)"
+        return False, ("device 'cuda' requested but torch.cuda.is_available() is False"
+                       + (f"; and {mismatch}" if mismatch else ""))
+    if mismatch:
+        return False, mismatch
+    return True, ("CUDA device: fused attention / transformer-block kernels are built on first use (JIT); "
+                  "DeepSpeed's policies match this stack's SD modules" + (" with sdperf's CLIP layout adapter"
+                                                                          if clip_adapter else ""))
 
 
 def _dtype(dtype: str) -> torch.dtype:
@@ -65,9 +99,17 @@ def _dtype(dtype: str) -> torch.dtype:
 
 
 def adapt_clip_layout(text_encoder):
-    """transformers >= 5.6 removed `CLIPTextModel.text_model`, which DSClipEncoder reads; point it at the model
-    itself. A plain attribute, not a submodule, so state_dict() and .to() see no cycle. Not DeepSpeed's code:
-    sdperf's adapter, for trying kernel injection with the lock's transformers."""
+    """sdperf's CLIP layout adapter, applied only by the deepspeed:inject-clip-adapter rung.
+
+    transformers >= 5.6 flattened CLIPTextModel (transformers #46285, which reports 5.5.4 unaffected; the lock's
+    5.23.0 has no `text_model`), and DeepSpeed's DSClipEncoder, which generic_injection wraps around
+    `pipe.text_encoder` (DeepSpeed 0.19.8, read here), reads `enc.text_model` to replace its
+    `_build_causal_attention_mask`: an AttributeError before anything is injected. The adapter points
+    `text_model` at the model itself, which since 5.6 holds the embeddings / encoder / final_layer_norm that the
+    inner CLIPTextTransformer held. A plain attribute, not a submodule, so state_dict(), .to() and named_modules()
+    see no cycle. The method DSClipEncoder then sets is one transformers 5.23 never calls (CLIP builds its causal
+    mask itself), so the text encoder computes what it computes without the adapter. A no-op where `text_model`
+    exists. Checked on the CPU by deepspeed_policies.policy_table (tests/test_opt_deepspeed.py)."""
     if not hasattr(text_encoder, "text_model"):
         object.__setattr__(text_encoder, "text_model", text_encoder)
     return text_encoder
@@ -197,13 +239,17 @@ def techniques() -> list[Technique]:
     def kernels(ctx):
         return availability(ctx.device, ctx.profile.arch)
 
+    def kernels_adapted(ctx):
+        return availability(ctx.device, ctx.profile.arch, clip_adapter=True)
+
     return [
         Technique("deepspeed:inject", "DeepSpeed kernel injection, fp16 pipeline", EXECUTOR, NOTEBOOK,
                   apply=_counted(lambda p: apply(p, "float16")), availability=kernels, changes_output=True,
                   dtype="float16", note="the seed's call: init_inference on the pipeline"),
         Technique("deepspeed:inject-clip-adapter", "DeepSpeed kernel injection + CLIP layout adapter", EXECUTOR,
-                  NOTEBOOK, apply=_counted(lambda p: apply(p, "float16", clip_adapter=True)), availability=kernels,
-                  changes_output=True, dtype="float16", note="sdperf's adapter for transformers >= 5.6"),
+                  NOTEBOOK, apply=_counted(lambda p: apply(p, "float16", clip_adapter=True)),
+                  availability=kernels_adapted, changes_output=True, dtype="float16",
+                  note="sdperf's adapter for transformers >= 5.6"),
         Technique("deepspeed:unet-fp32", "init_inference(pipe.unet, fp32): pass-through", EXECUTOR, NOTEBOOK,
                   apply=_counted(lambda p: apply_to_unet(p, "float32")), loop_only=True,
                   note="pass-through: DeepSpeed's transformer policies match none of the UNet's layers"),

@@ -11,7 +11,6 @@ kernel ahead; a call with other shapes recompiles for them.
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -66,11 +65,11 @@ def convert(unet: torch.nn.Module, example: tuple):
 
     Tracing here with check_trace=False is what convert_model would do itself, minus torch.jit.trace's
     default re-run of the model to check the trace (about half of the tiny UNet's conversion time here).
-    The tracer's warnings about channel-count checks frozen into the trace are expected: those are fixed."""
+    The tracer's warnings about channel-count checks frozen into the trace are expected (those are fixed) and
+    filtered in sdperf.quiet."""
     import openvino as ov
 
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+    with torch.no_grad():
         traced = torch.jit.trace(UNetGraph(unet).eval(), example, check_trace=False)
         return ov.convert_model(traced, example_input=example)
 

@@ -282,17 +282,16 @@ def _nncf_transform(scheme: str, calibration):
     import nncf
 
     def transform(model):
-        with warnings.catch_warnings():  # NNCF's progress bars ask for ipywidgets inside a notebook
-            warnings.filterwarnings("ignore", message=".*ipywidgets")
-            if scheme not in CALIBRATED:
-                model = nncf.compress_weights(model)
-                return model, {"calibration_captions": 0, "calibration_inputs": 0, **int8_census(model)}
-            feeds, captions = calibration()
-            data = nncf.Dataset([{k: v.numpy() for k, v in f.items()} for f in feeds])
-            if scheme == "openvino-nncf-hybrid":
-                model = hybrid_quantize(model, data, subset_size=len(feeds))
-            else:
-                model = nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(feeds))
+        # NNCF's progress bars ask for ipywidgets inside a notebook: filtered once, in sdperf.quiet
+        if scheme not in CALIBRATED:
+            model = nncf.compress_weights(model)
+            return model, {"calibration_captions": 0, "calibration_inputs": 0, **int8_census(model)}
+        feeds, captions = calibration()
+        data = nncf.Dataset([{k: v.numpy() for k, v in f.items()} for f in feeds])
+        if scheme == "openvino-nncf-hybrid":
+            model = hybrid_quantize(model, data, subset_size=len(feeds))
+        else:
+            model = nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(feeds))
         return model, {"calibration_captions": captions, "calibration_inputs": len(feeds), **int8_census(model)}
     return transform
 

@@ -31,7 +31,6 @@ import importlib.util
 import io
 import logging
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -128,13 +127,11 @@ def float32_copy(module: torch.nn.Module) -> torch.nn.Module:
 
 def convert(graph: torch.nn.Module, example: torch.Tensor):
     """openvino.convert_model on the graph traced once (no re-run to check the trace: it only costs time). The
-    tracer's warnings about Python values frozen into the trace are expected at fixed shapes, and the deprecation
-    notices (torch.jit.trace itself, transformers attributes the tracer reads) say nothing about this graph."""
+    tracer's warnings about shape checks frozen into the trace (expected at fixed shapes) and the deprecation
+    notices (torch.jit.trace itself, a transformers attribute the tracer reads) are filtered in sdperf.quiet."""
     import openvino as ov
 
-    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        warnings.simplefilter("ignore", FutureWarning)
+    with torch.inference_mode(False), torch.no_grad():
         traced = torch.jit.trace(graph.eval(), (example,), check_trace=False)
         return ov.convert_model(traced, example_input=(example,))
 
@@ -155,9 +152,8 @@ def compress(model) -> tuple[object, dict]:
     import nncf
 
     nncf.set_log_level(logging.WARNING)
-    # NNCF draws a progress bar on stdout (and asks for ipywidgets inside a notebook): a worker's log keeps neither
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.filterwarnings("ignore", message=".*ipywidgets")
+    # NNCF draws a progress bar on stdout: a worker's log does not keep it (its ipywidgets request: sdperf.quiet)
+    with contextlib.redirect_stdout(io.StringIO()):
         model = nncf.compress_weights(model)
     return model, {"nncf": nncf.__version__, "nncf_step": "compress_weights (int8_asym, per channel)",
                    "int8_weights": int8_weight_count(model)}

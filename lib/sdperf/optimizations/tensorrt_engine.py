@@ -30,7 +30,9 @@ def availability(device: str) -> tuple[bool, str]:
     try:
         import tensorrt as trt
     except ImportError:
-        return False, "the tensorrt Python package is not installed (pip install tensorrt; torch-tensorrt is not used)"
+        return False, ("the tensorrt Python package is not installed (`make install-gpu` installs TensorRT 10 from "
+                       "requirements-gpu.lock; a plain `pip install tensorrt` gets the newest, 11.x, and this path "
+                       "needs 10.x)")
     if not hasattr(trt.BuilderFlag, "FP16"):
         return False, f"tensorrt {trt.__version__} has no BuilderFlag.FP16 (strongly typed only); this path needs 10.x"
     return True, f"tensorrt {trt.__version__} on {torch.cuda.get_device_name(0)}"

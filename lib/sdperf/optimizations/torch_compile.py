@@ -19,9 +19,9 @@ A set-up is written as a spec string: a mode or backend, '+'-joined with flags, 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import shutil
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,10 +30,6 @@ from torch._dynamo.utils import counters, get_compilation_metrics
 from torch.utils._triton import has_triton
 
 from sdperf.optimizations.catalog import EXECUTOR, Technique
-
-# torch's CUDA build, imported on a machine without CUDA, warns "No CUDA runtime is found" when inductor first
-# imports cpp_extension; the CPU path it compiles for does not use CUDA_HOME, so the line only adds noise.
-logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 EAGER = "eager"
 INDUCTOR = "inductor"
@@ -201,6 +197,28 @@ def compile_log(log: CompileLog | None = None):
         log.cudagraph_skips += counters["inductor"]["cudagraph_skips"] - skips
 
 
+class CompileError(RuntimeError):
+    """torch.compile failed before the compiled UNet ran; the message says at which step, the original exception is
+    chained (`__cause__`) with its traceback."""
+
+
+# Files of the step where Dynamo builds the guards of a traced frame: a failure there is torch's, not the model's.
+GUARD_FILES = ("torch/_guards.py", "torch/_dynamo/guards.py")
+
+
+def guard_failure(exc: BaseException, backend: str) -> CompileError | None:
+    """A CompileError naming the guard step and the frame that raised, when `exc` was raised while Dynamo built
+    its guards (torch 2.14 + the OpenVINO backend on the UNet: IndexError in symbolic_shapes.issue_guard); else
+    None (the exception is left as it is)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not any(f.filename.replace(os.sep, "/").endswith(GUARD_FILES) for f in frames):
+        return None
+    last = frames[-1]
+    where = f"{last.name} ({'/'.join(Path(last.filename).parts[-2:])}:{last.lineno})"
+    return CompileError(f"torch.compile (backend {backend}) failed while Dynamo built the traced UNet's guards, "
+                        f"in {where}: {type(exc).__name__}: {exc}")
+
+
 class CompiledUNet(torch.nn.Module):
     """The compiled UNet as the generation loop calls it. Each call runs under the spec's inductor config
     patches, because compilation is lazy: Dynamo reads `freezing` when it traces the first call (it then guards
@@ -234,7 +252,13 @@ class CompiledUNet(torch.nn.Module):
         with compile_log(self.log), scope:
             if graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # a new step: earlier outputs may be overwritten
-            out = self.compiled(*args, **kwargs)
+            try:
+                out = self.compiled(*args, **kwargs)
+            except Exception as exc:
+                failure = guard_failure(exc, self.spec.backend)
+                if failure is None:
+                    raise
+                raise failure from exc
         if graphs:
             # the loop keeps outputs across steps (PLMS history); a replay overwrites the graph's output buffer
             out = tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in out)

@@ -12,7 +12,6 @@ import contextlib
 import shutil
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -146,15 +145,15 @@ def export_onnx(unet: torch.nn.Module, example: tuple, path: Path, exporter: str
 
 def _export(graph, example, path, exporter: str, dynamic: bool) -> None:
     kw = dict(input_names=list(INPUTS), output_names=[OUTPUT])
-    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
-        if exporter == "dynamo":  # both inputs share one batch Dim, which torch.onnx reports as a rename
-            warnings.filterwarnings("ignore", message=".*will not be used, since it shares the same shape")
+    # torch.onnx's note that both inputs share one batch Dim, and the tracer's warnings about channel-count checks
+    # frozen into the trace (expected: they are fixed) are filtered in sdperf.quiet
+    with torch.inference_mode(False), torch.no_grad():
+        if exporter == "dynamo":
             batch = torch.export.Dim("batch", min=1, max=MAX_GRAPH_BATCH)
             shapes = {"sample": {0: batch}, "timestep": None, "encoder_hidden_states": {0: batch}}
             torch.onnx.export(graph, example, str(path), dynamo=True, external_data=True, verbose=False,
                               dynamic_shapes=shapes if dynamic else None, **kw)
-        else:  # the tracer warns about channel-count checks frozen into the trace: expected, they are fixed
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        else:
             axes = {n: {0: "batch"} for n in ("sample", "encoder_hidden_states", OUTPUT)}
             torch.onnx.export(graph, example, str(path), dynamo=False, opset_version=17,
                               dynamic_axes=axes if dynamic else None, **kw)

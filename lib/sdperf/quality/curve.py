@@ -13,9 +13,12 @@ from typing import Callable
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.lines import Line2D
 import pandas as pd
 
-from sdperf import prompts
+from sdperf import figure_captions, prompts
 from sdperf.imagegen import read_manifest
 from sdperf.quality import sharded
 from sdperf.paths import profile_reports
@@ -157,8 +160,9 @@ def stored_curves(profiles: list[str]) -> pd.DataFrame:
 
 
 def plot(study: Study, s: QualitySettings, curve: Curve, others: pd.DataFrame | None = None):
-    """FID (x) against CLIP score (y), one line per profile, each point marked with its guidance scale."""
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    """FID (x) against CLIP score (y), one line per profile (its own marker and line style), each point coloured
+    by its guidance scale on one colour bar: no labels over the points, however close they fall."""
+    fig, ax = plt.subplots(figsize=(8.5, 5))
     t = curve.table.sort_values("guidance")
     fx, cy = s.label("fid"), s.label("clip")
     lines = [(f"{study.profile.name} (this run, n={int(t.n_images.min())})", t[fx], t[cy], t.guidance)]
@@ -167,14 +171,36 @@ def plot(study: Study, s: QualitySettings, curve: Curve, others: pd.DataFrame | 
             g = g.sort_values("guidance")
             tag = " [machinery only]" if g.machinery.any() else ""
             lines.append((f"{model} (stored){tag}", g.fid, g.clip, g.guidance))
-    for label, x, y, gs in lines:
-        ax.plot(x, y, marker="o", label=label)
-        for xi, yi, gi in zip(x, y, gs):
-            ax.annotate(f"{gi:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    scales = sorted({float(g) for *_, gs in lines for g in gs})
+    norm = Normalize(vmin=min(scales), vmax=max(scales) if max(scales) > min(scales) else min(scales) + 1)
+    markers, styles, handles = "osD^vP", ("-", "--", "-.", ":"), []
+    for i, (label, x, y, gs) in enumerate(lines):
+        marker, ls = markers[i % len(markers)], styles[i % len(styles)]
+        ax.plot(x, y, color="0.45", ls=ls, lw=1.2, zorder=1)
+        ax.scatter(x, y, c=list(gs), cmap="viridis", norm=norm, marker=marker, s=55, edgecolors="black",
+                   linewidths=0.6, zorder=3)
+        handles.append(Line2D([], [], color="0.45", ls=ls, marker=marker, markerfacecolor="white",
+                              markeredgecolor="black", label=label))
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap="viridis"), ax=ax, label="guidance scale")
+    bar.set_ticks(scales, labels=[f"{g:g}" for g in scales])
     ax.set(xlabel=f"{fx} (lower is better)", ylabel=f"{cy} (higher is better)",
            title=f"FID vs CLIP over guidance scales ({s.clip_arch}, scored at {s.score_resolution or 'native'} px)")
-    ax.legend(fontsize=8)
-    study.save_figure(fig, "fid_vs_clip")
+    ax.set_xlim(left=0)  # FID from 0: a small gap between guidance scales does not look large
+    ax.legend(handles=handles, fontsize=8, loc="best")
+    p, n = study.profile, t.n_images.astype(int)
+    machinery = list(dict.fromkeys(s.machinery_reasons("fid") + s.machinery_reasons("clip")))
+    study.save_figure(fig, "fid_vs_clip",
+                      what=f"FID against CLIP score over guidance scales (NeMo's protocol) for {p.name}"
+                      + (f" beside the curves {len(lines) - 1} other profile(s) stored" if len(lines) > 1 else "")
+                      + (f"; machinery only ({'; '.join(machinery)}): not image quality" if machinery else ""),
+                      baseline=f"FID: {curve.reference.what}; CLIP: each image's own caption (no ratio)",
+                      method=f"one image per caption at each guidance scale, the same caption and noise at every "
+                      f"scale, {s.steps} {p.scheduler} steps, {p.resolution}px, {p.dtype}; FID from Inception-v3 "
+                      f"pool features ({s.fid_features}), CLIP score {s.clip_arch} mean of max(100 cos, 0), both on "
+                      f"images resized to {s.score_resolution or p.resolution}px",
+                      n=f"{n.min() if n.min() == n.max() else f'{n.min()}-{n.max()}'} images per guidance scale "
+                      f"here, {len(t)} scales" + ("; stored curves: as their profiles recorded them"
+                                                  if len(lines) > 1 else ""))
     return fig
 
 
@@ -194,5 +220,13 @@ def sample_grid(study: Study, folder: Path, n_captions: int = 4):
                 ax.set_title(f"guidance {g:g}", fontsize=9)
             if j == 0:
                 ax.set_ylabel(row.caption[:28], fontsize=7)
-    study.save_figure(fig, "samples")
+    p = study.profile
+    study.save_figure(fig, "samples",
+                      what=f"The first {len(ids)} captions' images at every guidance scale (rows: captions, columns: "
+                      "guidance scales; the same caption and noise across a row): what the FID and CLIP points "
+                      "score", baseline=figure_captions.NO_BASELINE + " (images)",
+                      method=f"the curve's images: {p.arch}, {p.dtype}, {p.resolution}px, {p.scheduler} sampler; "
+                      f"weights: {p.weights or 'random init (pictures of the machinery, not of a trained model)'}",
+                      n=f"{len(ids)} captions x {len(scales)} guidance scales, of the {m.prompt_id.nunique()} "
+                      "captions generated")
     return fig

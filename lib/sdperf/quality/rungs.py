@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sdperf import drift, half_budget
+from sdperf import drift, half_budget, plots
 from sdperf.comparison import release
 from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Context, Stack
@@ -189,7 +189,8 @@ def _record(study: Study, s: QualitySettings, table: pd.DataFrame) -> None:
 
 
 def plot(study: Study, s: QualitySettings, table: pd.DataFrame):
-    """The frontier: stand-alone speed-up (x) against FID vs the fp32 images and CLIP score (y)."""
+    """The frontier: stand-alone speed-up (x) against FID vs the fp32 images and CLIP score (y); each rung a
+    marker of its own named in one legend beside the axes (no labels over the points)."""
     if table.empty:
         fig, ax = plt.subplots(figsize=(6, 1.6))
         ax.text(0.5, 0.5, "no rungs in this run: no speed-quality frontier", ha="center", va="center")
@@ -199,15 +200,20 @@ def plot(study: Study, s: QualitySettings, table: pd.DataFrame):
     ok["speedup_vs_fp32"] = pd.to_numeric(ok["speedup_vs_fp32"], errors="coerce")
     timed = ok[ok.speedup_vs_fp32.notna()]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    markers = "osD^vP*Xh<>p"
     for ax, col in zip(axes, (s.label("fid_vs_baseline"), s.label("clip"))):
-        x = timed.speedup_vs_fp32.astype(float)
-        xerr = (np.vstack([x - timed.speedup_lo.astype(float), timed.speedup_hi.astype(float) - x])
-                if len(timed) else None)
-        ax.errorbar(x, timed[col], xerr=xerr, fmt="o", capsize=3)
-        for rung, xi, yi in zip(timed.rung, timed.speedup_vs_fp32, timed[col]):
-            ax.annotate(rung, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        for i, (_, r) in enumerate(timed.iterrows()):
+            x = float(r["speedup_vs_fp32"])
+            xerr = [[x - float(r["speedup_lo"])], [float(r["speedup_hi"]) - x]]
+            ax.errorbar([x], [r[col]], xerr=xerr, fmt=markers[i % len(markers)], color=plt.cm.tab10.colors[i % 10],
+                        capsize=3, label=r["rung"])
         ax.axvline(1.0, color="grey", ls=":")
-        ax.set(xlabel="stand-alone speed-up vs fp32 eager (x, median, min-max over rounds)", ylabel=col)
+        scale = plots.ratio_scale(ax, [1.0, *timed.speedup_vs_fp32, *timed.speedup_lo, *timed.speedup_hi], "x")
+        ax.set(xlabel="speed-up alone vs fp32 eager (x; median, min-max" + (", log)" if scale == "log" else ")"),
+               ylabel=col)
+    if len(timed):
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.9), fontsize=8, frameon=False)
     missing = sorted(set(ok.rung) - set(timed.rung))
     title = f"speed vs quality at each rung (n={int(ok.n_images.min()) if len(ok) else 0} images per rung)"
     if missing:
@@ -216,5 +222,19 @@ def plot(study: Study, s: QualitySettings, table: pd.DataFrame):
     if methods:
         title += f"\nspeed: {'; '.join(methods)}"
     fig.suptitle(title, fontsize=10)
-    study.save_figure(fig, "speed_quality_frontier")
+    n_img = ok.n_images.astype(int)
+    rungs_ = ok[ok.rung != BASELINE]
+    study.save_figure(fig, "speed_quality_frontier",
+                      what="Speed against quality at each ladder rung: each rung's stand-alone speed-up per image "
+                      "(median, bars: min-max over rounds, from its own notebook's rows) against the FID and CLIP "
+                      "score of its images"
+                      + ("" if not s.machinery_reasons("fid") else " (machinery only: "
+                         + "; ".join(s.machinery_reasons("fid")) + ")"),
+                      baseline="speed: fp32 eager, interpolated per round; quality: the fp32 eager images of the same "
+                      "captions and noise",
+                      method=f"speed: {'; '.join(methods) or 'no rung timed alone'}; quality: FID and CLIP "
+                      f"({s.clip_arch}) of each rung's images, generated in this notebook's process",
+                      n=f"{n_img.min() if n_img.min() == n_img.max() else f'{n_img.min()}-{n_img.max()}'} images per "
+                      f"rung; {len(timed[timed.rung != BASELINE])} of the {len(rungs_)} rungs beside {BASELINE} timed "
+                      "alone on this machine at this commit")
     return fig

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from sdperf import figure_captions
 from sdperf.reference import domain, evaluator, quality
 
 NEMO_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
@@ -42,22 +43,28 @@ def run(pipe, net: evaluator.Evaluator, real: quality.Real, guidance_scales, n: 
 
 
 def plot(table: pd.DataFrame, title: str):
-    """FID against adherence (NeMo's axes, CLIP -> adherence), and each against guidance, with 95% intervals."""
+    """FID against adherence (NeMo's axes, CLIP -> adherence), and each against guidance, with 95% intervals. In
+    the first panel each point is coloured by its guidance scale, named in a legend beside the figure: points
+    close together (high adherence) would bury text labels."""
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     ax = axes[0]
     xerr = np.vstack([table.adherence - table.adherence_lo, table.adherence_hi - table.adherence])
     yerr = np.vstack([table.domain_fid - table.fid_lo, table.fid_hi - table.domain_fid])
-    ax.errorbar(table.adherence, table.domain_fid, xerr=xerr, yerr=yerr, fmt="o-", capsize=3)
-    for g, x, y in zip(table.guidance, table.adherence, table.domain_fid):
-        ax.annotate(f"{g:g}", (x, y), textcoords="offset points", xytext=(6, -10), fontsize=8, color="0.3")
+    ax.errorbar(table.adherence, table.domain_fid, xerr=xerr, yerr=yerr, fmt="-", color="0.55", capsize=3,
+                zorder=1)
+    colors = plt.cm.viridis(np.linspace(0, 1, len(table)))
+    for g, x, y, c in zip(table.guidance, table.adherence, table.domain_fid, colors):
+        ax.scatter([x], [y], color=c, s=45, edgecolors="black", linewidths=0.6, zorder=3, label=f"{g:g}")
     ax.set(xlabel="prompt adherence (share of caption claims found)", ylabel="domain FID (lower is better)",
-           title="FID vs adherence (labels: guidance scale)")
+           title="FID vs adherence (colour: guidance scale)")
     axes[1].errorbar(table.guidance, table.adherence, yerr=xerr, fmt="o-", capsize=3)
     axes[1].set(xlabel="guidance scale", ylabel="prompt adherence", ylim=(0, 1), title="adherence vs guidance")
     axes[2].errorbar(table.guidance, table.domain_fid, yerr=yerr, fmt="o-", capsize=3)
     axes[2].set(xlabel="guidance scale", ylabel="domain FID", ylim=(0, None), title="domain FID vs guidance")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    fig.legend(*ax.get_legend_handles_labels(), title="guidance", loc="center left", bbox_to_anchor=(1.0, 0.5),
+               fontsize=8, frameon=False)
     return fig
 
 
@@ -117,11 +124,43 @@ def for_study(study, s, folder=None):
     table, kept = run(pipe, net, real, guidance_scales, n, steps)
     _record(study, table, manifest)
     captions = [s.caption for s in quality.prompts(min(len(v) for v in kept.values()))]
+    model = f"reference model at commit {manifest.get('commit')}"
     study.save_figure(plot(table, f"{MODEL}: {n} images per guidance scale, {steps} PLMS steps, "
-                                  f"{study.env['device_name']}; bars: 95% bootstrap intervals"), "reference_curve")
-    study.save_figure(grid(kept, captions), "reference_samples")
-    study.save_figure(training_plot(folder or store.default_dir(), manifest), "reference_training")
+                                  f"{study.env['device_name']}; bars: 95% bootstrap intervals"), "reference_curve",
+                      what=f"{MODEL}: domain FID against prompt adherence over guidance scales "
+                      f"{', '.join(f'{g:g}' for g in table.guidance)} (NeMo's FID-vs-CLIP protocol with the study's "
+                      "evaluator in CLIP's place), and each against guidance",
+                      baseline="domain FID: the evaluator's features of held-out renders of the domain; adherence: "
+                      "each image's own caption claims (no ratio)",
+                      method=f"{METHOD}; {steps} PLMS steps, on the CPU; {model}",
+                      n=f"{n} images per guidance scale, {len(table)} scales",
+                      taken_in=dict(study.env, device="cpu"))  # the reference model runs on the CPU
+    rows = min(len(v) for v in kept.values())
+    study.save_figure(grid(kept, captions), "reference_samples",
+                      what=f"{MODEL}: the first {rows} captions' images at every guidance scale (rows: captions, "
+                      "columns: guidance scales, the same noise across a row): what the curve scores",
+                      baseline=figure_captions.NO_BASELINE + " (images)",
+                      method=f"caption i with noise seed i at every scale, {steps} PLMS steps; {model}",
+                      n=f"{rows} captions x {len(kept)} guidance scales, of the {n} per scale scored")
+    training = folder or store.default_dir()
+    study.save_figure(training_plot(training, manifest), "reference_training",
+                      what=f"{MODEL}: the training loss of each stage of `sdperf train-reference` (log axis), as the "
+                      "committed model's training.json stored it, with each stage's training time",
+                      baseline=figure_captions.NO_BASELINE + " (loss)",
+                      method=f"mean training loss per logged window of optimizer steps; {model}, trained on the "
+                      "machine its manifest names (the device here), not in this run",
+                      n=_training_n(training), taken_in=manifest.get("machine") or {})
     return table, manifest
+
+
+def _training_n(folder) -> str:
+    """What the training figure's points are: logged windows per stage, read from training.json."""
+    import json
+    from pathlib import Path
+
+    curves = json.loads((Path(folder) / "training.json").read_text())
+    return "; ".join(f"{stage}: {len(c)} logged windows up to step {c[-1]['step'] if c else 0}"
+                     for stage, c in curves.items())
 
 
 def _record(study, table: pd.DataFrame, manifest: dict) -> None:

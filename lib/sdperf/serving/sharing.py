@@ -6,8 +6,10 @@ arithmetic on the measured single-request latency, labelled "estimate (not measu
 
 The one quantity that decides all three is how much of the device a single request keeps busy, `busy`. It is
 read from a measurement: per-image time at the largest measured batch divided by the batch-1 latency (if batching
-4 images costs 4 times one, one request already fills the device and sharing cannot add throughput). Without a
-batched measurement `busy` is taken as 1 (no evidence of idle capacity), and the table says so.
+4 images costs 4 times one, one request already fills the device and sharing cannot add throughput). The batch
+may come from the caller's own timing or from another measurement (13 reads 00_baseline's batch rows when it
+timed batch 1 only), passed in as `measured_busy`. Without any batched measurement `busy` is taken as 1 (no evidence of
+idle capacity), and the table says so.
 """
 from __future__ import annotations
 
@@ -28,9 +30,10 @@ def busy_fraction(single_latency_s: float, batch_latency_s: float | None = None,
 
 def estimate(single_latency_s: float, *, batch_latency_s: float | None = None, batch_size: int | None = None,
              peak_memory_mib: float | None = None, device_memory_mib: float | None = None,
-             clients: tuple[int, ...] = (1, 2, 3, 7)) -> pd.DataFrame:
-    """Per strategy and number of clients: latency per request, aggregate images/s, memory needed; all estimates."""
-    busy, how = busy_fraction(single_latency_s, batch_latency_s, batch_size)
+             clients: tuple[int, ...] = (1, 2, 3, 7), measured_busy: tuple[float, str] | None = None) -> pd.DataFrame:
+    """Per strategy and number of clients: latency per request, aggregate images/s, memory needed; all estimates.
+    `measured_busy`: (fraction, how it was measured) from elsewhere, used instead of the batch given here."""
+    busy, how = measured_busy or busy_fraction(single_latency_s, batch_latency_s, batch_size)
     rows = []
     for n in clients:  # n clients, each with one request at a time: throughput = n / latency (Little's law)
         rows.append(_row("MPS", n, 1.0, single_latency_s * max(1.0, n * busy), n, single_latency_s,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from sdperf import figure_captions
 from sdperf.architectures import vae_scale_factor
 from sdperf.comparison import published_row
 from sdperf.study import Study
@@ -188,7 +189,7 @@ def published_tables() -> dict[str, pd.DataFrame]:
     nemo.columns = [f"{c:g} node{'s' if c > 1 else ''}" for c in nemo.columns]
     mosaic = t[t.source == published.MOSAIC].pivot_table(index="curve", columns="gpus", values="value", sort=False)
     mosaic.columns = [f"{c} GPUs" for c in mosaic.columns]
-    sources = published.load().groupby("source", sort=False).agg(url=("url", "first"), file=("source_file", "first"),
+    sources = published.load().groupby("source", sort=False).agg(url=("url", "first"),
                                                                  hardware=("hardware", lambda h: "; ".join(h.unique())))
     return {"NeMo (samples/s)": nemo, "MosaicML (images/s)": mosaic, "sources": sources.reset_index()}
 
@@ -206,17 +207,73 @@ def _where(study: Study) -> str:
     return f"here ({launch.usable_cores()} CPU cores, {launch.thread_budget()} thread(s) split between the ranks)"
 
 
+def scope_note(study: Study, measured: pd.DataFrame) -> str | None:
+    """On a CPU, what ranks sharing this machine's cores can show beside GPU-cluster curves; None on a GPU."""
+    if study.device == "cuda":
+        return None
+    ok = measured[measured["status"] == "ok"]
+    worlds = sorted({int(w) for w in ok["world_size"]}) if len(ok) else []
+    ranks = f"{' and '.join(map(str, worlds))} rank(s)" if worlds else "the ranks"
+    return (f"Measured here: {ranks} as processes of one machine, sharing its {launch.usable_cores()} CPU cores "
+            f"({launch.thread_budget()} thread(s) split between the ranks). That can show DDP's own overhead on one "
+            "machine (gradient all-reduce, threads divided), not how training scales across GPUs or nodes: the "
+            "published curves are GPU clusters.")
+
+
+def _published_hardware(sources: list[str]) -> str:
+    """The hardware of the published sources a figure draws, from the transcribed table."""
+    t = published.load()
+    return "; ".join(t[t.source.isin(sources)]["hardware"].drop_duplicates())
+
+
 def save_figures(study: Study, measured: pd.DataFrame, tables: dict[str, pd.DataFrame]) -> dict:
     curves = published.curves()
     mine = figures.measured_curves(tables["weak"], tables["strong"], "here")
+    note = scope_note(study, measured)
     title = f"Speed-up against perfect linear scaling: published GPUs and {_where(study)}"
-    out = {"speedup": study.save_figure(figures.speedup_figure(curves, mine, title), "speedup"),
-           "efficiency": study.save_figure(figures.efficiency_figure(curves, mine, "Scaling efficiency"),
-                                           "efficiency"),
-           "a100_h100": study.save_figure(figures.ratio_figure(published.a100_to_h100()), "a100_to_h100"),
-           "per_device": study.save_figure(figures.per_device_figure(published.throughput(), measured, "here"),
-                                           "per_device"),
-           "memory": study.save_figure(figures.memory_figure(measured, _where(study)), "memory")}
+    ok = measured[measured["status"] == "ok"]
+    steps = sorted({int(v) for v in ok["timed_steps"]}) if len(ok) and "timed_steps" in ok else []
+    n_here = (f"here: {len(ok)} configuration(s), one torchrun process group each, "
+              f"{'/'.join(map(str, steps)) or 'no'} timed steps each")
+    method = ("here: each configuration a fresh torchrun process group, timed steps after warm-up, samples/s = "
+              "global batch / median step time of the slowest rank; published: transcribed from the sources "
+              "(sdperf.training.published)")
+    hardware = _published_hardware(list(curves.source.unique()))
+    pub = f"published: {len(curves)} points on {curves['curve'].nunique()} curves ({hardware})"
+    scaling = dict(baseline="each curve's own samples/s at its smallest size (here: the smallest world size of the "
+                   "same engine and batch), ratio of medians", method=method, n=f"{n_here}; {pub}")
+    ratios = published.a100_to_h100()
+    out = {"speedup": study.save_figure(
+               figures.speedup_figure(curves, mine, title, note), "speedup",
+               what="Training speed-up over each curve's smallest size against devices / smallest size (log2 axes): "
+               "the published GPU sweeps beside the DDP/ZeRO sweep measured here, and perfect linear scaling",
+               **scaling),
+           "efficiency": study.save_figure(
+               figures.efficiency_figure(curves, mine, "Scaling efficiency", note), "efficiency",
+               what="Scaling efficiency (speed-up / scale; 1.0 is perfect linear) of the published GPU sweeps and "
+               "of the sweep measured here", **scaling),
+           "a100_h100": study.save_figure(
+               figures.ratio_figure(ratios), "a100_to_h100",
+               what="NeMo's published DGX H100 over DGX A100 training throughput, SD at 512px, per node count and in "
+               "its 4-node comparison table, with the speed-up NeMo states",
+               baseline="DGX A100 at the same node count (published)",
+               method="ratio of the published throughputs (sdperf.training.published); nothing measured here",
+               n=f"{len(ratios)} published pairs",
+               taken_in={"published_hardware": _published_hardware(["NeMo SD training A100 vs H100"])}),
+           "per_device": study.save_figure(
+               figures.per_device_figure(published.throughput(), measured, "here", note), "per_device",
+               what="Training samples/s per device (GPU, or rank here) against the number of devices, log-log: the "
+               "published GPU sweeps beside this machine's ranks (bars: p10-p90 over timed steps)",
+               baseline=figure_captions.NO_BASELINE + " (samples/s per device)", method=method,
+               n=f"{n_here}; {pub}"),
+           "memory": study.save_figure(
+               figures.memory_figure(measured, _where(study)), "memory",
+               what="Per-rank peak memory of every training configuration that ran (largest rank), the part held "
+               "before the UNet was built hatched, training's own part written above each bar",
+               baseline=figure_captions.NO_BASELINE + " (MiB)",
+               method="each rank's peak memory over its run (" + (str(ok["memory_kind"].iloc[0]) if len(ok) and
+                                                                  "memory_kind" in ok else "not measured") + ")",
+               n=f"{len(ok)} configuration(s), the largest of each one's ranks")}
     return out
 
 
@@ -263,9 +320,12 @@ def limits(study: Study, prep: Prepared) -> str:
     one, most = launch.threads_per_rank("cpu", 1), top * launch.threads_per_rank("cpu", top)
     if most <= one:
         setting = (f"CPU only: world sizes {worlds} share a budget of {budget} thread(s) on {cores} core(s), each "
-                   "rank getting budget // world size threads, so a larger world size adds no compute: perfect "
-                   "linear scaling is out of reach by construction and the fair ceiling is the one-rank speed "
-                   "(speed-up 1.0). ")
+                   "rank getting budget // world size threads, so a larger world size adds no cores: perfect "
+                   "linear scaling is out of reach by construction, and the reference point is speed-up 1.0, the "
+                   "ideal for ranks that split the cores one rank already had. It is not a ceiling: a measured "
+                   "speed-up above 1.0 means one rank with every thread left the cores partly idle (intra-op "
+                   "threading does not scale perfectly over small ops and synchronizations) and ranks of fewer "
+                   "threads fill them; the equal-threads efficiency below separates DDP's own cost from that. ")
     else:
         setting = (f"CPU only, thread budget {budget} ($OMP_NUM_THREADS) on {cores} core(s): one rank runs "
                    f"{one} thread(s) and {top} ranks run {most} in all, so the larger world size does bring more "

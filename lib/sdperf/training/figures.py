@@ -6,6 +6,8 @@ each other on a log axis.
 """
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
@@ -25,6 +27,15 @@ def measured_curves(weak: pd.DataFrame, strong: pd.DataFrame, where: str) -> lis
     return out
 
 
+def scope_note(ax, note: str | None) -> None:
+    """What the measured curves can show, in a box under the axes (never over a curve): on a CPU, ranks sharing
+    one machine's cores beside GPU clusters show DDP's overhead on one machine, not cluster scaling."""
+    if note:
+        ax.annotate(textwrap.fill(note, 120), xy=(0.5, 0), xycoords="axes fraction", xytext=(0, -42),
+                    textcoords="offset points", ha="center", va="top", fontsize=8,
+                    bbox=dict(boxstyle="round,pad=0.4", fc="#fff6d5", ec="0.6"))
+
+
 def _log2_axes(ax, max_scale: float) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
@@ -33,8 +44,10 @@ def _log2_axes(ax, max_scale: float) -> None:
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
 
 
-def speedup_figure(published: pd.DataFrame, measured: list[tuple[str, pd.DataFrame]], title: str):
-    """Speed-up over each curve's smallest size against scale, with the perfect-linear diagonal."""
+def speedup_figure(published: pd.DataFrame, measured: list[tuple[str, pd.DataFrame]], title: str,
+                   note: str | None = None):
+    """Speed-up over each curve's smallest size against scale, with the perfect-linear diagonal; `note` says under
+    the axes what the measured curves can show."""
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     max_scale = max([published["scale"].max()] + [g["scale"].max() for _, g in measured])
     ax.plot([1, max_scale], [1, max_scale], color="grey", ls="--", lw=1, label="perfect linear scaling")
@@ -48,10 +61,12 @@ def speedup_figure(published: pd.DataFrame, measured: list[tuple[str, pd.DataFra
     ax.set(xlabel="devices / smallest size of the curve (x)", ylabel="samples/s / samples/s at smallest size (x)",
            title=title)
     ax.legend(fontsize=7.5, loc="upper left")
+    scope_note(ax, note)
     return fig
 
 
-def efficiency_figure(published: pd.DataFrame, measured: list[tuple[str, pd.DataFrame]], title: str):
+def efficiency_figure(published: pd.DataFrame, measured: list[tuple[str, pd.DataFrame]], title: str,
+                      note: str | None = None):
     """Scaling efficiency (speed-up / scale) per curve; 1.0 is perfect linear."""
     fig, ax = plt.subplots(figsize=(8.5, 4.6))
     colors = sns.color_palette("colorblind", n_colors=published["curve"].nunique() + len(measured))
@@ -67,6 +82,7 @@ def efficiency_figure(published: pd.DataFrame, measured: list[tuple[str, pd.Data
     ax.set(xlabel="devices / smallest size of the curve (x)", ylabel="scaling efficiency (speed-up / scale)",
            ylim=(0, top), title=title)
     ax.legend(fontsize=7.5, loc="lower left")
+    scope_note(ax, note)
     return fig
 
 
@@ -91,21 +107,28 @@ def ratio_figure(ratios: pd.DataFrame):
     return fig
 
 
-def per_device_figure(published: pd.DataFrame, measured: pd.DataFrame, where: str):
-    """Absolute samples/s per device (GPU or rank) against the number of devices, log-log."""
+def per_device_figure(published: pd.DataFrame, measured: pd.DataFrame, where: str, note: str | None = None):
+    """Absolute samples/s per device (GPU or rank) against the number of devices, log-log; the measured median
+    with its p10-p90 range over timed steps."""
     fig, ax = plt.subplots(figsize=(8.5, 4.6))
     for curve, g in published.groupby("curve", sort=False):
         ax.plot(g["gpus"], g["value"] / g["gpus"], label=curve, **PUBLISHED_STYLE)
     ok = measured[(measured["status"] == "ok") & ~measured["control"].astype(bool)]
     for (engine, b), g in ok.groupby(["engine", "per_rank_batch"]):
         g = g.sort_values("world_size")
-        ax.plot(g["world_size"], g["samples_per_s_per_rank"], label=f"measured {where}: {engine}, {b}/rank",
-                **MEASURED_STYLE)
+        line, = ax.plot(g["world_size"], g["samples_per_s_per_rank"], label=f"measured {where}: {engine}, {b}/rank",
+                        **MEASURED_STYLE)
+        if {"samples_per_s_p10", "samples_per_s_p90"} <= set(g.columns):  # per rank: global figures / world size
+            lo = g["samples_per_s_p10"] / g["world_size"]
+            hi = g["samples_per_s_p90"] / g["world_size"]
+            ax.errorbar(g["world_size"], g["samples_per_s_per_rank"], yerr=[g["samples_per_s_per_rank"] - lo,
+                        hi - g["samples_per_s_per_rank"]], fmt="none", ecolor=line.get_color(), capsize=3)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set(xlabel="devices (GPUs, or ranks here)", ylabel="samples/s per device",
            title="Training throughput per device: published GPUs and this machine")
-    ax.legend(fontsize=7.5, loc="best")
+    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the curves
+    scope_note(ax, note)
     return fig
 
 

@@ -1,5 +1,5 @@
 """The published training-throughput tables (NeMo A100/H100 node sweep and comparison, MosaicML A100 sweep),
-transcribed into sdperf/data/published_training.csv with their source URL, source file and hardware."""
+transcribed into sdperf/data/published_training.csv with their source URL and hardware."""
 from __future__ import annotations
 
 from importlib import resources
