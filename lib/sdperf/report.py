@@ -44,6 +44,10 @@ figcaption { color: #555; font-size: .9rem; }
 details summary { cursor: pointer; }
 .finding { background: #f4f8fc; border-left: 4px solid #2a6ebb; padding: .4rem .8rem; }
 ul.findings li { margin-bottom: .35rem; }
+table.published { width: 100%; table-layout: fixed; }
+table.published td { overflow-wrap: anywhere; }
+table.published td.not_measured { color: #666; font-style: italic; background: #f1f1f1; }
+table.published .where { color: #555; font-size: .85rem; }
 """
 
 
@@ -417,12 +421,6 @@ def _findings_section(results, names: list[str]) -> str:
     return f"<h2 id='findings'>What each notebook found</h2><ul class='findings'>{items}</ul>" if items else ""
 
 
-PUBLISHED_STYLE = """<style>
-table.published { width: 100%; table-layout: fixed; }
-table.published td { overflow-wrap: anywhere; }
-table.published td.not_measured { color: #666; font-style: italic; background: #f1f1f1; }
-table.published .where { color: #555; font-size: .85rem; }
-</style>"""
 PUBLISHED_WIDTHS = (12, 16, 21, 25, 5, 21)  # % of the page: source, claim, published, measured, method, why
 
 
@@ -464,7 +462,7 @@ def _published_section(results) -> str:
     cols = "".join(f"<col style='width:{w}%'>" for w in PUBLISHED_WIDTHS)
     head = "".join(f"<th>{h}</th>" for h in ("source", "claim", "published (hardware; settings)", "measured here",
                                              "method", "why they can differ"))
-    return (f"<h2 id='published'>Published vs measured</h2>{PUBLISHED_STYLE}"
+    return (f"<h2 id='published'>Published vs measured</h2>"
             f"<p>Every seed claim and every anchor the study compares with: the published figure with its hardware "
             f"and settings and a link to its source, beside the figure this run's rows hold (median with its range; "
             f"its method) or the rows' own reason it was not measured, and why the two can differ. Compare ratios, "
