@@ -40,7 +40,9 @@ def test_a_long_round_gets_a_baseline_after_every_n_configurations():
 
 
 def test_the_plan_reads_each_notebooks_keys_from_its_parameters(smoke):
-    assert [c.stack for c in prefetch.plan(smoke, ["04_torch_compile"])] == ["compile:default"]  # smoke's override
+    assert [c.stack for c in prefetch.plan(smoke, ["04_torch_compile"])] == ["compile:default"]  # the default
+    cpu = replace(smoke, notebooks={"04_torch_compile": {"variants": ["compile:default", "compile:freezing"]}})
+    assert [c.stack for c in prefetch.plan(cpu, ["04_torch_compile"])] == ["compile:default", "compile:freezing"]
     assert [c.stack for c in prefetch.plan(smoke, ["09_fewer_steps"])] == [
         "scheduler:dpmpp-2m@20", "scheduler:euler@25", "scheduler:plms@25", "deepcache:3"]  # the notebook's defaults
     # 10's search measures its parts up front too, unless their own notebooks already listed them

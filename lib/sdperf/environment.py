@@ -11,8 +11,12 @@ from pathlib import Path
 
 from sdperf.paths import REPO_ROOT
 
-PACKAGES = ("torch", "torchvision", "diffusers", "transformers", "accelerate", "deepspeed", "onnx", "onnxruntime",
-            "openvino", "torchmetrics", "torch-fidelity", "open-clip-torch", "papermill", "nbval", "numpy", "pandas")
+# Every library a rung's speed or quality depends on (the GPU lock's TensorRT and onnxruntime-gpu included: "not
+# installed" on a CPU machine is itself the record that those rungs could not run).
+PACKAGES = ("torch", "torchvision", "diffusers", "transformers", "accelerate", "deepspeed", "onnx", "onnxscript",
+            "onnxruntime", "onnxruntime-gpu", "tensorrt-cu13", "tensorrt-cu13-bindings", "openvino", "nncf", "torchao",
+            "tomesd", "DeepCache", "mlcommons-loadgen", "torchmetrics", "torch-fidelity", "open-clip-torch",
+            "papermill", "nbval", "numpy", "pandas")
 # CPU features that decide which precisions can be fast here (see the half-precision notebook).
 ISA_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
              "amx_tile", "amx_bf16", "amx_int8", "amx_fp16")

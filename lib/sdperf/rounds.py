@@ -145,8 +145,11 @@ def launch(spec: dict, *, setting: str = "default", fresh_interpreter: bool = Fa
         if code is None:
             return {"status": "failed", "note": f"worker timed out after {timeout_s:.0f} s"}, None
         if not path.is_file():
+            # SIGKILL is what the kernel's OOM killer sends; SIGABRT (6) is the process aborting itself, e.g. glibc
+            # catching a double free when a preloaded allocator meets a library that frees with another one
             why = f"signal {-code}" if code < 0 else f"exit code {code}"
-            return {"status": "failed", "note": f"worker died ({why}; out of memory?) {err}".strip()}, None
+            hint = "; out of memory?" if code == -9 else ""
+            return {"status": "failed", "note": f"worker died ({why}{hint}) {err}".strip()}, None
         result = json.loads(path.read_text())
         output = None
         if (out / worker.OUTPUT).is_file():
