@@ -268,3 +268,9 @@ def test_a_caching_worker_composes_its_per_image_time_from_both_call_kinds(smoke
     per_call = (counts["full"] * kinds["full"] + counts["cached"] * kinds["cached"]) / 51
     assert result["unet_step_s"] == pytest.approx(per_call)
     assert result["s_per_image_seed"] > 51 * min(kinds.values())
+
+
+def test_only_a_killed_worker_is_suspected_of_running_out_of_memory():
+    assert rounds.death_note(-9) == "worker died (signal 9; out of memory?)"
+    assert rounds.death_note(-6, "free(): invalid pointer") == "worker died (signal 6) free(): invalid pointer"
+    assert rounds.death_note(1, "ValueError: x") == "worker died (exit code 1) ValueError: x"

@@ -117,6 +117,15 @@ def _fork_context():
     return ctx
 
 
+def death_note(code: int, err: str = "") -> str:
+    """Why a worker left no result. Only SIGKILL, what the kernel's OOM killer sends, suggests memory: SIGABRT (6) is
+    the process aborting itself, e.g. glibc catching a double free when a preloaded allocator meets a library that
+    frees with another one (10's stacks under tcmalloc on cpu)."""
+    why = f"signal {-code}" if code < 0 else f"exit code {code}"
+    hint = "; out of memory?" if code == -9 else ""
+    return f"worker died ({why}{hint}) {err}".strip()
+
+
 def launch(spec: dict, *, setting: str = "default", fresh_interpreter: bool = False,
            timeout_s: float | None = None) -> tuple[dict, object | None]:
     """Run one worker; (its result, its output or None). A worker that dies or overruns is a failed result."""
@@ -145,11 +154,7 @@ def launch(spec: dict, *, setting: str = "default", fresh_interpreter: bool = Fa
         if code is None:
             return {"status": "failed", "note": f"worker timed out after {timeout_s:.0f} s"}, None
         if not path.is_file():
-            # SIGKILL is what the kernel's OOM killer sends; SIGABRT (6) is the process aborting itself, e.g. glibc
-            # catching a double free when a preloaded allocator meets a library that frees with another one
-            why = f"signal {-code}" if code < 0 else f"exit code {code}"
-            hint = "; out of memory?" if code == -9 else ""
-            return {"status": "failed", "note": f"worker died ({why}{hint}) {err}".strip()}, None
+            return {"status": "failed", "note": death_note(code, err)}, None
         result = json.loads(path.read_text())
         output = None
         if (out / worker.OUTPUT).is_file():
