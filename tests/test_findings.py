@@ -44,16 +44,44 @@ def test_the_speed_finding_is_written_from_the_rows(best):
     assert "1 not applicable (e.g. not applicable: no cuDNN kernel on a CPU)" in text
 
 
-def test_the_quality_finding_counts_verdicts_and_names_the_worst():
-    rows = pd.DataFrame([
-        _row(notebook="12_fid_clip", metric="reference_adherence_delta", key=k, value=v, lo=v - 0.01, hi=v + 0.01,
-             note=f"{verdict} (adherence interval above -0.01)")
-        for k, v, verdict in (("fp32-eager", 0.0, "within budget"), ("tome:0.5", -0.040, "over budget"),
-                              ("int8:x", -0.021, "over budget"), ("compile:default", 0.0, "within budget"))
-    ], columns=COLUMNS)
+def _judged(key: str, delta: float, half: float = 0.004) -> dict:
+    """A row of sdperf.reference.techniques' table: `delta` of adherence and soft adherence, +-`half` around it."""
+    return dict(key=key, label=key, guidance=7.5, status="ok", steps=50, n_images=128, adherence=0.99 + delta,
+                adherence_lo=0.98 + delta, adherence_hi=1.0, adherence_delta=delta, adherence_delta_lo=delta - half,
+                adherence_delta_hi=delta + half, soft_adherence_delta=delta, soft_adherence_delta_lo=delta - half,
+                soft_adherence_delta_hi=delta + half, latent_mse=abs(delta), latent_mse_lo=0.0, latent_mse_hi=1.0,
+                ssim=0.9, ssim_lo=0.8, ssim_hi=1.0, domain_fid=30.0, fid_delta=0.0, fid_delta_lo=-9.0,
+                fid_delta_hi=9.0, fid_margin=3.0, kid=0.1, kid_delta=0.0, kid_delta_lo=-0.2, kid_delta_hi=0.2,
+                kid_margin=0.01, psnr_db_median=30.0, psnr_db_p10=25.0)
+
+
+def test_the_quality_finding_is_recomputed_from_the_interval_columns():
+    from types import SimpleNamespace
+
+    from sdperf.reference import controls, techniques
+
+    class Recorder(list):
+        add_many = list.extend
+
+    table = pd.DataFrame([_judged(controls.TWIN, 0.0, 0.0), _judged(controls.noise_key(0.2), -0.2),
+                          _judged("control:dpmpp-2m@4", -0.05), _judged(techniques.SEEDS_SAMPLER, -0.06),
+                          _judged("tome:0.5", -0.040), _judged("int8:x", -0.009), _judged("compile:default", 0.0, 0.0)])
+    study = SimpleNamespace(recorder=Recorder())
+    techniques.record(study, table)
+    rows = pd.DataFrame([_row(**{"notebook": "12_fid_clip", **r}) for r in study.recorder], columns=COLUMNS)
+    rows["note"] = rows["note"].fillna("")  # nothing in a note decides: the verdicts come from lo and hi
     text = findings.verdict("12_fid_clip", rows)
-    assert "3 techniques" in text and "2 over budget" in text and "1 within budget" in text
-    assert "<b>tome:0.5</b> -0.040 [-0.050--0.030]" in text
+    assert "fp32 PLMS-50 (the seeds' sampler) is over budget against the converged fp32 solve" in text
+    assert "controls as required" in text
+    assert "3 techniques alone" in text and "1 over budget" in text and "1 within budget" in text
+    assert "1 undecided" in text and "<b>tome:0.5</b> -0.040 [-0.044--0.036]" in text
+    flipped = table.copy()
+    flipped.loc[flipped.key == controls.TWIN, ["adherence_delta_lo", "adherence_delta_hi"]] = (-0.05, -0.03)
+    study = SimpleNamespace(recorder=Recorder())
+    techniques.record(study, flipped)
+    rows = pd.DataFrame([_row(**{"notebook": "12_fid_clip", **r}) for r in study.recorder], columns=COLUMNS)
+    assert "controls failed (control:fp32-twin over budget): the budget cannot be trusted" in \
+        findings.verdict("12_fid_clip", rows)
 
 
 def test_a_notebook_without_comparisons_says_what_it_measured():

@@ -1,5 +1,6 @@
-"""Quality of catalog techniques on the committed reference model: paired deltas, the budget verdict, rows that
-round-trip through results.csv, and the two techniques (DeepCache, token merging) doing what they claim."""
+"""Quality of catalog techniques on the committed reference model, judged against the converged fp32 solve: the
+paired measures and the budget, the controls (a twin must read within, a known harm over), rows that round-trip
+through results.csv, and the two techniques (DeepCache, token merging) doing what they claim."""
 from __future__ import annotations
 
 import math
@@ -9,9 +10,13 @@ import pytest
 import torch
 
 from sdperf.errors import ConfigError
-from sdperf.reference import quality, store, techniques
+from sdperf.reference import controls, paired, quality, store, techniques
 
-N, STEPS = 16, 10
+STEPS = 10
+# the smoke scale: 16 images in batches of 8, a short convergence ladder; a dose of 1.0 is a harm no budget can miss
+PLAN = techniques.Plan(guidances=(7.5,), n_max=16, n_step=8, doses=(1.0,), ladder=(5, 10, 20), check_images=8)
+KEYS = [controls.TWIN, f"control:dpmpp-2m@{controls.FEW_STEPS}", controls.noise_key(1.0), "grad:no_grad",
+        "scheduler:euler@10", "cuda_graphs"]
 
 
 @pytest.fixture(scope="module")
@@ -23,24 +28,116 @@ def smoke_profile():
 
 @pytest.fixture(scope="module")
 def measured(smoke_profile, tmp_path_factory):
-    keys = ["grad:no_grad", "scheduler:dpmpp-2m@10", "deepcache:3", "tome:0.5", "cuda_graphs"]
-    return techniques.measure(keys, smoke_profile, n=N, steps=STEPS, scratch=tmp_path_factory.mktemp("art"),
+    return techniques.measure(KEYS, smoke_profile, plan=PLAN, scratch=tmp_path_factory.mktemp("art"),
                               say=lambda _: None)
 
 
-def test_a_lossless_technique_is_identical_and_a_lossy_one_is_paired_with_intervals(measured):
+def test_the_twin_is_identical_and_within_and_a_known_harm_is_over(measured):
     t = measured.set_index("key")
-    same = t.loc["grad:no_grad"]
-    assert same.status == "ok" and same.adherence_delta == 0 and same.fid_delta == 0
-    assert math.isinf(same.psnr_db_median) and same.quality_verdict == techniques.WITHIN
-    for key in ("scheduler:dpmpp-2m@10", "deepcache:3", "tome:0.5"):
-        r = t.loc[key]
-        assert r.status == "ok" and np.isfinite(r.psnr_db_median), key
-        assert r.adherence_delta_lo <= r.adherence_delta <= r.adherence_delta_hi, key
-        assert r.fid_delta_lo <= r.fid_delta_hi, key
-        assert r.quality_verdict in (techniques.WITHIN, techniques.OVER, techniques.UNDECIDED), key
+    for key in (controls.TWIN, "grad:no_grad"):  # the same computation: nothing moves
+        same = t.loc[key]
+        assert same.status == "ok" and same.adherence_delta == 0 and same.soft_adherence_delta == 0, key
+        assert same.latent_mse == 0 and math.isinf(same.psnr_db_median) and same.quality_verdict == paired.WITHIN
+        assert same.n_images == PLAN.n_step  # settled at the first batch: a zero-width interval is clear of the line
+    harm = t.loc[controls.noise_key(1.0)]
+    assert harm.quality_verdict == paired.OVER and harm.adherence_delta_hi < -paired.ADHERENCE_BUDGET
+    assert harm.latent_mse > t.loc["scheduler:euler@10"].latent_mse > 0
+    ok, why = techniques.trust(measured, techniques.Plan(**{**PLAN.__dict__}))
+    few = t.loc[f"control:dpmpp-2m@{controls.FEW_STEPS}"]
+    assert ok == (few.quality_verdict == paired.OVER), why  # trust is exactly "every control as it must read"
     assert t.loc["cuda_graphs"].status == "not_applicable" and "CUDA" in t.loc["cuda_graphs"].note
-    assert t.loc["scheduler:dpmpp-2m@10"].steps == 10 and t.loc["deepcache:3"].steps == STEPS
+
+
+def test_every_measure_has_its_interval_and_the_sampler_runs_its_own_steps(measured):
+    r = measured.set_index("key").loc["scheduler:euler@10"]
+    assert r.status == "ok" and r.steps == 10
+    for col in ("adherence_delta", "soft_adherence_delta", "latent_mse", "ssim", "fid_delta", "kid_delta"):
+        assert r[f"{col}_lo"] <= r[col] <= r[f"{col}_hi"], col
+    assert 0 < r.ssim < 1 and np.isfinite(r.psnr_db_median)
+    for name in ("fid", "kid"):  # at 16 images a distance may not resolve its margin: then it must not vote
+        v = r[f"{name}_verdict"]
+        assert v in (paired.WITHIN, paired.OVER, paired.UNDECIDED) or v == f"unresolved at n={r.n_images}"
+    ref = measured[measured.key.str.startswith(techniques.REFERENCE)]
+    assert len(ref) == 1 and ref.iloc[0].key == f"converged:dpmpp-2m@{ref.iloc[0].steps}"
+    conv = measured.attrs["convergence"]
+    assert list(conv.steps)[:1] == [5] and (conv.doubled == 2 * conv.steps).all()
+    assert conv.iloc[-1].share < 0.05 or not conv.iloc[-1].converged
+
+
+def test_soft_adherence_equals_the_checks_for_certain_predictions():
+    from sdperf.reference import domain, evaluator
+
+    items = domain.scenes(5, 40)
+    truth = domain.labels_many(items)
+    rng = np.random.default_rng(0)
+    pred = truth.copy()
+    flip = rng.random(len(pred)) < 0.5  # half the images get one quadrant's shape wrong
+    pred[flip, 0] = (pred[flip, 0] % 3) + 1
+    empty = pred[:, 0] == domain.NONE
+    pred[empty, 1] = pred[empty, 2] = domain.IGNORE
+
+    def one_hot(labels, n):
+        out = np.zeros(labels.shape + (n,))
+        np.put_along_axis(out, np.clip(labels, 0, n - 1)[..., None], 1.0, -1)
+        return out
+
+    q = pred[:, :12].reshape(-1, 4, 3)
+    probs = {"shape": one_hot(q[..., 0], evaluator.N_SHAPE), "colour": one_hot(q[..., 1], evaluator.N_COLOUR),
+             "size": one_hot(q[..., 2], evaluator.N_SIZE), "background": one_hot(pred[:, -1], evaluator.N_BACKGROUND)}
+    np.testing.assert_allclose(evaluator.soft_adherence(probs, truth), evaluator.adherence_checks(pred, truth))
+    soft = {k: 0.9 * v + 0.1 / v.shape[-1] for k, v in probs.items()}  # less certain: lower, never higher
+    assert (evaluator.soft_adherence(soft, truth) < evaluator.adherence_checks(pred, truth) + 1e-12).all()
+
+
+@pytest.mark.parametrize("a, s, fid, kid, expected", [
+    ((-0.004, 0.003), (-0.002, 0.001), (-1.0, 1.0), (-0.1, 0.1), paired.WITHIN),
+    ((-0.05, -0.02), (-0.002, 0.001), (-1.0, 1.0), (-0.1, 0.1), paired.OVER),  # adherence wholly below -1 point
+    ((-0.004, 0.003), (-0.04, -0.015), (-1.0, 1.0), (-0.1, 0.1), paired.OVER),  # soft adherence alone says over
+    ((-0.02, 0.01), (-0.002, 0.001), (-1.0, 1.0), (-0.1, 0.1), paired.UNDECIDED),  # straddles the line
+    ((-0.004, 0.003), (-0.002, 0.001), (4.0, 6.0), (-0.1, 0.1), paired.OVER),  # FID resolves a rise past 3
+    ((-0.004, 0.003), (-0.002, 0.001), (-9.0, 12.0), (-0.1, 0.1), paired.WITHIN),  # FID unresolved: no vote
+    ((-0.004, 0.003), (-0.002, 0.001), (-1.0, 1.0), (0.4, 0.45), paired.OVER),  # KID resolves a rise past 0.3
+])
+def test_the_budget(a, s, fid, kid, expected):
+    m = dict(n_images=256, adherence_delta_lo=a[0], adherence_delta_hi=a[1], soft_adherence_delta_lo=s[0],
+             soft_adherence_delta_hi=s[1], fid_delta_lo=fid[0], fid_delta_hi=fid[1], fid_margin=3.0,
+             kid_delta_lo=kid[0], kid_delta_hi=kid[1], kid_margin=0.3)
+    got = paired.decide(m)
+    assert got["quality_verdict"] == expected
+    if fid[1] - fid[0] > 6.0:
+        assert got["fid_verdict"] == "unresolved at n=256"
+
+
+def test_the_paired_distance_interval_is_narrower_than_the_unpaired_spread():
+    g = torch.Generator().manual_seed(0)
+    real = quality.Real(torch.randn(400, 8, generator=g, dtype=torch.float64))
+    base = torch.randn(200, 8, generator=g, dtype=torch.float64) * 1.2
+    variant = base + 0.01 * torch.randn(200, 8, generator=g, dtype=torch.float64)
+    d, lo, hi = paired.distance_delta(variant, base, quality.fid_to(real), n_resamples=100)
+    f_lo, f_hi = quality.fid_interval(base, real, n_resamples=100)
+    assert lo <= d <= hi and (hi - lo) < (f_hi - f_lo) / 5
+    k, k_lo, k_hi = paired.distance_delta(variant, base, lambda f: paired.kid(f, real.features), n_resamples=100)
+    assert k_lo <= k <= k_hi and abs(paired.kid(base, base)) < paired.kid(base * 3, real.features)
+    from torchmetrics.image.kid import poly_mmd  # equal sizes: torchmetrics' own estimator, to rounding
+
+    assert paired.kid(base, real.features[:200]) == pytest.approx(float(poly_mmd(real.features[:200], base)))
+    # unequal sizes stay unbiased: a sample of the real distribution scores about 0, far below a shifted one
+    assert abs(paired.kid(real.features[:50], real.features[50:])) < paired.kid(base[:50] + 1, real.features) / 10
+
+
+def test_noise_control_adds_the_dose_the_same_on_both_guidance_halves():
+    net = torch.nn.Conv2d(4, 4, 1)
+    pipe = type("P", (), {"unet": net})()
+    x = torch.randn(4, 4, 3, 3)
+    clean = net(x)
+    handle = controls.add_output_noise(pipe, 0.5, seed=3)
+    noisy = net(x)
+    handle.remove()
+    added = noisy - clean
+    torch.testing.assert_close(added[:2], added[2:])  # [uncond, cond] got the same draw
+    assert 0.3 < float(added.std()) < 0.7 and torch.equal(net(x), clean)
+    with pytest.raises(ValueError, match="dose -1"):
+        controls.add_output_noise(pipe, -1)
 
 
 def test_deepcache_runs_the_deep_branch_only_every_interval_calls():
@@ -77,45 +174,27 @@ def test_token_merging_patches_the_highest_resolution_blocks_and_changes_the_pic
     assert np.array_equal(merged, techniques.render(again, caption, [0], STEPS)[0])  # seeded: the same merges
 
 
-def test_the_paired_fid_interval_is_narrower_than_the_unpaired_spread():
-    g = torch.Generator().manual_seed(0)
-    real = quality.Real(torch.randn(400, 8, generator=g, dtype=torch.float64))
-    base = torch.randn(200, 8, generator=g, dtype=torch.float64) * 1.2
-    variant = base + 0.01 * torch.randn(200, 8, generator=g, dtype=torch.float64)
-    d, lo, hi = techniques.fid_delta(variant, base, real, n_resamples=100)
-    f_lo, f_hi = quality.fid_interval(base, real, n_resamples=100)
-    assert lo <= d <= hi and (hi - lo) < (f_hi - f_lo) / 5
-
-
-@pytest.mark.parametrize("a_lo, a_hi, f_lo, f_hi, expected", [
-    (-0.005, 0.004, -1.0, 2.0, techniques.WITHIN),
-    (-0.05, -0.02, -1.0, 2.0, techniques.OVER),     # adherence wholly below -1 point
-    (-0.005, 0.004, 11.0, 15.0, techniques.OVER),  # FID change beyond its interval plus 10% of 100
-    (-0.005, 0.004, 10.5, 30.0, techniques.OVER),  # lower end just past the margin
-    (-0.02, 0.01, -1.0, 2.0, techniques.UNDECIDED),  # adherence straddles -1 point
-    (-0.005, 0.004, 5.0, 12.0, techniques.WITHIN),   # FID within its interval plus the margin (lower end 5 <= 10)
-    (-0.005, 0.004, -9.4, 10.2, techniques.WITHIN),  # a wide interval around no change: noise, not a cost
-    (-0.02, 0.01, 11.0, 15.0, techniques.OVER),      # FID decides even when adherence is undecided
-])
-def test_the_budget_verdict(a_lo, a_hi, f_lo, f_hi, expected):
-    assert techniques.verdict(a_lo, a_hi, f_lo, f_hi, base_fid=100.0) == expected
-
-
 def test_rows_round_trip_and_for_study_measures_only_what_is_missing(measured, scratch_reports, monkeypatch):
     from sdperf.study import open_study
 
     study = open_study("smoke", notebook="12_fid_clip")
     techniques.record(study, measured)
-    keys = ["grad:no_grad", "scheduler:dpmpp-2m@10", "deepcache:3", "tome:0.5", "cuda_graphs"]
-    back = techniques.from_rows(study.recorder.current(), keys, N, STEPS).set_index("key")
-    for key in ("grad:no_grad", "deepcache:3", "tome:0.5"):
-        for col in ("adherence_delta", "adherence_delta_lo", "fid_delta", "fid_delta_hi", "psnr_db_median"):
-            assert back.loc[key, col] == pytest.approx(measured.set_index("key").loc[key, col]), (key, col)
-        assert back.loc[key, "quality_verdict"] == measured.set_index("key").loc[key, "quality_verdict"]
+    back = techniques.from_rows(study.recorder.current()).set_index("key")
+    want = measured.set_index("key")
+    for key in (controls.TWIN, controls.noise_key(1.0), "scheduler:euler@10"):
+        for col in ("adherence_delta", "adherence_delta_lo", "soft_adherence_delta_hi", "latent_mse", "fid_delta_hi",
+                    "kid_delta", "ssim"):
+            assert back.loc[key, col] == pytest.approx(want.loc[key, col]), (key, col)
+        assert back.loc[key, "quality_verdict"] == want.loc[key, "quality_verdict"]  # recomputed from the columns
+        assert back.loc[key, "steps"] == want.loc[key, "steps"]
     assert back.loc["cuda_graphs", "status"] == "not_applicable"
+    assert len(techniques.convergence_from_rows(study.recorder.current())) == len(measured.attrs["convergence"])
     asked = []
-    monkeypatch.setattr(techniques, "measure", lambda ks, *a, **k: asked.append(ks) or measured.iloc[:1])
-    techniques.for_study(study, keys, n=N, steps=STEPS, say=lambda _: None)
-    assert asked == []  # everything was in results.csv
+    monkeypatch.setattr(techniques, "measure", lambda ks, *a, **k: asked.append(ks) or measured.iloc[:0])
+    plan = techniques.Plan(**{**PLAN.__dict__})
+    got = techniques.for_study(study, ["grad:no_grad", "scheduler:euler@10", "cuda_graphs"], plan,
+                               say=lambda _: None)
+    assert asked == [[techniques.SEEDS_SAMPLER]]  # the only key no row held: the seeds' PLMS-50
+    assert set(got.key) >= {controls.TWIN, "grad:no_grad", "scheduler:euler@10"}
     with pytest.raises(ConfigError, match="unknown technique 'warp'"):
-        techniques.for_study(study, ["warp"], n=N, steps=STEPS)
+        techniques.for_study(study, ["warp"], plan)

@@ -60,57 +60,92 @@ def _table(rows):
                           "speedup_lo": lo, "speedup_hi": hi} for parts, s, lo, hi in rows])
 
 
+PTQ = "int8:openvino-nncf-ptq"
+
+
 def test_a_stack_over_the_budget_is_never_chosen_however_fast():
-    table = _table([(("int8:openvino-nncf-ptq", "scheduler:dpmpp-2m@10"), 20.0, 19.0, 21.0),  # part over budget
-                    (("int8:openvino-nncf-ptq", "scheduler:euler@15"), 15.0, 14.0, 16.0),   # judged over
-                    (("int8:openvino-nncf-ptq", "scheduler:euler@20"), 12.0, 11.0, 13.0),   # undecided
-                    (("int8:openvino-nncf-ptq", "scheduler:euler@25"), 10.0, 9.5, 10.5),    # within
-                    (("engine:openvino-f32",), 1.4, 1.3, 1.5),                             # lossless
-                    (("", "scheduler:euler@10"), 1.02, 0.99, 1.05)])                       # within noise
+    table = _table([((PTQ, "scheduler:dpmpp-2m@10"), 20.0, 19.0, 21.0),  # its sampler alone is over budget
+                    ((PTQ, "scheduler:euler@15"), 15.0, 14.0, 16.0),   # parts within, the stack judged over
+                    ((PTQ, "scheduler:euler@20"), 12.0, 11.0, 13.0),   # undecided whole
+                    ((PTQ, "scheduler:euler@25"), 10.0, 9.5, 10.5),    # within, parts and whole
+                    (("engine:openvino-f32",), 1.4, 1.3, 1.5),         # lossless
+                    (("", "scheduler:euler@10"), 1.02, 0.99, 1.05)])   # within noise
     asked = []
-    verdicts = {"int8:openvino-nncf-ptq+scheduler:euler@15": OVER,
-                "int8:openvino-nncf-ptq+scheduler:euler@20": UNDECIDED,
-                "int8:openvino-nncf-ptq+scheduler:euler@25": WITHIN}
+    verdicts = {f"{PTQ}+scheduler:euler@15": OVER, f"{PTQ}+scheduler:euler@20": UNDECIDED,
+                f"{PTQ}+scheduler:euler@25": WITHIN}
+    parts = {PTQ: WITHIN, "scheduler:dpmpp-2m@10": OVER, "scheduler:euler@15": WITHIN, "scheduler:euler@20": WITHIN,
+             "scheduler:euler@25": WITHIN}
 
     def judge(keys):
         asked.extend(keys)
         return pd.DataFrame([{"key": k, "quality_verdict": verdicts[k], "adherence_delta": -0.001} for k in keys])
 
-    found = ss.search(table, (0.97, 1.03), judge, {"scheduler:dpmpp-2m@10": OVER}, max_quality=10, batch=2)
-    assert "int8:openvino-nncf-ptq+scheduler:dpmpp-2m@10" not in asked  # its scheduler alone is over budget
+    found = ss.search(table, (0.97, 1.03), judge, parts, max_quality=10, batch=2)
+    assert f"{PTQ}+scheduler:dpmpp-2m@10" not in asked  # its scheduler alone is over budget
     best = ss.best(found)
-    assert best.key == "int8:openvino-nncf-ptq+scheduler:euler@25"
+    assert best.key == f"{PTQ}+scheduler:euler@25"
     t = found.set_index("key")
-    assert t.loc["int8:openvino-nncf-ptq+scheduler:dpmpp-2m@10", "admissible"] == ss.PRUNED
-    assert t.loc["int8:openvino-nncf-ptq+scheduler:euler@15", "admissible"] == ss.INADMISSIBLE
-    assert t.loc["int8:openvino-nncf-ptq+scheduler:euler@20", "admissible"] == ss.INADMISSIBLE
+    assert t.loc[f"{PTQ}+scheduler:dpmpp-2m@10", "admissible"] == ss.PRUNED
+    assert "scheduler:dpmpp-2m@10 alone is over budget" in t.loc[f"{PTQ}+scheduler:dpmpp-2m@10", "why"]
+    assert t.loc[f"{PTQ}+scheduler:euler@15", "admissible"] == ss.INADMISSIBLE
+    assert t.loc[f"{PTQ}+scheduler:euler@20", "admissible"] == ss.INADMISSIBLE
     assert t.loc["scheduler:euler@10", "speed_verdict"] == "within noise"
     assert ss.best(found, lossless=True).key == "engine:openvino-f32"
     # with a rendering budget too small to reach an admissible stack, nothing is chosen
     asked.clear()
-    short = ss.search(table, (0.97, 1.03), judge, {"scheduler:dpmpp-2m@10": OVER}, max_quality=1, batch=1)
+    short = ss.search(table, (0.97, 1.03), judge, parts, max_quality=1, batch=1)
     assert ss.best(short) is None and len(asked) == 1
 
 
+def test_one_parts_gain_never_pays_for_anothers_loss():
+    """int8 alone is undecided against the converged solve; stacked with a sampler whose own error moves the
+    other way the whole may read within, and is still not admissible, nor even rendered. A candidate without a
+    scheduler carries the seeds' PLMS-50 as its sampler part, judged like any other."""
+    table = _table([((PTQ, "scheduler:euler@10"), 14.0, 13.5, 14.5), ((PTQ,), 4.0, 3.9, 4.1),
+                    (("deepcache:3",), 2.0, 1.9, 2.1), (("", "scheduler:euler@25"), 1.9, 1.8, 2.0)])
+    assert ss.Candidate(PTQ).lossy_parts == [PTQ, "scheduler:plms@50"]
+    asked = []
+
+    def judge(keys):
+        asked.extend(keys)
+        return pd.DataFrame([{"key": k, "quality_verdict": WITHIN, "adherence_delta": 0.05} for k in keys])
+
+    parts = {PTQ: UNDECIDED, "scheduler:euler@10": WITHIN, "scheduler:plms@50": OVER, "deepcache:3": WITHIN,
+             "scheduler:euler@25": WITHIN}
+    found = ss.search(table, (0.97, 1.03), judge, parts, max_quality=10, batch=1).set_index("key")
+    assert asked == ["scheduler:euler@25"]  # the others fell to a part; this one is a part itself (read back)
+    assert found.loc[f"{PTQ}+scheduler:euler@10", "admissible"] == ss.PRUNED
+    assert f"{PTQ} alone is undecided" in found.loc[f"{PTQ}+scheduler:euler@10", "why"]
+    assert "scheduler:plms@50 alone is over budget" in found.loc["deepcache:3", "why"]
+    assert found.loc["scheduler:euler@25", "admissible"] == ss.ADMISSIBLE
+    # controls that failed admit nothing lossy, however the parts read
+    untrusted = ss.search(table, (0.97, 1.03), judge, parts, max_quality=10, trusted=False,
+                          distrust="control:fp32-twin read 'over budget'")
+    assert ss.best(untrusted) is None
+    assert untrusted.why.str.contains("cannot be trusted: control:fp32-twin").any()
+
+
 def test_a_lossless_part_adds_no_rendering_and_a_parts_own_rows_cost_none():
-    """int8 + f32 stage engine is judged as int8 alone: one rendering for both, and the part's own rows (read back,
+    """int8 + f32 stage engine is judged as int8 alone: one rendering for both, and a part's own rows (read back,
     not rendered) do not count against the search's rendering budget."""
-    ptq, f32, int8w = "int8:openvino-nncf-ptq", "stages:openvino-f32", "stages:openvino-int8w"
+    ptq, f32, int8w = PTQ, "stages:openvino-f32", "stages:openvino-int8w"
     table = _table([((ptq, "scheduler:euler@10", f32), 9.0, 8.8, 9.2), ((ptq, "scheduler:euler@10", int8w), 8.9, 8.7, 9.1),
-                    ((ptq, "scheduler:euler@10"), 8.5, 8.3, 8.7), ((ptq, "", f32), 4.0, 3.9, 4.1), ((ptq,), 3.9, 3.8, 4.0)])
+                    ((ptq, "scheduler:euler@10"), 8.5, 8.3, 8.7), (("", "scheduler:euler@10", f32), 1.9, 1.8, 2.0)])
     assert ss.Candidate(ptq, "scheduler:euler@10", f32).picture_key == f"{ptq}+scheduler:euler@10"
     asked = []
-    verdicts = {f"{ptq}+scheduler:euler@10": UNDECIDED, f"{ptq}+{int8w}+scheduler:euler@10": UNDECIDED, ptq: WITHIN}
+    verdicts = {f"{ptq}+scheduler:euler@10": UNDECIDED, f"{ptq}+{int8w}+scheduler:euler@10": UNDECIDED,
+                "scheduler:euler@10": WITHIN}
 
     def judge(keys):
         asked.append(list(keys))
         return pd.DataFrame([{"key": k, "quality_verdict": verdicts[k], "adherence_delta": -0.02} for k in keys])
 
-    found = ss.search(table, (0.97, 1.03), judge, {ptq: WITHIN}, max_quality=2, batch=1)
+    parts = {ptq: WITHIN, int8w: WITHIN, "scheduler:euler@10": WITHIN}
+    found = ss.search(table, (0.97, 1.03), judge, parts, max_quality=2, batch=1)
     flat = [k for keys in asked for k in keys]
-    assert flat == [f"{ptq}+scheduler:euler@10", f"{ptq}+{int8w}+scheduler:euler@10", ptq]  # each picture once
-    best = ss.best(found)
-    assert best.key == f"{ptq}+{f32}" and best.judged_as == ptq  # reached although 2 renderings were the budget
+    assert flat == [f"{ptq}+scheduler:euler@10", f"{ptq}+{int8w}+scheduler:euler@10", "scheduler:euler@10"]
+    best = ss.best(found)  # reached although 2 renderings were the budget: a part's own rows are read back
+    assert best.key == f"{f32}+scheduler:euler@10" and best.judged_as == "scheduler:euler@10"
     t = found.set_index("key")
     assert t.loc[f"{ptq}+scheduler:euler@10", "quality_verdict"] == UNDECIDED  # shared with its f32-stage twin
 

@@ -380,7 +380,8 @@ def headline_sentences(results) -> list[str]:
              f"({_esc(per_image.get('note', ''))}), {_range(v, 'unet_step_speedup_vs_fp32')} per UNet step")
         if "reference_adherence_delta" in v:
             s += (f"; on the trained reference model adherence {_range(v, 'reference_adherence_delta', 3, '')} and "
-                  f"domain FID {_range(v, 'reference_domain_fid_delta', 1, '')} against fp32 PLMS-50 "
+                  f"domain FID {_range(v, 'reference_domain_fid_delta', 1, '')} against "
+                  f"{'the converged fp32 solve' if 'converged' in str(v['reference_adherence_delta']['note']) else 'fp32 PLMS-50'} "
                   f"({_esc(v['reference_adherence_delta']['note'])})")
         if "setup" in v:
             s += f"; set-up {v['setup']['value']:.0f} s"
@@ -404,7 +405,8 @@ def no_admissible_sentence(results) -> str | None:
     judged = rows[rows["scenario"].astype(str).str.startswith(SEARCH_PREFIX)]
     if judged.empty:
         return None
-    verdicts = judged["note"].astype(str).str.split(":", n=1).str[-1].str.strip().value_counts()
+    verdicts = judged["note"].astype(str).str.split(";", n=1).str[0].str.split(":", n=1).str[-1].str.strip() \
+        .value_counts()  # the note is "<admissible>: <why>; <each part's own verdict>"
     fastest = judged.sort_values("value", ascending=False).iloc[0]
     return (f"No stack within the quality budget was found: the search judged {len(judged)} candidates "
             f"({', '.join(f'{n} {_esc(v)}' for v, n in verdicts.items())}); the fastest judged, "
@@ -536,6 +538,10 @@ def _headline_section(results) -> str:
     found = headline_sentences(results)
     missing = no_admissible_sentence(results)
     found = ([missing] if missing else []) + found
+    from sdperf.reference import transfer
+
+    quality = transfer.sentence(results) if len(results) else None
+    found += [_esc(quality)] if quality else []
     if not found:
         return ""
     return "<h2 id='headline'>The answer</h2>" + "".join(f"<p>{s}</p>" for s in found)

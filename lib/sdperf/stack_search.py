@@ -16,13 +16,17 @@ the profile scheduler's (PLMS), measured: under a millisecond next to a UNet cal
 cannot see (two engines sharing the caches of one process, an allocator) is why the chosen stacks are then
 measured whole, in rounds of their own, and only those measurements make the headline.
 
-How a candidate's quality is known. Each is rendered on the trained reference model (sdperf.reference.techniques)
-against its fp32 PLMS-50 images: admissible when its verdict is "within budget" (sdperf.reference.techniques.verdict:
-adherence interval above -1 point, the domain-FID change within its interval plus 10% of fp32's) and its speed range clears
-the noise floor. Candidates are judged fastest first; a candidate holding a part that alone is over budget is not
-rendered (stacking another technique on it is assumed not to repair it: stated, and such rows say so); a lossless
-candidate (no technique may change the picture) needs no rendering. The search stops at the first admissible
-candidate, or after `max_quality` renderings.
+How a candidate's quality is known (issue 31: iso-quality a reviewer can defend). Every judgement is against the
+converged fp32 solve of the same captions and noise on the trained reference model (sdperf.reference.techniques,
+sdperf.reference.paired: adherence and soft adherence within 1 point, FID and KID where they resolve their margin).
+A candidate's sampler is one of its parts: its scheduler, or fp32 PLMS at the seeds' 50 steps when it names none.
+A candidate is admissible only when EVERY lossy part alone is "within budget" (a precision or executor judged with
+the converged sampler, a sampler with fp32 weights) AND the stack rendered whole is too, so no part's "gain" can pay
+for another part's loss; and only when the run's controls read as they must (an fp32 twin "within", known harms
+"over"), else no candidate is admitted at all. Its speed range must also clear the noise floor. Candidates are
+judged fastest first; one with a part that is not within alone is not rendered (its row names the part); a lossless
+candidate (no technique may change the picture: the fp32 PLMS-50 pictures themselves) needs no rendering. The
+search stops at the first admissible candidate, or after `max_quality` renderings.
 """
 from __future__ import annotations
 
@@ -68,11 +72,25 @@ class Candidate:
         return not Stack.of(self.parts).changes_output
 
     @property
+    def sampler(self) -> str:
+        """Its sampler as a key: its scheduler, or fp32 PLMS at the seeds' steps (what the loop runs without one)."""
+        from sdperf.reference.techniques import SEEDS_SAMPLER
+
+        return self.scheduler or SEEDS_SAMPLER
+
+    @property
+    def lossy_parts(self) -> list[str]:
+        """Every part that may change the picture, the sampler included: each must be within budget alone."""
+        return [k for k in self.parts if catalog.get(k).changes_output and catalog.get(k).family != catalog.SCHEDULER] \
+            + [self.sampler]
+
+    @property
     def picture_key(self) -> str:
-        """The stack of its parts that may change the picture: what its quality is judged by. A lossless part (an
-        f32 stage engine, a lossless executor) adds nothing to judge, so two candidates that differ only in one
-        share one rendering on the reference model (the search's renderings are its costliest step)."""
-        return catalog.join([k for k in self.parts if catalog.get(k).changes_output])
+        """The stack of its parts that may change the picture, its sampler named: what its quality is judged by. A
+        lossless part (an f32 stage engine, a lossless executor) adds nothing to judge, so two candidates that
+        differ only in one share one rendering on the reference model (the search's renderings are its costliest
+        step)."""
+        return catalog.join(self.lossy_parts)
 
 
 def unet_side(key: str) -> bool:
@@ -158,23 +176,27 @@ def composed_speed(raw: pd.DataFrame, ratios: pd.DataFrame, names: dict[str, str
 
 
 # --- the search ---------------------------------------------------------------------------------------------
-def over_budget_part(cand: Candidate, part_verdicts: dict[str, str]) -> str | None:
-    """The first part of the candidate whose quality alone is over budget (the candidate is then not rendered)."""
-    from sdperf.reference.techniques import OVER
+def failing_part(cand: Candidate, part_verdicts: dict[str, str]) -> tuple[str, str] | None:
+    """The first lossy part of the candidate that is not within budget alone, with its verdict ("not judged" when
+    no verdict is known): the candidate is then not admissible and not rendered."""
+    from sdperf.reference.techniques import WITHIN
 
-    for part in (cand.unet, cand.scheduler, cand.stages):
-        if part and part_verdicts.get(part) == OVER:
-            return part
+    for part in cand.lossy_parts:
+        verdict = part_verdicts.get(part)
+        if verdict != WITHIN:
+            return part, verdict if isinstance(verdict, str) else "not judged"
     return None
 
 
 def search(table: pd.DataFrame, band: tuple[float, float], judge: Callable[[list[str]], pd.DataFrame],
-           part_verdicts: dict[str, str], *, max_quality: int, batch: int = 4) -> pd.DataFrame:
+           part_verdicts: dict[str, str], *, max_quality: int, batch: int = 4, trusted: bool = True,
+           distrust: str = "") -> pd.DataFrame:
     """Judge `table`'s candidates (columns: key, candidate, speedup, speedup_lo, speedup_hi) fastest first.
 
     `judge(keys)` renders stacks on the reference model and returns their quality rows (key, quality_verdict,
-    adherence_delta..., fid_delta...). Returns the table with each candidate's quality, its admissibility and
-    why; the first admissible row in speed order is the best stack."""
+    adherence_delta..., fid_delta...); `part_verdicts` holds each lossy part's verdict alone. Without `trusted`
+    controls no lossy candidate is admissible (`distrust` says why). Returns the table with each candidate's
+    quality, its admissibility and why; the first admissible row in speed order is the best stack."""
     from sdperf.reference.techniques import WITHIN
 
     t = table.sort_values("speedup", ascending=False).reset_index(drop=True).copy()
@@ -190,9 +212,12 @@ def search(table: pd.DataFrame, band: tuple[float, float], judge: Callable[[list
         if cand.lossless:
             t.at[i, "admissible"], t.at[i, "why"] = ADMISSIBLE, LOSSLESS_QUALITY
             break
-        bad = over_budget_part(cand, part_verdicts)
+        if not trusted:
+            t.at[i, "admissible"], t.at[i, "why"] = INADMISSIBLE, f"the budget cannot be trusted: {distrust}"
+            continue
+        bad = failing_part(cand, part_verdicts)
         if bad:
-            t.at[i, "admissible"], t.at[i, "why"] = PRUNED, f"{bad} alone is over the quality budget"
+            t.at[i, "admissible"], t.at[i, "why"] = PRUNED, f"{bad[0]} alone is {bad[1]}, not within the budget"
             continue
         if cand.picture_key not in quality:
             if rendered >= max_quality and cand.picture_key not in part_verdicts:
@@ -202,7 +227,7 @@ def search(table: pd.DataFrame, band: tuple[float, float], judge: Callable[[list
             for j in range(i + 1, len(t)):
                 other = t.at[j, "candidate"]
                 if (len(todo) < batch and t.at[j, "speed_verdict"] == "faster" and not other.lossless
-                        and not over_budget_part(other, part_verdicts)
+                        and not failing_part(other, part_verdicts)
                         and other.picture_key not in quality and other.picture_key not in todo):
                     todo.append(other.picture_key)
             todo = todo[:max(1, min(len(todo), max_quality - rendered))]

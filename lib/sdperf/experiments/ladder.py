@@ -156,9 +156,9 @@ def quality_text(r) -> str:
     if pd.isna(r.get("adherence_delta")):
         v = r.get("quality_verdict")
         return "no quality measurement on the reference model" if v is None or pd.isna(v) else str(v)
-    return (f"{r['quality_verdict']} on the reference model (adherence {r['adherence_delta']:+.3f} "
-            f"[{r['adherence_delta_lo']:+.3f}, {r['adherence_delta_hi']:+.3f}], domain FID {r['fid_delta']:+.2f} "
-            f"[{r['fid_delta_lo']:+.2f}, {r['fid_delta_hi']:+.2f}])")
+    return (f"{r['quality_verdict']} on the reference model against the converged fp32 solve (adherence "
+            f"{r['adherence_delta']:+.3f} [{r['adherence_delta_lo']:+.3f}, {r['adherence_delta_hi']:+.3f}], domain FID "
+            f"{r['fid_delta']:+.2f} [{r['fid_delta_lo']:+.2f}, {r['fid_delta_hi']:+.2f}])")
 
 
 QUALITY_COLUMNS = ("quality_verdict", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi", "fid_delta",
@@ -180,7 +180,7 @@ def with_quality(study: Study, alone: pd.DataFrame, say: Callable[[str], None] =
         return t
     s = settings(study.profile)
     try:
-        q = techniques.for_study(study, lossy, n=s.reference_delta_images, steps=s.reference_steps, say=say)
+        q = techniques.for_study(study, lossy, techniques.Plan.of(s), say=say)
     except ConfigError as exc:  # no verified reference model: nothing lossy can be shown to keep the picture
         say(f"no quality measurement: {exc}")
         t.loc[t.key.isin(lossy), "quality_verdict"] = f"not measured: {exc}"

@@ -72,9 +72,8 @@ def part_verdicts(study: Study, keys: list[str], say: Callable[[str], None] = pr
     from sdperf.reference import techniques
 
     s = settings(study.profile)
-    lossy = [k for k in keys if catalog.get(k).changes_output]
-    return techniques.for_study(study, lossy, n=s.reference_delta_images, steps=s.reference_steps, say=say) \
-        if lossy else pd.DataFrame(columns=["key", "quality_verdict"])
+    lossy = [k for k in keys if catalog.get(k).changes_output] + [techniques.SEEDS_SAMPLER]
+    return techniques.for_study(study, lossy, techniques.Plan.of(s), say=say)
 
 
 def search(study: Study, table: pd.DataFrame, band: tuple[float, float], verdicts: pd.DataFrame, *,
@@ -83,13 +82,40 @@ def search(study: Study, table: pd.DataFrame, band: tuple[float, float], verdict
     from sdperf.quality.settings import settings
     from sdperf.reference import techniques
 
-    s = settings(study.profile)
+    plan = techniques.Plan.of(settings(study.profile))
     known = dict(zip(verdicts.key, verdicts.quality_verdict)) if len(verdicts) else {}
+    trusted, why = verdicts.attrs.get("trusted", (False, ["no controls were judged"]))
 
     def judge(keys: list[str]) -> pd.DataFrame:
-        return techniques.for_study(study, keys, n=s.reference_delta_images, steps=s.reference_steps, say=say)
+        return techniques.for_study(study, keys, plan, say=say)
 
-    return ss.search(table, band, judge, known, max_quality=max_quality)
+    return ss.search(table, band, judge, known, max_quality=max_quality, trusted=trusted,
+                     distrust="; ".join(why))
+
+
+def reference_text(verdicts: pd.DataFrame) -> str:
+    """The budget's reference in words: the converged fp32 solve and its steps (from the convergence rows)."""
+    from sdperf.reference import converged, techniques
+
+    per = verdicts.attrs.get("per_guidance")
+    keys = sorted({k for k in per.key if str(k).startswith(techniques.REFERENCE)}) if per is not None and len(per) else []
+    return (f"converged fp32 solve, {', '.join(k.split(':', 1)[1].replace('@', ' ') + ' steps' for k in keys)}"
+            if keys else f"converged fp32 solve ({converged.SOLVER}), not judged in this run")
+
+
+def judged_text(row, verdicts: pd.DataFrame) -> str:
+    """What a chosen stack was judged against and every lossy part's own verdict, for the headline."""
+    cand = row["candidate"]
+    if cand.lossless:
+        return (f"lossless: the seeds' fp32 {cand.sampler.split(':', 1)[1]} pictures themselves (its own verdict "
+                f"against the {reference_text(verdicts)}: {_verdict_of(cand.sampler, verdicts)})")
+    parts = "; ".join(f"{p} alone {_verdict_of(p, verdicts)}" for p in cand.lossy_parts)
+    return f"judged against the {reference_text(verdicts)}; the stack whole {row.get('quality_verdict')}; {parts}"
+
+
+def _verdict_of(key: str, verdicts: pd.DataFrame) -> str:
+    got = verdicts[verdicts.key == key] if len(verdicts) else verdicts
+    return str(got.quality_verdict.iloc[0]) if len(got) else "not judged"
 
 
 def verify(study: Study, chosen: dict[str, str], say: Callable[[str], None] = print) -> Comparison:
@@ -136,8 +162,9 @@ def headline(cmp: Comparison, found: pd.DataFrame, name: str, roof: dict | None)
     return out
 
 
-def record(study: Study, heads: list[dict], found: pd.DataFrame) -> None:
-    """The headline rows (one scenario per chosen stack) and one row per judged candidate."""
+def record(study: Study, heads: list[dict], found: pd.DataFrame, verdicts: pd.DataFrame | None = None) -> None:
+    """The headline rows (one scenario per chosen stack) and one row per judged candidate, its note naming each
+    lossy part's own verdict (`verdicts`: 10's part table) beside the stack's."""
     rows = []
     for h in heads:
         sc, common = f"{h['name']}: {h['key']}", dict(method=h["method"], key=h["key"])
@@ -153,7 +180,8 @@ def record(study: Study, heads: list[dict], found: pd.DataFrame) -> None:
         if h.get("adherence_delta") is not None:
             rows.append(dict(scenario=sc, metric="reference_adherence_delta", value=h["adherence_delta"],
                              lo=h["adherence_delta_lo"], hi=h["adherence_delta_hi"], unit="",
-                             note=f"trained reference model; {h['quality_verdict'] or ss.LOSSLESS_QUALITY}", **common))
+                             note=f"trained reference model; {h['quality_verdict'] or ss.LOSSLESS_QUALITY}; "
+                                  f"{h.get('judged', '')}".strip("; "), **common))
             rows.append(dict(scenario=sc, metric="reference_domain_fid_delta", value=h["fid_delta"],
                              lo=h["fid_delta_lo"], hi=h["fid_delta_hi"], unit="", **common))
         if h.get("roof_goal") is not None:
@@ -163,7 +191,9 @@ def record(study: Study, heads: list[dict], found: pd.DataFrame) -> None:
     judged = found[found.admissible != ss.NOT_JUDGED]
     rows += [dict(scenario=f"stack search: {r.key}", metric="composed_seed_speedup_vs_fp32", value=r.speedup,
                   lo=r.speedup_lo, hi=r.speedup_hi, unit="x", key=r.key, method=ss.COMPOSED,
-                  note=f"{r.admissible}: {r.why}") for r in judged.itertuples()]
+                  note=f"{r.admissible}: {r.why}" + (f"; {judged_text(pd.Series(r._asdict()), verdicts)}"
+                                                      if verdicts is not None else ""))
+             for r in judged.itertuples()]
     study.recorder.add_many(rows)
 
 
@@ -205,13 +235,14 @@ def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
                       "its paired "
                       "adherence change (left) and domain-FID change (right), admissible (o) or not (x), the Pareto "
                       "front dashed, the stacks then measured whole circled",
-                      baseline="fp32 eager PLMS 50 steps (speed: interpolated per round; quality: the reference "
-                      "model's fp32 images of the same captions and latents)",
-                      method=f"speed: {ss.COMPOSED}; quality: paired deltas with 95% bootstrap intervals "
-                      "(sdperf.reference.techniques)",
-                      n=f"{len(pts)} candidate stack(s); quality over {s.reference_delta_images} paired images each "
-                      f"at {s.reference_steps} steps; speed composed from the profile's {study.profile.rounds} rounds "
-                      "of each part's fresh processes")
+                      baseline="speed: fp32 eager PLMS 50 steps, interpolated per round; quality: the reference "
+                      "model's converged fp32 solve of the same captions and noise",
+                      method=f"speed: {ss.COMPOSED}; quality: paired deltas with 95% bootstrap intervals against the "
+                      "converged solve (sdperf.reference.techniques)",
+                      n=f"{len(pts)} candidate stack(s); quality over {s.reference_delta_step}-"
+                      f"{s.reference_delta_images} paired images each (sequential: batches of "
+                      f"{s.reference_delta_step} until the intervals settle); speed composed from the profile's "
+                      f"{study.profile.rounds} rounds of each part's fresh processes")
     return fig
 
 
@@ -265,6 +296,8 @@ def run(study: Study, unets: list[str], schedulers: list[str], stages: list[str]
     check(unets, schedulers, stages)
     cmp = parts(study, unets, stages, say=say)
     verdicts = part_verdicts(study, list(unets) + list(schedulers) + list(stages), say=say)
+    say(f"quality reference: {reference_text(verdicts)}; controls "
+        f"{'as required' if verdicts.attrs.get('trusted', (False,))[0] else 'FAILED: ' + '; '.join(verdicts.attrs.get('trusted', (False, ['not judged']))[1])}")
     table = composed_table(study, cmp, unets, schedulers, stages)
     band = ss.band_of(cmp.measured.ratios)
     found = search(study, table, band, verdicts, max_quality=max_quality, say=say) if len(table) else table
@@ -286,11 +319,12 @@ def run(study: Study, unets: list[str], schedulers: list[str], stages: list[str]
         measured_as = next(n for n, k in chosen.items() if k == row.key)
         h = headline(whole, found, measured_as, roof)
         if h is not None:
-            heads.append(dict(h, name=name))
+            heads.append(dict(h, name=name, judged=judged_text(row, verdicts)))
     for name in [n for n in chosen if " under " in n]:
         h = headline(whole, found, name, roof)
         if h is not None:
-            heads.append(h)
-    record(study, heads, found)
+            base = picks[name.split(" under ")[0]]
+            heads.append(dict(h, judged=judged_text(base, verdicts)))
+    record(study, heads, found, verdicts)
     return {"parts": cmp, "verdicts": verdicts, "found": found, "band": band, "whole": whole, "heads": heads,
             "roof": roof}

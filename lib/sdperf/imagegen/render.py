@@ -50,6 +50,12 @@ def render(pipe, profile: Profile, items: list[tuple[str, float, int]], steps: i
 
 def render_workloads(pipe, singles: list[Workload]) -> np.ndarray:
     """uint8 NHWC images of single-image workloads sharing one guidance scale and step count, in one batch."""
+    return render_with_latents(pipe, singles)[1]
+
+
+def render_with_latents(pipe, singles: list[Workload]) -> tuple[torch.Tensor, np.ndarray]:
+    """(final latents as float32 on the CPU, uint8 NHWC images): the latents are what a solver's error is measured
+    on (latent MSE against a converged solve, the DPM-Solver papers' measure), the images what the evaluator reads."""
     device = generation.module_device(pipe.unet)
     dtype = generation.module_dtype(pipe.unet)
     batch = replace(singles[0], batch_size=len(singles))
@@ -60,7 +66,7 @@ def render_workloads(pipe, singles: list[Workload]) -> np.ndarray:
     extra = _stack_extra([x for _, x in encoded], do_cfg)
     latents = generation.denoise(pipe, batch, latents.to(device, dtype), embeds, extra)
     images = generation.decode(pipe, latents).float().cpu()
-    return to_uint8(images)
+    return latents.float().cpu(), to_uint8(images)
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:

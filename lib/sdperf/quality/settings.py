@@ -43,8 +43,14 @@ KEYS = {
     "reference_n_images": Key("int", "an integer >= 2 (reference-model images per guidance scale)"),
     "reference_guidance_scales": Key("float_list", "a non-empty list of guidance scales >= 1"),
     "reference_steps": Key("int", "an integer >= 1 (PLMS steps of the reference-model images; NeMo: 50)"),
-    "reference_delta_images": Key("int", "an integer >= 2 (reference-model images per technique for its paired "
-                                         "quality deltas, sdperf.reference.techniques)"),
+    "reference_delta_images": Key("int", "an integer >= 2 (the most reference-model images per technique and "
+                                         "guidance for its paired quality deltas, sdperf.reference.techniques)"),
+    "reference_delta_step": Key("int", "an integer >= 2 (images per batch of the sequential test: more come until "
+                                       "the adherence intervals settle, up to reference_delta_images)"),
+    "reference_judge_guidances": Key("float_list", "a non-empty list of guidance scales >= 1 (where techniques are "
+                                                   "judged against the converged solve; the first is the headline's)"),
+    "reference_noise_doses": Key("dose_list", "a non-empty list of numbers > 0 (std of the Gaussian noise the positive "
+                                              "controls add to the UNet's output)"),
 }
 
 
@@ -69,6 +75,9 @@ class QualitySettings:
     reference_guidance_scales: tuple[float, ...]
     reference_steps: int
     reference_delta_images: int
+    reference_delta_step: int
+    reference_judge_guidances: tuple[float, ...]
+    reference_noise_doses: tuple[float, ...]
     pipeline_weights: str | None
 
     @property
@@ -134,7 +143,8 @@ def _path(profile: str, key: str, value, spec: Key) -> Path | None:
 
 def _value(profile: str, key: str, value, spec: Key):
     if spec.kind == "int":
-        minimum = 2 if key in ("n_images", "ladder_n_images", "reference_n_images", "reference_delta_images") else 1
+        minimum = 2 if key in ("n_images", "ladder_n_images", "reference_n_images", "reference_delta_images",
+                               "reference_delta_step") else 1
         if not _is_int(value) or value < minimum:
             raise _fail(profile, key, value, spec)
         return value
@@ -148,6 +158,11 @@ def _value(profile: str, key: str, value, spec: Key):
             raise _fail(profile, key, value, spec)
         if len(set(value)) != len(value):
             raise _fail(profile, key, value, spec, "repeats a scale")
+        return tuple(float(v) for v in value)
+    if spec.kind == "dose_list":
+        if not isinstance(value, list) or not value or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf") for v in value):
+            raise _fail(profile, key, value, spec)
         return tuple(float(v) for v in value)
     if spec.kind == "choice":
         if value not in spec.choices:
@@ -168,6 +183,9 @@ def settings(profile: Profile) -> QualitySettings:
         raise ConfigError(f"profile {profile.name!r}: the quality section lacks {', '.join(missing)}; "
                           f"it needs every one of: {', '.join(KEYS)}")
     values = {k: _value(profile.name, k, raw[k], spec) for k, spec in KEYS.items()}
+    if values["reference_delta_step"] > values["reference_delta_images"]:
+        raise _fail(profile.name, "reference_delta_step", values["reference_delta_step"], KEYS["reference_delta_step"],
+                    f"exceeds reference_delta_images ({values['reference_delta_images']})")
     if values["captions"] is not None:  # a malformed captions file fails now too, naming the path
         from sdperf.prompts import load_captions
 

@@ -99,6 +99,18 @@ def predict(net: Evaluator, images, batch: int = 256) -> np.ndarray:
 
 
 @torch.inference_mode()
+def probabilities(net: Evaluator, images, batch: int = 256) -> dict[str, np.ndarray]:
+    """Each head's softmax per image (shape, colour, size: (N, quadrants, classes); background: (N, classes)):
+    what `soft_adherence` reads, where `predict` keeps only the argmax."""
+    net.eval()
+    parts: dict[str, list] = {}
+    for i in range(0, len(images), batch):
+        for k, v in net(to_input(images[i:i + batch])).items():
+            parts.setdefault(k, []).append(v.double().softmax(-1).numpy())
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+@torch.inference_mode()
 def features(net: Evaluator, images, batch: int = 256) -> torch.Tensor:
     """EMBED penultimate features per image, float64: the domain FID's input."""
     net.eval()
@@ -124,6 +136,27 @@ def adherence_checks(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
     background_ok = predicted[:, -1] == truth[:, -1]
     claims = 4 * mentioned.sum(1) + 2
     return (per_object + count_ok + background_ok) / claims
+
+
+def soft_adherence(probs: dict[str, np.ndarray], truth: np.ndarray) -> np.ndarray:
+    """Per image, the evaluator's mean probability of each claim `adherence_checks` counts, the same claims: an
+    object at its quadrant (1 - P(none)), its shape, colour and size there, the occupied set (the product over
+    quadrants of P(occupied as claimed)), the background. It does not saturate as the 0/1 checks do near 1: a slight
+    blur or colour drift that leaves every argmax right still lowers it."""
+    truth = np.atleast_2d(truth)
+    t = truth[:, :3 * N_QUADRANTS].reshape(len(truth), N_QUADRANTS, 3)
+    mentioned = t[..., 0] != domain.NONE
+    p_none = probs["shape"][..., domain.NONE]
+
+    def at(p: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(p, np.clip(labels, 0, p.shape[-1] - 1)[..., None], -1)[..., 0]
+
+    per_quadrant = (1 - p_none) + at(probs["shape"], t[..., 0]) + at(probs["colour"], t[..., 1]) + \
+        at(probs["size"], t[..., 2])
+    per_object = np.where(mentioned, per_quadrant, 0).sum(1)
+    count = np.where(mentioned, 1 - p_none, p_none).prod(1)
+    background = at(probs["background"], truth[:, -1])
+    return (per_object + count + background) / (4 * mentioned.sum(1) + 2)
 
 
 def accuracy(predicted: np.ndarray, truth: np.ndarray) -> dict[str, float]:

@@ -28,18 +28,26 @@ def generate(pipe, captions: list[str], seeds: list[int], guidance: float, steps
     """uint8 NHWC images, caption i with latent seed i, `batch` prompts per UNet call, under `grad_mode`.
     A last, shorter batch is padded with repeats of its last prompt (and the padding dropped), so every UNet call
     has one shape: what an engine compiled for static shapes needs."""
+    return generate_with_latents(pipe, captions, seeds, guidance, steps, batch, grad_mode)[1]
+
+
+def generate_with_latents(pipe, captions: list[str], seeds: list[int], guidance: float, steps: int,
+                          batch: int = 100, grad_mode: str = "inference_mode") -> tuple[torch.Tensor, np.ndarray]:
+    """(final float32 latents, uint8 NHWC images) of `generate`: the same call, the latents kept."""
     from sdperf.generation import GRAD_MODES, Workload
-    from sdperf.imagegen.render import render_workloads
+    from sdperf.imagegen.render import render_with_latents
 
     side = pipe.unet.config.sample_size * pipe.vae_scale_factor
     work = [Workload(prompt=c, batch_size=1, steps=steps, guidance_scale=float(guidance), height=side, width=side,
                      seed=int(s)) for c, s in zip(captions, seeds)]
-    out = []
+    latents, images = [], []
     with GRAD_MODES[grad_mode]():
         for i in range(0, len(work), batch):
             part = work[i:i + batch]
-            out.append(render_workloads(pipe, part + [part[-1]] * (batch - len(part)))[:len(part)])
-    return np.concatenate(out)
+            z, x = render_with_latents(pipe, part + [part[-1]] * (batch - len(part)))
+            latents.append(z[:len(part)])
+            images.append(x[:len(part)])
+    return torch.cat(latents), np.concatenate(images)
 
 
 @dataclass

@@ -25,26 +25,32 @@ def published() -> pd.DataFrame:
         return pd.read_csv(fh)
 
 
+COLUMNS = ("n_images", "steps", "adherence", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi",
+           "soft_adherence_delta", "soft_adherence_delta_lo", "soft_adherence_delta_hi", "latent_mse", "ssim",
+           "psnr_db_median", "fid_delta", "fid_delta_lo", "fid_delta_hi", "fid_verdict", "kid_delta", "kid_delta_lo",
+           "kid_delta_hi", "kid_verdict", "quality_verdict", "verdict_by_guidance")
+
+
 def table(study, quality: pd.DataFrame) -> pd.DataFrame:
-    """One row per technique: quality deltas with intervals and verdict, speed-up with its range, published cost."""
+    """One row per key (the converged reference, the controls, fp32 PLMS-50, then each technique alone): quality
+    deltas against the converged solve with intervals and verdicts, the SD 1.5 speed-up with its range, the
+    published cost."""
     from sdperf.standalone import standalone
 
-    keys = [k for k in quality.key if k != techniques.BASELINE]
+    keys = [k for k in quality.key if _technique(k)]
     speed = standalone(study, keys).set_index("key") if keys else pd.DataFrame()
     pub = published().set_index("key")
     rows = []
     for r in quality.to_dict("records"):
         row = {"key": r["key"], "technique": r.get("label"), "status": r["status"],
-               "adherence": r.get("adherence"), "adherence_delta": r.get("adherence_delta"),
-               "adherence_delta_lo": r.get("adherence_delta_lo"), "adherence_delta_hi": r.get("adherence_delta_hi"),
-               "domain_fid": r.get("domain_fid"), "fid_delta": r.get("fid_delta"), "fid_delta_lo": r.get("fid_delta_lo"),
-               "fid_delta_hi": r.get("fid_delta_hi"), "psnr_db_median": r.get("psnr_db_median"),
-               "quality_verdict": r.get("quality_verdict") if r["status"] == "ok" else r.get("note")}
+               **{c: r.get(c) for c in COLUMNS}}
+        if r["status"] != "ok":
+            row["quality_verdict"] = r.get("note")
         s = speed.loc[r["key"]] if r["key"] in speed.index else None
         if s is not None and s.status == "ok" and pd.notna(s.speedup):
             row.update(sd15_speedup=s.speedup, sd15_speedup_lo=s.speedup_lo, sd15_speedup_hi=s.speedup_hi,
                        sd15_speed_verdict=s.speedup_verdict, sd15_speed_method=s.method)
-        elif r["key"] != techniques.BASELINE:
+        elif _technique(r["key"]):
             row["sd15_speed_verdict"] = (NOT_TIMED if s is None or s.status in ("not measured", "ok")
                                          else f"{s.status}: {s.note}")
         if r["key"] in pub.index:
@@ -55,39 +61,45 @@ def table(study, quality: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _technique(key: str) -> bool:
+    """A catalog technique (not the converged reference, a control or the seeds' sampler)."""
+    from sdperf.reference import controls
+
+    return not (controls.is_control(key) or str(key).startswith(techniques.REFERENCE)
+                or key == techniques.SEEDS_SAMPLER)
+
+
 def plot(study, quality: pd.DataFrame):
-    """Forest plot: each technique's paired adherence and domain-FID delta with its 95% interval, the budget
-    shaded; grey where a technique did not run here."""
-    t = quality[(quality.status == "ok") & (quality.key != techniques.BASELINE)].iloc[::-1]
-    base_fid = float(quality.loc[quality.key == techniques.BASELINE, "domain_fid"].iloc[0])
+    """Forest plot: each key's paired adherence and soft-adherence delta against the converged solve with its 95%
+    interval, the budget dashed; controls and the seeds' sampler drawn with the techniques."""
+    t = quality[(quality.status == "ok") & ~quality.key.astype(str).str.startswith(techniques.REFERENCE)].iloc[::-1]
     colors = {techniques.WITHIN: "tab:green", techniques.OVER: "tab:red", techniques.UNDECIDED: "tab:orange"}
     fig, axes = plt.subplots(1, 2, figsize=(12, 0.32 * len(t) + 1.8), sharey=True)
     y = np.arange(len(t))
-    for ax, col, budget, what in ((axes[0], "adherence_delta", -techniques.ADHERENCE_BUDGET,
-                                   "adherence change (share of caption claims)"),
-                                  (axes[1], "fid_delta", techniques.FID_BUDGET_REL * base_fid,
-                                   "domain FID change (lower is better)")):
+    for ax, col, what in ((axes[0], "adherence_delta", "adherence change (share of caption claims)"),
+                          (axes[1], "soft_adherence_delta", "soft adherence change (evaluator's probability)")):
         x = t[col].astype(float).to_numpy()
         err = np.vstack([x - t[col + "_lo"].astype(float), t[col + "_hi"].astype(float) - x])
         for yi, xi, e, v in zip(y, x, err.T, t.quality_verdict):
             ax.errorbar(xi, yi, xerr=e[:, None], fmt="o", capsize=3, color=colors.get(v, "tab:gray"))
         ax.axvline(0, color="black", lw=0.8)
-        ax.axvline(budget, color="tab:red", ls="--", lw=0.8)
-        ax.set(xlabel=f"{what}\nred dashes: the budget")  # said under the axes: a legend box covered points
+        ax.axvline(-techniques.ADHERENCE_BUDGET, color="tab:red", ls="--", lw=0.8)
+        ax.set(xlabel=f"{what}\nred dashes: the budget (-1 point)")  # said under the axes: a legend box covered points
     axes[0].set_yticks(y, t.key)
-    n = int(t.n_images.iloc[0]) if "n_images" in t and len(t) else 0
-    fig.suptitle(f"What each technique costs on the {QUALITY_MODEL}: paired deltas vs its fp32 images "
-                 f"(n={n} captions, same latents), 95% bootstrap intervals; green: within budget, orange: "
-                 "undecided, red: over", fontsize=9)
+    ns = sorted({int(v) for v in t.n_images.dropna()}) if "n_images" in t else []
+    n = f"{ns[0]}-{ns[-1]}" if len(ns) > 1 else (str(ns[0]) if ns else "0")
+    reference = quality.loc[quality.key.astype(str).str.startswith(techniques.REFERENCE), "key"]
+    ref = reference.iloc[0] if len(reference) else "the converged solve"
+    fig.suptitle(f"What each technique costs on the {QUALITY_MODEL}: paired deltas vs the converged fp32 solve "
+                 f"({ref}; n={n} captions, same noise), 95% bootstrap intervals; green: within budget, orange: "
+                 "undecided, red: over (verdict: worst over the judged guidances)", fontsize=9)
     fig.tight_layout()
-    steps = sorted({int(v) for v in quality.get("steps", pd.Series([], dtype=float)).dropna()})
     study.save_figure(fig, "reference_technique_quality",
-                      what=f"What each technique costs in quality on the {QUALITY_MODEL}: its paired adherence "
-                      "change (left) and domain-FID change (right) against its own fp32 images, the budget dashed; "
-                      "green within budget, orange undecided, red over",
-                      baseline="the reference model's fp32 PLMS images of the same captions and initial latents",
-                      method=techniques.METHOD + ("; " + ", ".join(map(str, steps)) + " PLMS steps" if steps else "")
-                      + "; on the CPU",
-                      n=f"{n} paired images per technique, {len(t)} techniques",
+                      what=f"What each technique alone, the seeds' fp32 PLMS-50 and the controls cost in quality on "
+                      f"the {QUALITY_MODEL}: paired adherence change (left) and soft-adherence change (right) against "
+                      "the converged fp32 solve, the budget dashed; green within budget, orange undecided, red over",
+                      baseline=f"the reference model's converged fp32 solve ({ref}) of the same captions and noise",
+                      method=techniques.METHOD + "; on the CPU",
+                      n=f"{n} paired images per key (sequential: batches until the intervals settle), {len(t)} keys",
                       taken_in=dict(study.env, device="cpu"))  # the reference model runs on the CPU
     return fig

@@ -1,30 +1,23 @@
-"""What each catalog technique costs in quality, measured on the trained reference model, paired image by image.
+"""What each catalog technique costs in quality on the trained reference model, judged against the converged fp32
+solve of the same captions and noise, alone and stacked, with controls (issue 31).
 
 Random weights cannot say what int8, fewer steps, DeepCache or token merging do to a picture; the reference model
-can. Each technique's stack (sdperf.optimizations.catalog) is applied to a fresh fp32 copy of the verified model,
-which then makes the same captions from the same initial latents as the untouched fp32 model (PLMS, the profile's
-reference steps, guidance 7.5: the model's quality bar). Against those fp32 images, per prompt:
-- adherence delta: mean of (technique - fp32) per image, BCa bootstrap interval (quality.paired_delta);
-- domain FID delta: FID(technique) - FID(fp32) against the same held-out renders, the two sets resampled with the
-  SAME image indices (a paired percentile bootstrap, recentred on the estimate: quality.recentred), so the interval
-  reflects the change and not each set's noise;
-- PSNR of each image against its fp32 twin (median and 10th percentile).
-Paired, because unpaired means hide regressions (a black frame can out-score a poor image on an average).
+can. The reference is not fp32 PLMS-50 (the seeds' setting, itself a poor solve at guidance 7.5) but the same fp32
+model's converged solution (sdperf.reference.converged: DPM-Solver++(2M) at the step count its convergence check
+chose, cached on disk). Each key is judged for what it alone changes:
+- a stack that names a sampler (`scheduler:<name>@<steps>`, alone or with other parts) runs that sampler at its steps;
+- a stack without one (a precision, an executor, int8, attention, caching, merging, a stage engine) runs the
+  converged solver at its steps, so its own error is all that moves;
+- fp32 PLMS at the seeds' steps (SEEDS_SAMPLER) is judged as a row of its own: its deficit is a finding;
+- the controls (sdperf.reference.controls) run every time and must read as they must, or no stack is admitted.
+Per key and guidance (the seeds' 7.5 and the profile's other judged guidances), every paired measure of
+sdperf.reference.paired with its interval, n sized by power: images come in batches of `n_step` until the
+adherence and soft-adherence intervals are clear of the budget line or half a point wide, or `n_max` is reached
+(the row then says its interval could not be resolved at that n). A key's verdict is its worst over the guidances.
 
-The budget (the ladder's "changes the picture" rule, sdperf.experiments.ladder, and the stack search's): adherence
-within 1 point of fp32 PLMS-50, domain FID within its bootstrap interval plus a stated margin (issue 15's words).
-- Adherence resolves to about +-1-2 points at the study's image counts, so it must be shown inside: the whole
-  interval above -ADHERENCE_BUDGET is "within", wholly below is "over", straddling is "undecided".
-- Domain FID on 64 evaluator features at 256 paired images has an interval of about +-10 around a margin of ~3
-  (FID_BUDGET_REL x the fp32 images' FID of ~33): asking the whole interval to sit under the margin would admit
-  only what lowers FID, however harmless. So FID breaks the budget when the change is beyond its own bootstrap
-  interval plus the margin (the interval's lower end above +margin: worse than noise can explain), and otherwise
-  leaves the verdict to adherence. The rows keep both intervals, so a stricter reader can apply their own rule.
-"Undecided" is treated as not kept by the ladder and as not admissible by the search.
-
-Rows go to results.csv under the calling notebook with the technique's key, so 10 (which needs the deltas of its
-lossy candidates) and 12 (which shows them all) share one measurement per run: `for_study` measures only the keys
-no row of this machine and commit holds yet.
+Rows go to results.csv under the calling notebook with the key, so 10 (which needs its candidates' verdicts) and
+12 (which shows them all) share one measurement per run: `for_study` measures only what this machine and commit
+lack, and verdicts are recomputed from the interval columns when read back (never parsed from prose).
 """
 from __future__ import annotations
 
@@ -38,30 +31,65 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sdperf.reference import domain, evaluator, quality
+from sdperf.reference import controls, converged, domain, paired, quality
+from sdperf.reference.paired import ADHERENCE_BUDGET, OVER, UNDECIDED, WITHIN
 
-GUIDANCE = 7.5  # the reference model's quality bar is stated at 7.5 with 50 PLMS steps
+GUIDANCE = 7.5  # the seeds' guidance: the reference model's quality is first stated there
 RENDER_BATCH = 16  # prompts per UNet call (UNet batch 32 with guidance: the exported engines' dynamic maximum)
+SOLVE_BATCH = 64  # prompts per UNet call of the fp32 solves (no engine: a larger batch is several times cheaper)
 CALIBRATION_CAPTIONS = 8  # captions a calibrated int8 technique generates from (Context.prompts; see quantization)
 CALIBRATION_SEED = 7  # its captions come from another seed than the judged ones: calibrating on the test set flatters
-ADHERENCE_BUDGET = 0.01  # at most 1 point of adherence lost
-FID_BUDGET_REL = 0.10  # at most +10% of the fp32 images' domain FID
-N_FID_RESAMPLES = 300
-WITHIN, OVER, UNDECIDED = "within budget", "over budget", "undecided"
-BASELINE = "fp32-eager"
-METHOD = (f"reference model, paired vs its own fp32 images (same captions, same initial latents); adherence: BCa "
-          f"bootstrap of per-image deltas; FID: paired percentile bootstrap ({N_FID_RESAMPLES} resamples), recentred on "
-          f"the estimate")
-METRICS = ("reference_adherence", "reference_adherence_delta", "reference_domain_fid", "reference_domain_fid_delta",
-           "reference_image_psnr_db")
-# the techniques 12 judges by default: every family of the catalog that can change a picture, and the lossless
-# executors whose "lossless" the paired deltas check
+SEEDS_STEPS = 50  # the seeds' PLMS step count
+SEEDS_SAMPLER = f"scheduler:plms@{SEEDS_STEPS}"
+REFERENCE = "converged"  # key prefix of the reference's own rows: converged:<solver>@<steps>
+FASTEST_DEFAULT = ("euler", 10)  # the convergence tolerance's candidate when no scheduler key is judged
+SEVERITY = {WITHIN: 0, UNDECIDED: 1, OVER: 2}
+METHOD = ("reference model, paired per image against the converged fp32 solve of the same captions and noise; "
+          "adherence, soft adherence, latent MSE, SSIM: BCa bootstrap 95%; FID, KID: paired percentile bootstrap "
+          "recentred on the estimate; images in batches until the adherence intervals settle (sequential n)")
+MEASURES = (  # (metric, table column, its interval's columns or None, unit)
+    ("reference_adherence", "adherence", ("adherence_lo", "adherence_hi"), "share"),
+    ("reference_adherence_delta", "adherence_delta", ("adherence_delta_lo", "adherence_delta_hi"), "share"),
+    ("reference_soft_adherence_delta", "soft_adherence_delta",
+     ("soft_adherence_delta_lo", "soft_adherence_delta_hi"), "share"),
+    ("reference_latent_mse", "latent_mse", ("latent_mse_lo", "latent_mse_hi"), ""),
+    ("reference_image_ssim", "ssim", ("ssim_lo", "ssim_hi"), ""),
+    ("reference_domain_fid", "domain_fid", None, ""),
+    ("reference_domain_fid_delta", "fid_delta", ("fid_delta_lo", "fid_delta_hi"), ""),
+    ("reference_fid_margin", "fid_margin", None, ""),
+    ("reference_kid", "kid", None, ""),
+    ("reference_kid_delta", "kid_delta", ("kid_delta_lo", "kid_delta_hi"), ""),
+    ("reference_kid_margin", "kid_margin", None, ""),
+)
 DEFAULT_KEYS = (
     "precision:float16", "precision:bfloat16", "compile:default", "engine:onnxruntime-fp32", "engine:openvino-f32",
     "int8:openvino-nncf-weights", "int8:openvino-nncf-ptq", "int8:openvino-nncf-hybrid", "int8:torch-ao-dynamic",
     "attention:sliced:max", *(f"scheduler:{s}@{n}" for s in ("dpmpp-2m", "euler") for n in (10, 15, 20, 25)),
     *(f"scheduler:unipc@{n}" for n in (10, 15, 20)),
     "deepcache:2", "deepcache:3", "deepcache:5", "tome:0.3", "tome:0.5", "stages:openvino-int8w")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a run judges: guidances, the sequential test's batch and cap, the controls' noise doses."""
+
+    guidances: tuple[float, ...] = (GUIDANCE,)
+    n_max: int = 256
+    n_step: int = 64
+    doses: tuple[float, ...] = (0.05, 0.2)
+    ladder: tuple[int, ...] = converged.LADDER  # the convergence check's step counts (tests use shorter ones)
+    check_images: int = converged.CHECK_IMAGES
+
+    @classmethod
+    def of(cls, s) -> "Plan":
+        """From the profile's validated quality settings (sdperf.quality.settings)."""
+        return cls(guidances=tuple(s.reference_judge_guidances), n_max=s.reference_delta_images,
+                   n_step=s.reference_delta_step, doses=tuple(s.reference_noise_doses))
+
+    def text(self) -> str:
+        return (f"guidance {', '.join(f'{g:g}' for g in self.guidances)}; images in batches of {self.n_step} up to "
+                f"{self.n_max}; controls: fp32 twin, {converged.SOLVER}@{controls.FEW_STEPS}, UNet-output noise "
+                f"{', '.join(f'{d:g}' for d in self.doses)}")
 
 
 def profile_for(base, folder: Path, steps: int):
@@ -77,170 +105,235 @@ def profile_for(base, folder: Path, steps: int):
 
 
 def render(pipe, captions: list[str], seeds: list[int], steps: int, grad_mode: str = "inference_mode",
-           batch: int = RENDER_BATCH) -> tuple[np.ndarray, float]:
-    """(uint8 NHWC images at GUIDANCE, seconds): quality.generate, timed (every call one shape)."""
+           batch: int = RENDER_BATCH, guidance: float = GUIDANCE) -> tuple[np.ndarray, float]:
+    """(uint8 NHWC images, seconds): quality.generate, timed (every call one shape)."""
     start = time.perf_counter()
-    images = quality.generate(pipe, captions, seeds, GUIDANCE, steps, batch=batch, grad_mode=grad_mode)
+    images = quality.generate(pipe, captions, seeds, guidance, steps, batch=batch, grad_mode=grad_mode)
     return images, time.perf_counter() - start
 
 
+def fastest_sampler(keys: list[str]) -> tuple[str, int]:
+    """The sampler with the fewest steps among FASTEST_DEFAULT and the judged keys' schedulers: the candidate whose
+    distance from the doubled solve sets the convergence tolerance."""
+    from sdperf.optimizations import catalog
+
+    found = [(t.steps, t.key.split(":", 1)[1].split("@")[0]) for k in keys for t in catalog.Stack.of(k).techniques
+             if t.family == catalog.SCHEDULER and t.steps]
+    name, steps = FASTEST_DEFAULT  # always a candidate, and preferred on a tie: the tolerance stays put across calls
+    steps, name = min(found + [(steps, name)], key=lambda f: (f[0], f[1] != FASTEST_DEFAULT[0]))
+    return name, steps
+
+
 @dataclass
-class Judged:
-    """One set of images and what the evaluator makes of it."""
+class _Reference:
+    """One guidance's converged solve, judged, growing as keys ask for more images."""
 
-    images: np.ndarray
-    adherence: np.ndarray  # per image
-    features: torch.Tensor
-    seconds: float
+    solver: converged.Solver
+    convergence: converged.Convergence
+    net: object
+    captions: list[str]
+    seeds: list[int]
+    truth: np.ndarray
+    judged: paired.Judged | None = None
 
-
-def judge(net, images: np.ndarray, truth: np.ndarray, seconds: float) -> Judged:
-    return Judged(images, evaluator.adherence_checks(evaluator.predict(net, images), truth),
-                  evaluator.features(net, images), seconds)
-
-
-def fid_delta(variant: torch.Tensor, base: torch.Tensor, real: quality.Real, seed: int = 0,
-              n_resamples: int = N_FID_RESAMPLES) -> tuple[float, float, float]:
-    """(FID(variant) - FID(base), low, high): both image sets resampled with the same indices each time."""
-    fid_of = quality.fid_to(real)
-    rng = np.random.default_rng(seed)
-    deltas = []
-    for _ in range(n_resamples):
-        idx = torch.as_tensor(rng.integers(len(base), size=len(base)))
-        deltas.append(fid_of(variant[idx]) - fid_of(base[idx]))
-    d = fid_of(variant) - fid_of(base)
-    return (d, *quality.recentred(d, deltas))
+    def first(self, n: int) -> paired.Judged:
+        if self.judged is None or len(self.judged) < n:
+            s = self.solver.solve(self.captions[:n], self.seeds[:n], self.convergence.steps)
+            self.judged = paired.Judged.of(self.net, s.latents, s.images, self.truth[:n])
+        return self.judged.take(n)
 
 
-def psnr_per_image(images: np.ndarray, base: np.ndarray) -> np.ndarray:
-    """PSNR in dB of each 8-bit image against its fp32 twin (inf where identical)."""
-    a, b = images.astype(np.float64) / 255, base.astype(np.float64) / 255
-    mse = ((a - b) ** 2).reshape(len(a), -1).mean(axis=1)
-    with np.errstate(divide="ignore"):
-        return np.where(mse == 0, np.inf, 10 * np.log10(1.0 / mse))
+def _worst(verdicts) -> str:
+    vs = [v for v in verdicts if v in SEVERITY]
+    return max(vs, key=SEVERITY.get) if vs else UNDECIDED
 
 
-def verdict(adherence_lo: float, adherence_hi: float, fid_lo: float, fid_hi: float, base_fid: float) -> str:
-    """OVER when the adherence interval lies wholly below -1 point or the FID change exceeds its own interval plus
-    the margin (lower end above it); else WITHIN when the adherence interval lies wholly above -1 point, else
-    UNDECIDED. `fid_hi` is the interval's other end, kept in the signature (and the rows) for a stricter reader."""
-    fid_margin = FID_BUDGET_REL * base_fid
-    if adherence_hi < -ADHERENCE_BUDGET or fid_lo > fid_margin:
-        return OVER
-    if adherence_lo >= -ADHERENCE_BUDGET:
-        return WITHIN
-    return UNDECIDED
-
-
-def budget_text(base_fid: float | None = None) -> str:
-    fid = (f"{FID_BUDGET_REL:.0%} of the fp32 images' domain FID" +
-           (f" (+{FID_BUDGET_REL * base_fid:.2f})" if base_fid is not None else ""))
-    return (f"adherence interval above -{ADHERENCE_BUDGET:.2f} (1 point) and the domain-FID change within its interval "
-            f"plus {fid} (interval's lower end at most that), 95% paired bootstrap intervals")
-
-
-def measure(keys: list[str], base_profile, *, n: int, steps: int, folder: Path | None = None,
-            scratch: Path | None = None, say: Callable[[str], None] = print) -> pd.DataFrame:
-    """One row per technique (the first: fp32 itself) with its paired deltas against the fp32 images."""
+def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = None, scratch: Path | None = None,
+            say: Callable[[str], None] = print) -> pd.DataFrame:
+    """One row per (key, guidance), each against the converged solve; `keys` are catalog stack keys or the plan's
+    control keys (sdperf.reference.controls). The reference's own rows are appended, its convergence check is in
+    `attrs`."""
     from sdperf.comparison import release
     from sdperf.optimizations.catalog import Context, Stack
     from sdperf.pipelines import build_from_weights
     from sdperf.reference import store
 
-    stacks = {k: Stack.of(k) for k in keys}  # an unknown key fails here, before any model is loaded
+    known = {c.key: c for c in controls.defaults(plan.doses)}
+    bad = [k for k in keys if controls.is_control(k) and k not in known]
+    if bad:
+        raise ValueError(f"control {bad[0]!r} is not one of this plan's: {', '.join(known)}")
+    stacks = {k: Stack.of(k) for k in keys if k not in known}  # an unknown key fails before any model is loaded
     folder = Path(folder or store.default_dir())
-    pipe, net, manifest = store.load(folder)  # verified once; each technique then loads the same files
-    profile = profile_for(base_profile, folder, steps)
+    _, net, manifest = store.load(folder)  # verified once; each technique then loads the same files
     real = quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
-    items = quality.prompts(n)
-    captions, truth, seeds = [s.caption for s in items], domain.labels_many(items), list(range(n))
-    images, seconds = render(pipe, captions, seeds, steps)
-    base = judge(net, images, truth, seconds)
-    del pipe
-    base_fid = quality.domain_fid(base.features, real)
-    mean, lo, hi = quality.mean_interval(base.adherence)
-    rows = [dict(key=BASELINE, label="fp32 eager (the reference)", family="", status="ok", n_images=n,
-                 steps=steps, adherence=mean, adherence_lo=lo, adherence_hi=hi, adherence_delta=0.0,
-                 adherence_delta_lo=0.0, adherence_delta_hi=0.0, domain_fid=base_fid, fid_delta=0.0,
-                 fid_delta_lo=0.0, fid_delta_hi=0.0, psnr_db_median=math.inf, psnr_db_p10=math.inf,
-                 quality_verdict=WITHIN, seconds=seconds, note="")]
-    for key, stack in stacks.items():
-        ctx = Context(profile, batch_size=RENDER_BATCH, scratch=scratch, artefacts=scratch,
+    items = quality.prompts(plan.n_max)
+    captions, truth, seeds = [s.caption for s in items], domain.labels_many(items), list(range(plan.n_max))
+    cache = (scratch / "converged") if scratch else None
+
+    def fresh(sampler: str):
+        return build_from_weights(str(folder), sampler)
+
+    def render_solve(sampler: str, steps: int, caps: list[str], sds: list[int], g: float) -> converged.Solve:
+        z, x = quality.generate_with_latents(fresh(sampler), caps, sds, g, steps, batch=SOLVE_BATCH)
+        return converged.Solve(z, x)
+
+    fastest = fastest_sampler(list(stacks))
+    refs, conv_rows = {}, []
+    for g in plan.guidances:
+        solver = converged.Solver(lambda s, n, c, d, g=g: render_solve(s, n, c, d, g), converged.model_hash(manifest),
+                                  g, cache)
+        check = min(plan.check_images, plan.n_max)
+        conv = converged.converge(solver, captions[:check], seeds[:check], fastest, ladder=plan.ladder)
+        say(f"guidance {g:g}: {conv.text()}")
+        refs[g] = _Reference(solver, conv, net, captions, seeds, truth)
+        conv_rows += [dict(guidance=g, chosen=conv.steps, converged=conv.converged, fastest=conv.fastest, **r)
+                      for r in conv.rows]
+
+    rows = []
+    for key in keys:
+        control, stack = known.get(key), stacks.get(key)
+        row = dict(key=key, label=control.label if control else stack.label,
+                   family="control" if control else ", ".join(t.family for t in stack.techniques))
+        ctx = Context(profile_for(base_profile, folder, refs[plan.guidances[0]].convergence.steps),
+                      batch_size=RENDER_BATCH, scratch=scratch, artefacts=scratch,
                       prompts=tuple(s.caption for s in domain.scenes(CALIBRATION_SEED, CALIBRATION_CAPTIONS)))
-        row = dict(key=key, label=stack.label, family=", ".join(t.family for t in stack.techniques), n_images=n,
-                   steps=stack.steps or steps)
-        ok, reason = stack.availability(ctx)
-        if not ok:
-            say(f"{key}: not applicable: {reason}")
-            rows.append(dict(row, status="not_applicable", note=f"not applicable: {reason}"))
-            continue
+        if stack is not None:
+            ok, reason = stack.availability(ctx)
+            if not ok:
+                say(f"{key}: not applicable: {reason}")
+                rows += [dict(row, guidance=g, status="not_applicable", note=f"not applicable: {reason}")
+                         for g in plan.guidances]
+                continue
+        pipe = None
         try:
-            pipe = stack.apply(build_from_weights(str(folder), "plms"), ctx)
-            images, seconds = render(pipe, captions, seeds, stack.steps or steps, stack.grad_mode)
-            judged = judge(net, images, truth, seconds)
-        except Exception as exc:  # recorded with its error; the other techniques still run
+            for g in plan.guidances:
+                ref = refs[g]
+                if pipe is None:
+                    pipe, steps, grad_mode = _pipeline(key, control, stack, ctx, fresh, ref.convergence.steps)
+                got = _sequential(pipe, steps, grad_mode, g, ref, plan, real)
+                rows.append(dict(row, guidance=g, status="ok", steps=steps, note=_facts(ctx.facts), **got))
+                r = rows[-1]
+                say(f"{key} @ {g:g}: n={r['n_images']}, adherence {r['adherence_delta']:+.4f} "
+                    f"[{r['adherence_delta_lo']:+.4f}, {r['adherence_delta_hi']:+.4f}], soft "
+                    f"{r['soft_adherence_delta']:+.4f}, latent MSE {r['latent_mse']:.4f}: {r['quality_verdict']}")
+        except Exception as exc:  # recorded with its error; the other keys still run
             msg = f"{type(exc).__name__}: {exc}"
             say(f"{key}: failed: {msg[:300]}")
-            rows.append(dict(row, status="failed", note=msg[:500]))
-            continue
+            done = {r["guidance"] for r in rows if r["key"] == key}
+            rows += [dict(row, guidance=g, status="failed", note=msg[:500]) for g in plan.guidances if g not in done]
         finally:
             pipe = None
             release()
-        rows.append(dict(row, status="ok", **_deltas(judged, base, real, base_fid), note=_facts(ctx.facts)))
-        r = rows[-1]
-        say(f"{key}: adherence {r['adherence_delta']:+.4f} [{r['adherence_delta_lo']:+.4f}, "
-            f"{r['adherence_delta_hi']:+.4f}], FID {r['fid_delta']:+.2f} [{r['fid_delta_lo']:+.2f}, "
-            f"{r['fid_delta_hi']:+.2f}], PSNR median {r['psnr_db_median']:.1f} dB: {r['quality_verdict']}")
     table = pd.DataFrame(rows)
-    table.attrs.update(manifest_commit=manifest["commit"], base_fid=base_fid)
+    for g, ref in refs.items():  # the reference's own absolute figures, at the most images any key used
+        n = int(table.loc[table.guidance == g, "n_images"].max()) if "n_images" in table else plan.n_step
+        base = ref.first(n)
+        table = pd.concat([table, pd.DataFrame([dict(key=f"{REFERENCE}:{converged.SOLVER}@{ref.convergence.steps}",
+                                                      label=ref.convergence.text(), family="reference", guidance=g,
+                                                      status="ok", steps=ref.convergence.steps, n_images=n,
+                                                      **_absolute(base, real))])], ignore_index=True)
+    table.attrs.update(manifest_commit=manifest["commit"], convergence=pd.DataFrame(conv_rows),
+                       cache_hits=sum(r.solver.hits for r in refs.values()),
+                       cache_made=sum(r.solver.made for r in refs.values()))
     return table
 
 
-def _deltas(judged: Judged, base: Judged, real: quality.Real, base_fid: float) -> dict:
-    mean, lo, hi = quality.mean_interval(judged.adherence)
-    d, d_lo, d_hi = quality.paired_delta(judged.adherence, base.adherence)
-    f, f_lo, f_hi = fid_delta(judged.features, base.features, real)
-    psnr = psnr_per_image(judged.images, base.images)
-    return dict(adherence=mean, adherence_lo=lo, adherence_hi=hi, adherence_delta=d, adherence_delta_lo=d_lo,
-                adherence_delta_hi=d_hi, domain_fid=base_fid + f, fid_delta=f, fid_delta_lo=f_lo, fid_delta_hi=f_hi,
-                psnr_db_median=float(np.percentile(psnr, 50, method="lower")),  # "lower": no inf - inf between
-                psnr_db_p10=float(np.percentile(psnr, 10, method="lower")),      # identical images
-                quality_verdict=verdict(d_lo, d_hi, f_lo, f_hi, base_fid), seconds=judged.seconds)
+def _pipeline(key, control, stack, ctx, fresh, n_converged: int):
+    """(pipeline, steps, grad mode) that renders `key` alone: a sampler its own, anything else the converged one."""
+    if control is not None:
+        pipe = fresh(converged.SOLVER)
+        if control.noise:
+            controls.add_output_noise(pipe, control.noise)
+        return pipe, control.steps or n_converged, "inference_mode"
+    named = stack.steps is not None  # a stack that names its sampler runs it at its steps
+    pipe = stack.apply(fresh("plms" if named else converged.SOLVER), ctx)
+    return pipe, stack.steps if named else n_converged, stack.grad_mode
+
+
+def _sequential(pipe, steps: int, grad_mode: str, guidance: float, ref: _Reference, plan: Plan,
+                real: quality.Real) -> dict:
+    """Images in batches of plan.n_step until the adherence intervals settle or plan.n_max is reached."""
+    latents, images = [], []
+    n = 0
+    while True:
+        stop = min(n + plan.n_step, plan.n_max)
+        z, x = quality.generate_with_latents(pipe, ref.captions[n:stop], ref.seeds[n:stop], guidance, steps,
+                                             batch=RENDER_BATCH, grad_mode=grad_mode)
+        latents.append(z)
+        images.append(x)
+        n = stop
+        judged = paired.Judged.of(ref.net, torch.cat(latents), np.concatenate(images), ref.truth[:n])
+        base = ref.first(n)
+        if n >= plan.n_max or paired.settled(judged.adherence - base.adherence, judged.soft - base.soft):
+            break
+    base_fid, base_kid = quality.domain_fid(base.features, real), paired.kid(base.features, real.features)
+    out = paired.measures(judged, base, real, base_fid, base_kid)
+    out["settled"] = bool(paired.settled(judged.adherence - base.adherence, judged.soft - base.soft))
+    return out
+
+
+def _absolute(base: paired.Judged, real: quality.Real) -> dict:
+    mean, lo, hi = quality.mean_interval(base.adherence)
+    return dict(adherence=mean, adherence_lo=lo, adherence_hi=hi, soft_adherence=float(base.soft.mean()),
+                domain_fid=quality.domain_fid(base.features, real), kid=paired.kid(base.features, real.features))
 
 
 def _facts(facts: dict) -> str:
     return "; ".join(f"{k}={v}" for k, v in facts.items() if k not in ("setup_peak_mib",))[:300]
 
 
-SCENARIO = "technique quality on the reference model"
+# ---------------------------------------------------------------- rows
+SCENARIO = "quality vs the converged solve"
+CONVERGENCE = "converged reference"
 
 
-def _scenario(key: str, steps: int) -> str:
-    return f"{SCENARIO}: {key}, guidance {GUIDANCE:g}, {steps} steps"
+def _scenario(key: str, guidance: float) -> str:
+    return f"{SCENARIO}: {key}, guidance {guidance:g}"
 
 
 def record(study, table: pd.DataFrame) -> None:
-    """The table as results rows under the calling notebook, each with its technique's key."""
-    base_fid = float(table.loc[table.key == BASELINE, "domain_fid"].iloc[0])
+    """The table (and its convergence check) as results rows under the calling notebook, each with its key."""
     rows = []
     for r in table.to_dict("records"):
-        scenario, n, key = _scenario(r["key"], int(r["steps"])), int(r["n_images"]), r["key"]
-        common = dict(scenario=scenario, n=n, key=key, method=METHOD)
+        common = dict(scenario=_scenario(r["key"], r["guidance"]), key=r["key"], method=METHOD)
         if r["status"] != "ok":
-            rows.append(dict(common, metric="reference_adherence_delta", value=None, unit="", status=r["status"],
-                             note=str(r["note"])[:500]))
+            rows += [dict(common, metric="reference_adherence_delta", value=None, unit="", status=r["status"],
+                          note=str(r["note"])[:500]),
+                     dict(common, metric="reference_guidance", value=float(r["guidance"]), unit="")]
             continue
-        note = f"{r['quality_verdict']} ({budget_text(base_fid)}); {r['note']}".strip("; ")
-        rows += [dict(common, metric="reference_adherence", value=r["adherence"], unit="share",
-                      lo=r["adherence_lo"], hi=r["adherence_hi"], note=r["label"]),
-                 dict(common, metric="reference_adherence_delta", value=r["adherence_delta"], unit="share",
-                      lo=r["adherence_delta_lo"], hi=r["adherence_delta_hi"], note=note),
-                 dict(common, metric="reference_domain_fid", value=r["domain_fid"], unit="", note=r["label"]),
-                 dict(common, metric="reference_domain_fid_delta", value=r["fid_delta"], unit="",
-                      lo=r["fid_delta_lo"], hi=r["fid_delta_hi"], note=note),
-                 dict(common, metric="reference_image_psnr_db", value=_finite(r["psnr_db_median"]), unit="dB",
-                      p10=_finite(r["psnr_db_p10"]), note="median over images vs the fp32 twin (p10: 10th "
-                      "percentile); " + ("identical to fp32" if math.isinf(r["psnr_db_median"]) else "8-bit PNGs"))]
+        n = int(r["n_images"])
+        for metric, col, ci, unit in MEASURES:
+            if col not in r or r[col] is None or (isinstance(r[col], float) and math.isnan(r[col])):
+                continue
+            extra = dict(lo=r[ci[0]], hi=r[ci[1]]) if ci else {}
+            rows.append(dict(common, metric=metric, value=float(r[col]), unit=unit, n=n, **extra,
+                             note=str(r.get("label") or "")[:300] if metric == "reference_adherence" else
+                             ("stopped at the image cap before the intervals settled"
+                              if r.get("settled") is False else "")))
+        rows.append(dict(common, metric="reference_sampler_steps", value=float(r["steps"]), unit="steps", n=n,
+                         note="the steps its sampler ran: its own scheduler's, else the converged solve's"))
+        rows.append(dict(common, metric="reference_guidance", value=float(r["guidance"]), unit="", n=n))
+        if "psnr_db_median" in r and not pd.isna(r.get("psnr_db_median")):
+            rows.append(dict(common, metric="reference_image_psnr_db", value=_finite(r["psnr_db_median"]), unit="dB",
+                             p10=_finite(r["psnr_db_p10"]), n=n, note="median over images vs the converged twin "
+                             "(p10: 10th percentile); " + ("identical" if math.isinf(r["psnr_db_median"]) else
+                                                            "8-bit images")))
+    conv = table.attrs.get("convergence")
+    if conv is not None and len(conv):
+        for c in conv.to_dict("records"):
+            sc = f"{CONVERGENCE}: {converged.SOLVER}, guidance {c['guidance']:g}"
+            common = dict(scenario=sc, key=f"{REFERENCE}:{converged.SOLVER}@{c['steps']}", n=c["n_images"],
+                          method=f"latent MSE per element, mean over images, against the {c['doubled']}-step solve")
+            chosen = bool(c["steps"] == c["chosen"] and c["converged"])
+            rows += [dict(common, metric="convergence_moved_mse", value=c["moved_mse"], unit="",
+                          note=f"{c['steps']} -> {c['doubled']} steps"),
+                     dict(common, metric="convergence_fastest_mse", value=c["fastest_mse"], unit="",
+                          note=f"{c['fastest']} against the {c['doubled']}-step solve"),
+                     dict(common, metric="convergence_share", value=c["share"], unit="share",
+                          note=f"tolerance {converged.SHARE:.0%}; {'chosen' if chosen else 'not enough'}"),
+                     dict(common, metric="convergence_steps", value=float(c["steps"]), unit="steps"),
+                     dict(common, metric="convergence_guidance", value=float(c["guidance"]), unit=""),
+                     dict(common, metric="convergence_chosen", value=float(chosen), unit="")]
     study.recorder.add_many(rows)
 
 
@@ -249,60 +342,129 @@ def _finite(x: float) -> float | None:
     return None if math.isinf(x) else float(x)
 
 
-def from_rows(rows: pd.DataFrame, keys: list[str], n: int, steps: int) -> pd.DataFrame:
-    """The table `measure` returned, rebuilt from results rows of these keys at these settings (rows of
-    techniques not yet measured are absent)."""
-    from sdperf.optimizations.catalog import Stack
-
-    if rows.empty:
+def from_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The table `measure` returned (one row per key and guidance), rebuilt from results rows, verdicts recomputed
+    from the interval columns (paired.decide)."""
+    if rows.empty or "scenario" not in rows:
         return pd.DataFrame()
-    expected = {_scenario(k, (Stack.of(k).steps if k != BASELINE else None) or steps) for k in [BASELINE, *keys]}
-    t = rows[rows.scenario.isin(expected) & rows.metric.isin(METRICS)]
-    t = t[pd.to_numeric(t.n, errors="coerce") == n]
+    t = rows[rows.scenario.astype(str).str.startswith(SCENARIO + ": ")]
     out = []
-    for key, g in t.groupby("key", sort=False):
+    for scenario, g in t.groupby("scenario", sort=False):
         by = {m: r for m, r in zip(g.metric, g.itertuples())}
-        delta = by.get("reference_adherence_delta")
-        if delta is None:
+        if "reference_guidance" not in by:
             continue
-        row = dict(key=key, n_images=n, status=delta.status, note=delta.note)
-        if delta.status == "ok":
-            a, f, fd, p = (by[m] for m in ("reference_adherence", "reference_domain_fid",
-                                           "reference_domain_fid_delta", "reference_image_psnr_db"))
-            row.update(label=a.note, adherence=a.value, adherence_lo=a.lo, adherence_hi=a.hi,
-                       adherence_delta=delta.value, adherence_delta_lo=delta.lo, adherence_delta_hi=delta.hi,
-                       domain_fid=f.value, fid_delta=fd.value, fid_delta_lo=fd.lo, fid_delta_hi=fd.hi,
-                       psnr_db_median=math.inf if pd.isna(p.value) else p.value,
-                       psnr_db_p10=math.inf if pd.isna(p.p10) else p.p10)
+        guidance = float(by["reference_guidance"].value)
+        key = g.key.iloc[0]
+        first = by.get("reference_adherence_delta") or by.get("reference_adherence")
+        if first is None:
+            continue
+        row = dict(key=key, guidance=guidance, status=first.status, note=first.note)
+        if first.status == "ok":
+            row["n_images"] = int(first.n)
+            for metric, col, ci, _ in MEASURES:
+                if metric in by:
+                    row[col] = by[metric].value
+                    if ci:
+                        row[ci[0]], row[ci[1]] = by[metric].lo, by[metric].hi
+            if "reference_adherence" in by:
+                row["label"] = by["reference_adherence"].note
+            p = by.get("reference_image_psnr_db")
+            if p is not None:
+                row["psnr_db_median"] = math.inf if pd.isna(p.value) else p.value
+                row["psnr_db_p10"] = math.inf if pd.isna(p.p10) else p.p10
+            if "adherence_delta_lo" in row and "fid_margin" in row:
+                row.update(paired.decide(row))
+            if "reference_sampler_steps" in by:
+                row["steps"] = int(by["reference_sampler_steps"].value)
         out.append(row)
-    table = pd.DataFrame(out)
-    if table.empty or BASELINE not in set(table.key):
+    return pd.DataFrame(out)
+
+
+def convergence_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The convergence check as a table (guidance, steps, moved, fastest, share) from results rows."""
+    if rows.empty or "scenario" not in rows:
         return pd.DataFrame()
-    base_fid = float(table.loc[table.key == BASELINE, "domain_fid"].iloc[0])
-    ok = table.status == "ok"
-    table.loc[ok, "quality_verdict"] = [verdict(r.adherence_delta_lo, r.adherence_delta_hi, r.fid_delta_lo,
-                                                r.fid_delta_hi, base_fid) if r.key != BASELINE else WITHIN
-                                        for r in table[ok].itertuples()]
-    order = {k: i for i, k in enumerate([BASELINE, *keys])}
-    return table.sort_values("key", key=lambda s: s.map(order)).reset_index(drop=True)
+    t = rows[rows.scenario.astype(str).str.startswith(CONVERGENCE + ": ")]
+    out = []
+    for _, g in t.groupby(["scenario", "key"], sort=False):
+        by = dict(zip(g.metric, g.value))
+        if "convergence_steps" not in by or "convergence_guidance" not in by:
+            continue
+        out.append(dict(guidance=float(by["convergence_guidance"]), steps=int(by["convergence_steps"]),
+                        moved_mse=by.get("convergence_moved_mse"), fastest_mse=by.get("convergence_fastest_mse"),
+                        share=by.get("convergence_share"), chosen=bool(by.get("convergence_chosen"))))
+    return pd.DataFrame(out)
 
 
-def for_study(study, keys: list[str], *, n: int, steps: int, folder: Path | None = None,
+def overall(table: pd.DataFrame, guidances: tuple[float, ...] = (GUIDANCE,)) -> pd.DataFrame:
+    """One row per key: the numbers at the first judged guidance, the verdict the worst over all of them (a key is
+    within only where it is within at every guidance), and each guidance's verdict."""
+    if table.empty:
+        return table
+    first, out = guidances[0], []
+    for key, g in table.groupby("key", sort=False):
+        rows = g.set_index("guidance")
+        main = rows.loc[first] if first in rows.index else rows.iloc[0]
+        row = main.to_dict()
+        row["key"] = key
+        if (g.status == "ok").all() and "quality_verdict" in g and g.quality_verdict.notna().all():
+            row["quality_verdict"] = _worst(g.quality_verdict)
+            row["verdict_by_guidance"] = "; ".join(f"{gd:g}: {v}" for gd, v in zip(g.guidance, g.quality_verdict))
+        elif (g.status != "ok").any():
+            bad = g[g.status != "ok"].iloc[0]
+            row.update(status=bad.status, note=bad.note, quality_verdict=None)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def trust(table: pd.DataFrame, plan: Plan) -> tuple[bool, list[str]]:
+    """Whether every control read what it must, at every guidance."""
+    cs = controls.defaults(plan.doses)
+    ok, bad = True, []
+    for g in plan.guidances:
+        at = table[table.guidance == g] if len(table) else table
+        verdicts = dict(zip(at.key, at.get("quality_verdict", pd.Series(dtype=object))))
+        good, why = controls.trusted(verdicts, cs)
+        ok &= good
+        bad += [f"guidance {g:g}: {w}" for w in why]
+    return ok, bad
+
+
+def for_study(study, keys: list[str], plan: Plan, *, folder: Path | None = None,
               say: Callable[[str], None] = print) -> pd.DataFrame:
-    """The quality table of `keys` for this run: rows of this machine and commit are read back, the keys they lack
-    are measured (with a fresh fp32 reference) and recorded under the calling notebook."""
+    """The per-key quality table of `keys` for this run (overall verdicts; the per-guidance table, the controls'
+    verdict and the convergence check in attrs): rows of this machine and commit are read back, what they lack is
+    measured (the controls and the seeds' sampler always with the first measurement) and recorded."""
     from sdperf.optimizations.catalog import Stack
     from sdperf.paths import scratch_dir
     from sdperf.reference import store
 
     for k in keys:  # unknown keys fail before anything is read or loaded
         Stack.of(k)
-    have = from_rows(study.recorder.current(), keys, n, steps)
-    missing = [k for k in keys if have.empty or k not in set(have.key)]
+    wanted = [c.key for c in controls.defaults(plan.doses)] + [SEEDS_SAMPLER] + [k for k in keys
+                                                                                 if k != SEEDS_SAMPLER]
+    have = _matching(from_rows(study.recorder.current()), plan)
+    missing = [k for k in wanted if have.empty or have[have.key == k].guidance.nunique() < len(plan.guidances)]
     if missing:
-        say(f"measuring {len(missing)} technique(s) on the reference model: {', '.join(missing)}")
-        scratch = scratch_dir(study.profile.name) / "reference-techniques"
-        record(study, measure(missing, study.profile, n=n, steps=steps, folder=folder or store.default_dir(),
-                              scratch=scratch, say=say))
-        have = from_rows(study.recorder.current(), keys, n, steps)
-    return have
+        say(f"judging {len(missing)} key(s) against the converged solve: {', '.join(missing)}")
+        table = measure(missing, study.profile, plan=plan, folder=folder or store.default_dir(),
+                        scratch=scratch_dir(study.profile.name) / "reference-techniques", say=say)
+        record(study, table)
+        have = _matching(from_rows(study.recorder.current()), plan)
+    per_guidance = have[have.key.isin(wanted + [k for k in have.key if str(k).startswith(REFERENCE)])]
+    out = overall(per_guidance, plan.guidances)
+    order = {k: i for i, k in enumerate(wanted)}
+    out = out.sort_values("key", key=lambda s: s.map(lambda k: order.get(k, -1))).reset_index(drop=True)
+    out.attrs.update(per_guidance=per_guidance, trusted=trust(per_guidance, plan),
+                     convergence=convergence_from_rows(study.recorder.current()))
+    return out
+
+
+def _matching(table: pd.DataFrame, plan: Plan) -> pd.DataFrame:
+    if table.empty:
+        return table
+    return table[table.guidance.isin(plan.guidances)]
+
+
+def budget_text() -> str:
+    return paired.budget_text()
