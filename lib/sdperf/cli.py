@@ -237,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        from sdperf import paths
+
+        paths.resolve_env()  # relative or empty SDPERF_*_DIR: made absolute (or refused) before anything runs
         return args.func(args)
     except ConfigError as exc:
         print(f"sdperf: error: {exc}", file=sys.stderr)
