@@ -1,0 +1,238 @@
+"""Inputs built to hurt (issue 32): relative or empty folders in the environment, damaged results tables, YAML
+alias bombs and runaway nesting, FIFOs and path-like names in params/. Each fails fast with a clear error that names
+the file, line or variable, or is handled right; none reaches a model, a kernel or a traceback."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sdperf import environment, paths, runner
+from sdperf.cli import main
+from sdperf.errors import ConfigError, short
+from sdperf.profiles import available_profiles, load_profile, read_yaml
+from sdperf.results import DamagedTable, Recorder, check_results, read_results, results_path
+
+SMOKE_TEXT = (paths.REPO_ROOT / "params" / "smoke.yml").read_text()
+
+
+def _without_section(text: str, key: str) -> str:
+    """The profile text without one top-level section (its key line and the indented lines under it)."""
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith(f"{key}:"):
+            skipping = True
+        elif skipping and line.strip() and not line.startswith((" ", "#")):
+            skipping = False
+        if not skipping:
+            out.append(line)
+    return "".join(out)
+CLEAN_SHA = "0123456789ab"
+
+
+def _params(tmp_path: Path, monkeypatch, files: dict[str, str]) -> Path:
+    folder = tmp_path / "params"
+    folder.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    monkeypatch.setenv("SDPERF_PARAMS_DIR", str(folder))
+    return folder
+
+
+# ---------------------------------------------------------------- folders named in the environment
+
+def test_relative_folders_become_absolute_once_and_children_inherit_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", "relrep")
+    monkeypatch.setenv("SDPERF_PARAMS_DIR", "sub/../relparams")
+    paths.resolve_env()
+    assert os.environ["SDPERF_REPORTS_DIR"] == str(tmp_path / "relrep")
+    assert os.environ["SDPERF_PARAMS_DIR"] == str(tmp_path / "relparams")
+    monkeypatch.chdir("/")  # a process started elsewhere (the kernel: the repo root) sees the same folders
+    assert paths.reports_root() == tmp_path / "relrep" and paths.params_dir() == tmp_path / "relparams"
+
+
+@pytest.mark.parametrize("var", ["SDPERF_REPORTS_DIR", "SDPERF_PARAMS_DIR"])
+def test_an_empty_folder_variable_is_an_error_naming_it(tmp_path, monkeypatch, capsys, var):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(var, "")
+    assert main(["report", "--profile", "smoke"]) == 2
+    err = capsys.readouterr().err
+    assert f"${var} is set but empty" in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir()), "nothing may be written into the current folder"
+
+
+def test_a_run_with_relative_folders_promotes_its_rows_and_measures_the_validated_profile(tmp_path, monkeypatch):
+    """The kernel starts in the repo root; with relative $SDPERF_REPORTS_DIR and $SDPERF_PARAMS_DIR it must still
+    write where the runner promotes from, and read the profile the runner validated."""
+    from test_runner import make_notebook, run_quiet
+
+    work = tmp_path / "cwd"
+    (work / "relparams").mkdir(parents=True)
+    (work / "relparams" / "smoke.yml").write_text(SMOKE_TEXT.replace("prompt:", "prompt: 'the relative one' #", 1))
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    make_notebook(nbdir / "00_rel.ipynb", [
+        "from sdperf import environment\nfrom sdperf.profiles import load_profile\nfrom sdperf.results import Recorder\n"
+        "Recorder('00_rel', profile, environment.record(profile, 'cpu')).add(load_profile(profile).prompt, "
+        "'latency', 1.5, 's')"])
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", "relrep")
+    monkeypatch.setenv("SDPERF_PARAMS_DIR", "relparams")
+    monkeypatch.setattr(environment, "git_commit", lambda *a, **k: CLEAN_SHA)
+    code, out = run_quiet("smoke", notebooks_dir=nbdir)
+    assert code == 0, out
+    rows = read_results("smoke")
+    assert rows[["notebook", "scenario", "value"]].values.tolist() == [["00_rel", "the relative one", 1.5]]
+    assert results_path("smoke") == work / "relrep" / "smoke" / "results.csv"
+    assert not (paths.REPO_ROOT / "relrep").exists() and not list((work / "relrep" / "smoke").glob(".staging/*/*"))
+
+
+# ---------------------------------------------------------------- a damaged results.csv
+
+@pytest.fixture
+def table(scratch_reports):
+    """A good two-row results.csv of profile smoke, and its lines."""
+    env = {"device": "cpu", "device_name": "cpu", "cpu_model": "x", "machine": "m1", "threads": 2, "commit": "c1",
+           "run_id": "r1", "packages": {"torch": "2"}, "python": "3.11", "time_utc": "2026-01-01T00:00:00Z"}
+    rec = Recorder("00_baseline", "smoke", env)
+    rec.add("a", "latency", 1.0, "s")
+    rec.add("b", "latency", 2.0, "s")
+    path = results_path("smoke")
+    return path, path.read_text().splitlines(keepends=True)
+
+
+def _short_row(lines):
+    """The last row without its last fields (time_utc among them): it once won 'the latest run'."""
+    return "".join(lines[:-1]) + ",".join(lines[-1].split(",")[:10]) + "\n", 3
+
+
+DAMAGE = {
+    "torn last line": (lambda lines: "".join(lines)[:-25], 3, "torn"),
+    "short row": (lambda lines: _short_row(lines)[0], 3, "has 10 field"),
+    "extra field": (lambda lines: "".join(lines[:2]) + lines[2].rstrip("\n") + ",surplus\n", 3, "has 29 field"),
+    "empty": (lambda lines: "", 1, "empty"),
+    "binary": (lambda lines: "".join(lines[:2]) + "\x00\x01\x02garbage\n", 3, "binary"),
+    "no time_utc": (lambda lines: "".join(lines[:2]) + lines[2].rstrip("\n").rsplit(",", 1)[0] + ",\n", 3,
+                    "no time_utc"),
+}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_a_damaged_results_table_is_an_error_naming_file_and_line(table, kind):
+    path, lines = table
+    damage, line, what = DAMAGE[kind]
+    path.write_bytes(damage(lines).encode("utf-8", "surrogateescape"))
+    with pytest.raises(DamagedTable) as err:
+        read_results("smoke")
+    msg = str(err.value)
+    assert str(path) in msg and f"line {line}:" in msg and what in msg, msg
+
+
+def test_a_damaged_results_table_fails_the_run_before_anything_is_measured(table, monkeypatch, capsys):
+    path, lines = table
+    path.write_text("".join(lines)[:-25])
+    monkeypatch.setattr(runner, "_run_locked", lambda *a: pytest.fail("the run started on a damaged table"))
+    start = time.perf_counter()
+    assert main(["run", "--profile", "smoke", "--only", "00", "--force"]) == 2
+    err = capsys.readouterr().err
+    assert time.perf_counter() - start < 5
+    assert f"{str(path)!r} is damaged at line 3" in err and "Traceback" not in err
+
+
+def test_a_whole_table_reads_and_a_row_without_its_environment_is_never_written(table):
+    path, _ = table
+    check_results("smoke")
+    assert read_results("smoke").scenario.tolist() == ["a", "b"]
+    env = {"device": "cpu", "device_name": "cpu", "cpu_model": "x", "machine": None, "threads": 2, "commit": "c1",
+           "packages": {}, "python": "3.11", "time_utc": "2026-01-01T00:00:00Z"}
+    with pytest.raises(ValueError, match="a row needs machine"):
+        Recorder("00_baseline", "smoke", env).add("c", "latency", 1.0, "s")
+    assert read_results("smoke").scenario.tolist() == ["a", "b"]
+
+
+# ---------------------------------------------------------------- YAML alias bombs and runaway nesting
+
+def _alias_bomb(levels: int = 9) -> str:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_profile_is_refused_in_well_under_a_second(tmp_path, monkeypatch):
+    text = SMOKE_TEXT + "notes: *a8\n" + _alias_bomb()
+    _params(tmp_path, monkeypatch, {"bomb.yml": text})
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"anchors and aliases .* are not allowed") as err:
+        load_profile("bomb", check_runtime=False)
+    assert time.perf_counter() - start < 1 and len(str(err.value)) < 2000
+
+
+def test_runaway_nesting_is_a_clear_error_not_a_recursion_error(tmp_path, monkeypatch):
+    _params(tmp_path, monkeypatch, {"deep.yml": SMOKE_TEXT + "notes: " + "[" * 50_000 + "]" * 50_000 + "\n"})
+    with pytest.raises(ConfigError, match=r"nested more than 20 levels"):
+        load_profile("deep", check_runtime=False)
+
+
+def test_a_bomb_or_a_fifo_in_params_does_not_hang_the_profile_list(tmp_path, monkeypatch, capsys):
+    folder = _params(tmp_path, monkeypatch, {"smoke.yml": SMOKE_TEXT, "bomb.yml": SMOKE_TEXT + "notes: *a8\n" +
+                                             _alias_bomb()})
+    os.mkfifo(folder / "named_pipe.yml")
+    (folder / "....yml").write_text(SMOKE_TEXT)  # stem '...': a name that is a path, not a profile
+    start = time.perf_counter()
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert time.perf_counter() - start < 10
+    assert "named_pipe" not in available_profiles() and "named_pipe" not in out
+    assert "anchors and aliases" in out and "profile name '...' is not valid" in out
+    with pytest.raises(OSError, match="not a regular file"):
+        read_yaml(folder / "named_pipe.yml")
+
+
+def test_a_path_like_profile_name_never_becomes_a_reports_folder(tmp_path, monkeypatch, capsys):
+    _params(tmp_path, monkeypatch, {"...yml": SMOKE_TEXT})
+    assert ".." in available_profiles()
+    assert main(["report", "--profile", ".."]) == 2
+    assert "profile name '..' is not valid" in capsys.readouterr().err
+
+
+NOTEBOOK_PARAMS = """
+notebooks:
+  10_ladder:
+    allocators: {value}
+"""
+
+
+@pytest.mark.parametrize("value, message", [
+    ("*a8\n" + _alias_bomb(), "anchors and aliases"),
+    ("[" * 30 + "]" * 30, "nested more than 20 levels"),
+    ("[[allocator:jemalloc]]", "must be a list of at most 1000 strings or numbers"),
+    ("{allocator: jemalloc}", "must be list .*got dict"),
+    ("yes", "must be list .*got bool True"),
+])
+def test_a_hostile_notebook_parameter_fails_validation(tmp_path, monkeypatch, value, message):
+    _params(tmp_path, monkeypatch, {"smoke.yml": _without_section(SMOKE_TEXT, "notebooks") + NOTEBOOK_PARAMS.format(value=value)})
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=message) as err:
+        runner.validate("smoke", ["10"])
+    assert time.perf_counter() - start < 5 and len(str(err.value)) < 2000
+
+
+def test_notebook_parameters_of_the_annotated_types_pass(tmp_path, monkeypatch):
+    runner.check_parameter_type("x", ["a", 1, 2.5], "list")
+    runner.check_parameter_type("x", 3, "float")
+    runner.check_parameter_type("x", True, "bool")
+    with pytest.raises(ConfigError, match=r"x must be float .*got bool"):
+        runner.check_parameter_type("x", True, "float")
+    with pytest.raises(ConfigError, match=r"x must be str .*got int 5"):
+        runner.check_parameter_type("x", 5, "str")
+
+
+def test_short_bounds_what_a_message_shows_of_a_huge_value():
+    bomb = yaml.load(_alias_bomb(), Loader=yaml.SafeLoader)  # the plain loader expands it: 9**9 strings
+    start = time.perf_counter()
+    text = short(bomb)
+    assert time.perf_counter() - start < 0.1 and len(text) <= 200 and text.startswith("{'a0'")
