@@ -236,3 +236,101 @@ def test_short_bounds_what_a_message_shows_of_a_huge_value():
     start = time.perf_counter()
     text = short(bomb)
     assert time.perf_counter() - start < 0.1 and len(text) <= 200 and text.startswith("{'a0'")
+
+
+# ---------------------------------------------------------------- a manifest must cover its folder
+
+@pytest.fixture
+def model_copy(tmp_path):
+    """A copy of the committed reference model, free to tamper with."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(paths.REPO_ROOT / "models" / "reference", folder)
+    return folder
+
+
+def _rewrite(folder: Path, files: dict) -> None:
+    import json
+
+    data = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps(dict(data, files=files)))
+
+
+def _listed(folder: Path) -> dict:
+    import json
+
+    return json.loads((folder / "manifest.json").read_text())["files"]
+
+
+def test_the_committed_model_covers_its_folder(model_copy):
+    from sdperf.reference import manifest
+
+    assert manifest.verify(model_copy)["files"] == manifest.write_files(model_copy)
+
+
+def test_an_empty_file_list_verifies_nothing_so_a_tampered_unet_never_loads(model_copy):
+    from sdperf.pipelines import build_from_weights
+    from sdperf.reference import store
+
+    unet = model_copy / "unet" / "diffusion_pytorch_model.safetensors"
+    unet.write_bytes(unet.read_bytes()[:-8] + b"tampered")
+    with pytest.raises(ConfigError, match="changed .*unet/diffusion_pytorch_model.safetensors"):
+        store.verify(model_copy)
+    _rewrite(model_copy, {})
+    for check in (store.verify, lambda f: build_from_weights(str(f), "plms")):  # `weights:` folders too
+        with pytest.raises(ConfigError, match="lists no files, so it verifies nothing"):
+            check(model_copy)
+
+
+@pytest.mark.parametrize("entry", ["../../../../etc/passwd", "/etc/passwd", "unet/../../outside.txt", "link.txt"])
+def test_a_manifest_entry_outside_the_folder_is_refused_without_reading_it(model_copy, monkeypatch, entry):
+    from sdperf.reference import manifest
+
+    (model_copy.parent / "outside.txt").write_text("secret")
+    (model_copy / "link.txt").symlink_to(model_copy.parent / "outside.txt")
+    listed = dict(_listed(model_copy), **{entry: manifest.sha256(model_copy.parent / "outside.txt")})
+    if entry != "link.txt":
+        listed["link.txt"] = listed[entry]
+    _rewrite(model_copy, listed)
+    read = []
+    monkeypatch.setattr(manifest, "sha256", lambda p: read.append(p) or "0")
+    with pytest.raises(ConfigError, match="outside the folder") as err:
+        manifest.verify(model_copy)
+    assert entry in str(err.value) and read == []
+
+
+def test_an_unlisted_file_in_the_folder_is_refused(model_copy):
+    from sdperf.reference import store
+
+    (model_copy / "unet" / "diffusion_pytorch_model.bin").write_bytes(b"a second set of weights, never hashed")
+    with pytest.raises(ConfigError, match=r"does not list: \['unet/diffusion_pytorch_model.bin'\]"):
+        store.verify(model_copy)
+
+
+# ---------------------------------------------------------------- train-reference never replaces another model
+
+def test_quick_training_never_lands_on_a_model_of_another_recipe(tmp_path, monkeypatch, capsys):
+    import json
+
+    from sdperf.reference import store, train
+    from sdperf.reference.recipe import QUICK, Recipe
+
+    ran = []
+    monkeypatch.setattr(train, "run", lambda recipe, target, **kw: ran.append((recipe, Path(target))))
+    committed = tmp_path / "reference"
+    committed.mkdir()
+    (committed / "manifest.json").write_text(json.dumps({"recipe": Recipe(seed=0).to_dict(), "files": {}}))
+    before = (committed / "manifest.json").read_bytes()
+    assert main(["train-reference", "--quick", "--out", str(committed), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a model made by another recipe" in err and "--force" in err and "unet_steps" in err
+    assert ran == [] and (committed / "manifest.json").read_bytes() == before
+
+    assert main(["train-reference", "--out", str(committed), "--no-progress"]) == 0  # its own recipe: a rebuild
+    assert main(["train-reference", "--quick", "--out", str(committed), "--force", "--no-progress"]) == 0
+    assert [(r == QUICK, t) for r, t in ran] == [(False, committed), (True, committed)]
+
+    ran.clear()
+    assert main(["train-reference", "--quick", "--no-progress"]) == 0  # the README's command
+    assert ran[0][1] == store.default_dir().parent / ".reference-quick" != store.default_dir()

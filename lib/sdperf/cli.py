@@ -164,7 +164,7 @@ def _generate(args) -> int:
 def _train_reference(args) -> int:
     from sdperf.reference import train
 
-    return train.main(seed=args.seed, out=args.out, quick=args.quick, show=not args.no_progress)
+    return train.main(seed=args.seed, out=args.out, quick=args.quick, show=not args.no_progress, force=args.force)
 
 
 def _int(what: str, text: str) -> int:
@@ -228,8 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
               "evaluator into models/reference/ (about 45 minutes on 2 cores; run again to resume after a kill)",
               profile=False)
     ref.add_argument("--seed", type=int, default=0, help="seed of every stage (default 0, the committed model)")
-    ref.add_argument("--out", metavar="DIR", help="output folder (default models/reference)")
+    ref.add_argument("--out", metavar="DIR", help="output folder (default models/reference; with --quick "
+                     "models/.reference-quick, never the committed model)")
     ref.add_argument("--quick", action="store_true", help="a few steps of every stage: checks the code, not a model")
+    ref.add_argument("--force", action="store_true", help="replace a model in --out that another recipe made "
+                     "(refused without it)")
     ref.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
