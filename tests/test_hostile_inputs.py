@@ -334,3 +334,74 @@ def test_quick_training_never_lands_on_a_model_of_another_recipe(tmp_path, monke
     ran.clear()
     assert main(["train-reference", "--quick", "--no-progress"]) == 0  # the README's command
     assert ran[0][1] == store.default_dir().parent / ".reference-quick" != store.default_dir()
+
+
+# ---------------------------------------------------------------- captions, seeds and names a user writes
+
+LONG_CAPTION = "a red circle and a blue square on a light background, " * 8  # ~100 tokens
+
+
+def test_a_caption_past_clips_77_tokens_is_named_with_its_count_before_any_model(tmp_path):
+    from sdperf import prompts
+    from sdperf.imagegen import plan
+
+    captions = [prompts.Caption("ok", "a red circle " * 20), prompts.Caption("long-one", LONG_CAPTION)]
+    with pytest.raises(ConfigError, match=r"caption 'long-one' \('a red circle.*\) is 98 CLIP tokens long") as err:
+        plan("smoke", captions, tmp_path / "out")
+    assert "77" in str(err.value)
+    assert not (tmp_path / "out").exists()
+    assert len(plan("smoke", captions[:1], tmp_path / "out").keys) == 1  # 62 tokens with start and end: fits
+
+
+def test_a_long_caption_file_fails_sdperf_generate(tmp_path, capsys):
+    (tmp_path / "captions.txt").write_text("a dog\n" + LONG_CAPTION + "\n")
+    assert main(["generate", "--profile", "smoke", "--prompts", str(tmp_path / "captions.txt"), "--out",
+                 str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "caption '2'" in err and "CLIP tokens long" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("seed", [str(2**64), str(2**63), "-1"])
+def test_a_seed_out_of_range_fails_before_the_pipeline_is_built(tmp_path, capsys, monkeypatch, seed):
+    from sdperf import pipelines
+
+    monkeypatch.setattr(pipelines, "build_pipeline", lambda *a, **k: pytest.fail("the pipeline was built"))
+    (tmp_path / "captions.txt").write_text("a dog\n")
+    assert main(["generate", "--profile", "smoke", "--prompts", str(tmp_path / "captions.txt"), "--out",
+                 str(tmp_path / "out"), "--seeds", seed, "--no-progress"]) == 2
+    assert f"seed {seed} is not valid; choose integers from 0 to {2**63 - 1}" in capsys.readouterr().err
+
+
+def test_the_largest_seed_is_one_torch_takes():
+    import torch
+
+    from sdperf.imagegen import keys
+    from sdperf.profiles import MAX_SEED
+
+    assert keys.check_seeds([MAX_SEED]) == (MAX_SEED,)
+    torch.Generator().manual_seed(MAX_SEED)
+
+
+def test_captions_that_a_spreadsheet_would_run_are_neutralised_and_read_back_as_written(tmp_path):
+    import pandas as pd
+
+    from sdperf.imagegen import keys, store
+
+    texts = {"1": "=HYPERLINK(\"http://x\")", "2": "+1", "3": "-2", "4": "@SUM(A1)", "5": "'quoted", "6": "plain"}
+    ids = {"-id": "id that starts like a formula"}
+    rows = []
+    for pid, text in {**texts, **ids}.items():
+        key = keys.ImageKey(7.5, pid, 0)
+        (tmp_path / key.relpath).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / key.relpath).write_bytes(b"png")
+        rows.append(dict(key=key.name, prompt_id=pid, caption=text, guidance=7.5, seed=0, file=key.relpath, steps=1,
+                         resolution=64, profile="smoke", dtype="float32", commit="c", time_utc="t", rank=0))
+    with store.ManifestPart(tmp_path, 0) as part:
+        for row in rows:
+            part.append(row)
+    store.rebuild_manifest(tmp_path)
+    raw = pd.read_csv(tmp_path / "manifest.csv", dtype=str, keep_default_na=False)
+    assert not raw.caption.str.match(r"^[=+\-@]").any() and not raw.prompt_id.str.match(r"^[=+\-@]").any()
+    assert set(raw.caption) >= {"'=HYPERLINK(\"http://x\")", "'+1", "'-2", "'@SUM(A1)", "''quoted", "plain"}
+    back = store.read_manifest(tmp_path)
+    assert dict(zip(back.prompt_id, back.caption)) == {**texts, **ids}

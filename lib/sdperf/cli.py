@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from sdperf.errors import ConfigError
+from sdperf.errors import ConfigError, short
 from sdperf.profiles import AUTO, PROFILE_ENV, available_profiles, check_sections, load_profile
 
 PROFILE_COLUMNS = ["arch", "resolution", "steps", "scheduler", "batch_sizes", "dtype", "device", "repeats",
@@ -171,7 +171,7 @@ def _int(what: str, text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise ConfigError(f"{what} {text!r} is not valid; choose integers >= 0") from None
+        raise ConfigError(f"{what} {short(text)} is not valid; choose integers from 0 to 2**63-1") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,6 +30,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_YAML_DEPTH = 20  # nested mappings/lists a study file may hold; the profiles use 3
 MAX_YAML_BYTES = 1 << 20  # a profile is a few KB; a bigger file is not one
+MAX_SEED = 2**63 - 1  # the largest seed every consumer takes (torch.Generator, numpy, int64 columns)
 
 
 @dataclass(frozen=True)
@@ -341,6 +342,9 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
     for key in ("steps", "repeats", "resolution", "matmul_size", "cell_timeout_s", "variant_budget_s"):
         _check_positive_int(name, key, raw[key])
     _check_positive_int(name, "seed", raw["seed"], minimum=0)
+    if raw["seed"] > MAX_SEED:
+        raise ConfigError(f"profile {name!r}: seed must be an integer from 0 to {MAX_SEED} (2**63-1), got "
+                          f"{short(raw['seed'])}")
     if isinstance(raw["warmup"], int) and not isinstance(raw["warmup"], bool) and raw["warmup"] < 1:
         raise ConfigError(f"profile {name!r}: warmup must be an integer >= 1, got {short(raw['warmup'])}: it counts the "
                           "first call, which always runs (timed apart as set-up), so 0 would run as 1")
