@@ -405,3 +405,55 @@ def test_captions_that_a_spreadsheet_would_run_are_neutralised_and_read_back_as_
     assert set(raw.caption) >= {"'=HYPERLINK(\"http://x\")", "'+1", "'-2", "'@SUM(A1)", "''quoted", "plain"}
     back = store.read_manifest(tmp_path)
     assert dict(zip(back.prompt_id, back.caption)) == {**texts, **ids}
+
+
+# ---------------------------------------------------------------- Ctrl-C during a notebook
+
+INTERRUPTED_DRIVER = """import sys
+from pathlib import Path
+from sdperf import doctor, environment, paths
+from sdperf.cli import main
+environment.git_commit = lambda *a, **k: "0123456789ab"
+paths.notebooks_dir = lambda: Path({nbdir!r})
+doctor.record = lambda profile: None  # the study's rungs are not these stand-in notebooks'
+sys.exit(main(["run", "--profile", "smoke"]))
+"""
+
+
+def test_ctrl_c_during_a_notebook_prints_one_clean_line(tmp_path, monkeypatch):
+    import signal
+    import subprocess
+    import sys
+
+    from test_runner import make_notebook
+
+    nbdir, started = tmp_path / "notebooks", tmp_path / "started"
+    nbdir.mkdir()
+    make_notebook(nbdir / "00_sleep.ipynb", [f"import time\nopen({str(started)!r}, 'w').close()\ntime.sleep(120)"])
+    _params(tmp_path, monkeypatch, {"smoke.yml": _without_section(SMOKE_TEXT, "notebooks")})
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_DRIVER.format(nbdir=str(nbdir))],
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert started.exists(), "the notebook never started"
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the terminal's whole foreground group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    assert lines[-1].endswith("sdperf: interrupted") and "Traceback" not in err and "Error" not in err, err
+    assert [line for line in lines if not line.startswith("sdperf smoke:")] == ["sdperf: interrupted"], err
+    reports = tmp_path / "reports" / "smoke" / "notebooks"
+    assert (reports / "00_sleep.running.json").is_file() and not (reports / "00_sleep.ipynb").exists()
+
+
+def test_an_unannotated_notebook_parameter_takes_a_scalar_or_a_flat_list():
+    runner.check_parameter_type("x", ["a", 2], "None")
+    runner.check_parameter_type("x", "a", None)
+    with pytest.raises(ConfigError, match=r"x must be a str, int, float, bool or list .*got dict"):
+        runner.check_parameter_type("x", {"a": 1}, "None")

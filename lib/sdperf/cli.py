@@ -28,21 +28,50 @@ def _run(args) -> int:
 @contextlib.contextmanager
 def _terminate_as_interrupt():
     """SIGTERM (a scheduler's stop, `kill`) unwinds like Ctrl-C, so the notebook in flight puts back its previous
-    stamp and drops its staged rows instead of dying mid-write (sdperf.runner.run_one)."""
+    stamp and drops its staged rows instead of dying mid-write (sdperf.runner.run_one). Either signal silences
+    stderr at once (_silence_stderr): what unwinds after it is cleanup, not news."""
     import signal
 
     def interrupt(signum, frame):
+        _silence_stderr()
         raise KeyboardInterrupt(f"signal {signum}")
 
     try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
+        previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     except ValueError:  # not the main thread: keep the default
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+_REAL_STDERR: int | None = None  # a copy of fd 2 kept once stderr is silenced, for the one line main() prints
+
+
+def _silence_stderr() -> None:
+    """Point fd 2 (so sys.stderr too) at /dev/null, keeping a copy of the real one. After Ctrl-C the unwinding
+    papermill client, its closing kernel connection and asyncio's abandoned tasks printed ~230 lines of tracebacks
+    around "sdperf: interrupted"; the files on disk are already right (sdperf.runner.run_one), so nothing of that is
+    news. Idempotent; the process ends right after."""
+    global _REAL_STDERR
+    if _REAL_STDERR is not None:
+        return
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    _REAL_STDERR = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+
+
+def _say_interrupted() -> None:
+    """The one line an interrupted command prints, on a line of its own (a progress bar may be half drawn on the
+    line before, with no line end)."""
+    _silence_stderr()
+    os.write(_REAL_STDERR, b"\nsdperf: interrupted\n")
 
 
 def _auto_line() -> str:
@@ -248,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sdperf: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("sdperf: interrupted", file=sys.stderr)
+        _say_interrupted()
         return 130
 
 

@@ -18,6 +18,9 @@ from sdperf.errors import ConfigError, short
 from sdperf.profiles import Profile, check_sections, load_profile
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+# the kernel's own log (not the notebook's output): at its default level every kernel printed a warning about TCP
+# into the progress bar, and a kernel shut down by an interrupted run printed its closing-socket tracebacks
+KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]
 INJECTED_TAG = "injected-parameters"  # papermill's tag on the cell it adds after the `parameters` cell
 ERROR_MARKER_TAG = "papermill-error-cell-tag"  # papermill's tag on the red banner cells it adds on failure
 
@@ -130,12 +133,12 @@ def check_parameter_type(where: str, value, annotation: str | None) -> None:
     a mapping or a nested list where a list of keys belongs fails here, naming it, not inside the notebook."""
     kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "list": (list,)}
     expected = kinds.get(annotation or "")
-    if expected is None:  # an unannotated parameter: a scalar, as papermill can write it
-        expected = _SCALARS
+    if expected is None:  # unannotated (papermill says "None"): a scalar or a list, as the notebooks' values are
+        annotation, expected = "a str, int, float, bool or list", _SCALARS + (list,)
     wrong_bool = isinstance(value, bool) and bool not in expected
     if wrong_bool or not isinstance(value, expected):
-        raise ConfigError(f"{where} must be {annotation or 'a str, int, float or bool'} (its annotation in the "
-                          f"notebook's parameters cell), got {type(value).__name__} {short(value)}")
+        raise ConfigError(f"{where} must be {annotation} (its annotation in the notebook's parameters cell), got "
+                          f"{type(value).__name__} {short(value)}")
     if isinstance(value, list):
         if len(value) > MAX_LIST_ITEMS or not all(isinstance(v, _SCALARS) for v in value):
             raise ConfigError(f"{where} must be a list of at most {MAX_LIST_ITEMS} strings or numbers, got "
@@ -315,7 +318,7 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
         papermill.execute_notebook(
             str(notebook), str(tmp), parameters=notebook_parameters(profile, name), kernel_name="python3",
             execution_timeout=profile.cell_timeout_s, cwd=str(paths.REPO_ROOT), progress_bar=False,
-            log_output=False)
+            log_output=False, extra_arguments=KERNEL_ARGS)
     except Exception as exc:  # papermill errors, timeouts, dead kernels: all become a failed notebook
         failure = describe_failure(exc, tmp)
         _settle(tmp, failed)
