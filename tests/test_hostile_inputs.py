@@ -457,3 +457,10 @@ def test_an_unannotated_notebook_parameter_takes_a_scalar_or_a_flat_list():
     runner.check_parameter_type("x", "a", None)
     with pytest.raises(ConfigError, match=r"x must be a str, int, float, bool or list .*got dict"):
         runner.check_parameter_type("x", {"a": 1}, "None")
+
+
+def test_a_profiles_weights_folder_is_verified_before_the_first_notebook(model_copy, tmp_path, monkeypatch):
+    (model_copy / "unet" / "extra.safetensors").write_bytes(b"unlisted")
+    _params(tmp_path, monkeypatch, {"smoke.yml": SMOKE_TEXT + f"weights: {str(model_copy)!r}\n"})
+    with pytest.raises(ConfigError, match=r"does not list: \['unet/extra.safetensors'\]"):
+        runner.validate("smoke", ["00"])

@@ -142,23 +142,15 @@ def build_from_weights(weights: str, scheduler: str):
 
     from sdperf.profiles import weights_source
     from sdperf.quiet import loading_bars_off
+    from sdperf.reference.manifest import verify_weights
 
     source, local = weights_source(weights)
-    verify_weights(source, local)
+    verify_weights(source, local)  # a local folder with a manifest.json loads only if it matches it
     loading_bars_off()
     pipe = DiffusionPipeline.from_pretrained(source, dtype=torch.float32, local_files_only=local)
     pipe.scheduler = make_scheduler(scheduler, dict(pipe.scheduler.config))
     pipe.set_progress_bar_config(disable=True)
     return _eval(pipe)
-
-
-def verify_weights(source: str, local: bool) -> None:
-    """A local weights folder that carries a manifest.json (the reference model, or any folder hashed like it) is
-    verified before anything loads from it: a manifest is a promise only if someone checks it."""
-    from sdperf.reference import manifest
-
-    if local and (Path(source) / manifest.MANIFEST).is_file():
-        manifest.verify(Path(source))
 
 
 def build_pipeline(profile: Profile, *, device: str | None = None, dtype: torch.dtype = torch.float32,

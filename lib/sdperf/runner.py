@@ -74,9 +74,21 @@ def validate(profile_name: str | None, only: list[str] | None,
     check_sections(profile)
     check_outputs(profile.name)
     check_results(profile.name)
+    check_weights_manifest(profile)
     selected = select(only, notebook_names(notebooks_dir))
     check_notebook_parameters(profile, selected, notebooks_dir)
     return load_profile(profile.name), selected
+
+
+def check_weights_manifest(profile: Profile) -> None:
+    """A local `weights:` folder with a manifest.json is verified before the first notebook, not inside it (every
+    build verifies it again: sdperf.pipelines.verify_weights)."""
+    if not profile.weights:
+        return
+    from sdperf.profiles import weights_source
+    from sdperf.reference.manifest import verify_weights
+
+    verify_weights(*weights_source(profile.weights))
 
 
 def check_outputs(profile: str) -> None:

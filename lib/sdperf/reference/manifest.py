@@ -104,3 +104,10 @@ def write_files(folder: Path) -> dict:
     """{relative path: sha256} of every file in `folder` but the manifest: exactly what verify will demand."""
     folder = Path(folder)
     return {rel: sha256(folder / rel) for rel in folder_files(folder) if (folder / rel).is_file()}
+
+
+def verify_weights(source: str, local: bool) -> None:
+    """A local weights folder that carries a manifest.json (the reference model, or any folder hashed like it) is
+    verified before anything loads from it: a manifest is a promise only if someone checks it."""
+    if local and (Path(source) / MANIFEST).is_file():
+        verify(Path(source))
