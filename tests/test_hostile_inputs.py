@@ -76,7 +76,8 @@ def test_a_run_with_relative_folders_promotes_its_rows_and_measures_the_validate
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()
     make_notebook(nbdir / "00_rel.ipynb", [
-        "from sdperf import environment\nfrom sdperf.profiles import load_profile\nfrom sdperf.results import Recorder\n"
+        "from sdperf import environment\nfrom sdperf.profiles import load_profile\n"
+        "from sdperf.results import Recorder\n"
         "Recorder('00_rel', profile, environment.record(profile, 'cpu')).add(load_profile(profile).prompt, "
         "'latency', 1.5, 's')"])
     monkeypatch.chdir(work)
@@ -214,7 +215,8 @@ notebooks:
     ("yes", "must be list .*got bool True"),
 ])
 def test_a_hostile_notebook_parameter_fails_validation(tmp_path, monkeypatch, value, message):
-    _params(tmp_path, monkeypatch, {"smoke.yml": _without_section(SMOKE_TEXT, "notebooks") + NOTEBOOK_PARAMS.format(value=value)})
+    text = _without_section(SMOKE_TEXT, "notebooks") + NOTEBOOK_PARAMS.format(value=value)
+    _params(tmp_path, monkeypatch, {"smoke.yml": text})
     start = time.perf_counter()
     with pytest.raises(ConfigError, match=message) as err:
         runner.validate("smoke", ["10"])
@@ -464,3 +466,11 @@ def test_a_profiles_weights_folder_is_verified_before_the_first_notebook(model_c
     _params(tmp_path, monkeypatch, {"smoke.yml": SMOKE_TEXT + f"weights: {str(model_copy)!r}\n"})
     with pytest.raises(ConfigError, match=r"does not list: \['unet/extra.safetensors'\]"):
         runner.validate("smoke", ["00"])
+
+
+def test_a_profile_seed_past_2_63_is_refused(tmp_path, monkeypatch):
+    import re
+
+    _params(tmp_path, monkeypatch, {"big.yml": re.sub(r"(?m)^seed:\s*\d+", f"seed: {2**64}", SMOKE_TEXT)})
+    with pytest.raises(ConfigError, match=rf"seed must be an integer from 0 to {2**63 - 1} .*got {2**64}"):
+        load_profile("big", check_runtime=False)

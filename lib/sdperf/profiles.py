@@ -346,13 +346,14 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
         raise ConfigError(f"profile {name!r}: seed must be an integer from 0 to {MAX_SEED} (2**63-1), got "
                           f"{short(raw['seed'])}")
     if isinstance(raw["warmup"], int) and not isinstance(raw["warmup"], bool) and raw["warmup"] < 1:
-        raise ConfigError(f"profile {name!r}: warmup must be an integer >= 1, got {short(raw['warmup'])}: it counts the "
-                          "first call, which always runs (timed apart as set-up), so 0 would run as 1")
+        raise ConfigError(f"profile {name!r}: warmup must be an integer >= 1, got {short(raw['warmup'])}: it counts "
+                          "the first call, which always runs (timed apart as set-up), so 0 would run as 1")
     _check_positive_int(name, "warmup", raw["warmup"])
     if "rounds" in raw:
         _check_positive_int(name, "rounds", raw["rounds"], minimum=3)
     if not isinstance(raw.get("scheduler_drift", True), bool):
-        raise ConfigError(f"profile {name!r}: scheduler_drift must be true or false, got {short(raw['scheduler_drift'])}")
+        raise ConfigError(f"profile {name!r}: scheduler_drift must be true or false, got "
+                          f"{short(raw['scheduler_drift'])}")
     if raw.get("first_call_steps") is not None:
         _check_positive_int(name, "first_call_steps", raw["first_call_steps"])
     sizes = raw["batch_sizes"]
