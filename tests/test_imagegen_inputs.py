@@ -67,7 +67,7 @@ def test_unknown_profile_lists_the_valid_ones(tmp_path, capsys, captions):
 @pytest.mark.parametrize("args, message", [
     (["--guidance", "7.5", "strong"], "guidance 'strong' is not valid; choose finite numbers >= 1"),
     (["--guidance", "0.5"], "guidance '0.5' is not valid"),
-    (["--seeds", "x"], "seed 'x' is not valid; choose integers >= 0"),
+    (["--seeds", "x"], "seed 'x' is not valid; choose integers from 0 to 2**63-1"),
     (["--batch-size", "0"], "batch size 0 is not valid; choose an integer >= 1"),
     (["--steps", "0"], "steps 0 is not valid; choose an integer >= 1 (the profile's is 4)"),
     (["--dtype", "float8"], "dtype 'float8' is not valid; choose one of: float32, float16, bfloat16"),

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from sdperf.errors import ConfigError
+from sdperf.errors import ConfigError, short
 from sdperf.profiles import AUTO, PROFILE_ENV, available_profiles, check_sections, load_profile
 
 PROFILE_COLUMNS = ["arch", "resolution", "steps", "scheduler", "batch_sizes", "dtype", "device", "repeats",
@@ -28,21 +28,50 @@ def _run(args) -> int:
 @contextlib.contextmanager
 def _terminate_as_interrupt():
     """SIGTERM (a scheduler's stop, `kill`) unwinds like Ctrl-C, so the notebook in flight puts back its previous
-    stamp and drops its staged rows instead of dying mid-write (sdperf.runner.run_one)."""
+    stamp and drops its staged rows instead of dying mid-write (sdperf.runner.run_one). Either signal silences
+    stderr at once (_silence_stderr): what unwinds after it is cleanup, not news."""
     import signal
 
     def interrupt(signum, frame):
+        _silence_stderr()
         raise KeyboardInterrupt(f"signal {signum}")
 
     try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
+        previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     except ValueError:  # not the main thread: keep the default
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+_REAL_STDERR: int | None = None  # a copy of fd 2 kept once stderr is silenced, for the one line main() prints
+
+
+def _silence_stderr() -> None:
+    """Point fd 2 (so sys.stderr too) at /dev/null, keeping a copy of the real one. After Ctrl-C the unwinding
+    papermill client, its closing kernel connection and asyncio's abandoned tasks printed ~230 lines of tracebacks
+    around "sdperf: interrupted"; the files on disk are already right (sdperf.runner.run_one), so nothing of that is
+    news. Idempotent; the process ends right after."""
+    global _REAL_STDERR
+    if _REAL_STDERR is not None:
+        return
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    _REAL_STDERR = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+
+
+def _say_interrupted() -> None:
+    """The one line an interrupted command prints, on a line of its own (a progress bar may be half drawn on the
+    line before, with no line end)."""
+    _silence_stderr()
+    os.write(_REAL_STDERR, b"\nsdperf: interrupted\n")
 
 
 def _auto_line() -> str:
@@ -164,14 +193,14 @@ def _generate(args) -> int:
 def _train_reference(args) -> int:
     from sdperf.reference import train
 
-    return train.main(seed=args.seed, out=args.out, quick=args.quick, show=not args.no_progress)
+    return train.main(seed=args.seed, out=args.out, quick=args.quick, show=not args.no_progress, force=args.force)
 
 
 def _int(what: str, text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise ConfigError(f"{what} {text!r} is not valid; choose integers >= 0") from None
+        raise ConfigError(f"{what} {short(text)} is not valid; choose integers from 0 to 2**63-1") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,8 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
               "evaluator into models/reference/ (about 45 minutes on 2 cores; run again to resume after a kill)",
               profile=False)
     ref.add_argument("--seed", type=int, default=0, help="seed of every stage (default 0, the committed model)")
-    ref.add_argument("--out", metavar="DIR", help="output folder (default models/reference)")
+    ref.add_argument("--out", metavar="DIR", help="output folder (default models/reference; with --quick "
+                     "models/.reference-quick, never the committed model)")
     ref.add_argument("--quick", action="store_true", help="a few steps of every stage: checks the code, not a model")
+    ref.add_argument("--force", action="store_true", help="replace a model in --out that another recipe made "
+                     "(refused without it)")
     ref.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
@@ -237,12 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        from sdperf import paths
+
+        paths.resolve_env()  # relative or empty SDPERF_*_DIR: made absolute (or refused) before anything runs
         return args.func(args)
     except ConfigError as exc:
         print(f"sdperf: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("sdperf: interrupted", file=sys.stderr)
+        _say_interrupted()
         return 130
 
 

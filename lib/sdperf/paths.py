@@ -4,11 +4,40 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sdperf.errors import ConfigError
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PARAMS_ENV = "SDPERF_PARAMS_DIR"
+REPORTS_ENV = "SDPERF_REPORTS_DIR"
+
+
+def _env_dir(var: str, default: Path) -> Path:
+    """The folder $var names, made absolute against the current folder, else `default`.
+
+    A relative value would be read against whatever folder each process starts in: `sdperf run` and its notebook
+    kernels (started in the repo root) then wrote and promoted rows in two different places, and results.csv kept
+    only its header. An empty value is an error, not the current folder: `VAR=` from a script whose variable was
+    unset would otherwise write a report wherever the command happens to run."""
+    value = os.environ.get(var)
+    if value is None:
+        return default
+    if not value.strip():
+        raise ConfigError(f"${var} is set but empty; unset it (default {str(default)!r}) or give a folder, "
+                          f"e.g. {var}={str(default)}")
+    return Path(os.path.abspath(os.path.expanduser(value)))
+
+
+def resolve_env() -> None:
+    """Write the absolute form of $SDPERF_PARAMS_DIR and $SDPERF_REPORTS_DIR back into the environment, once, before
+    anything runs: every child (papermill's kernel, rounds' workers, torchrun ranks) inherits the same folders the
+    validating process used, whatever folder it starts in."""
+    for var, default in ((PARAMS_ENV, REPO_ROOT / "params"), (REPORTS_ENV, REPO_ROOT / "reports")):
+        if var in os.environ:
+            os.environ[var] = str(_env_dir(var, default))
 
 
 def params_dir() -> Path:
-    return Path(os.environ.get("SDPERF_PARAMS_DIR", REPO_ROOT / "params"))
+    return _env_dir(PARAMS_ENV, REPO_ROOT / "params")
 
 
 def notebooks_dir() -> Path:
@@ -16,7 +45,7 @@ def notebooks_dir() -> Path:
 
 
 def reports_root() -> Path:
-    return Path(os.environ.get("SDPERF_REPORTS_DIR", REPO_ROOT / "reports"))
+    return _env_dir(REPORTS_ENV, REPO_ROOT / "reports")
 
 
 def profile_reports(profile: str) -> Path:

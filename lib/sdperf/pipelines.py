@@ -142,8 +142,10 @@ def build_from_weights(weights: str, scheduler: str):
 
     from sdperf.profiles import weights_source
     from sdperf.quiet import loading_bars_off
+    from sdperf.reference.manifest import verify_weights
 
     source, local = weights_source(weights)
+    verify_weights(source, local)  # a local folder with a manifest.json loads only if it matches it
     loading_bars_off()
     pipe = DiffusionPipeline.from_pretrained(source, dtype=torch.float32, local_files_only=local)
     pipe.scheduler = make_scheduler(scheduler, dict(pipe.scheduler.config))

@@ -8,13 +8,14 @@ import dataclasses
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from sdperf.architectures import ARCHS, vae_scale_factor
-from sdperf.errors import ConfigError
+from sdperf.errors import ConfigError, short
 from sdperf.paths import params_dir
 
 ARCHITECTURES = tuple(ARCHS)
@@ -25,6 +26,11 @@ AUTO = "auto"
 SECTIONS = ("training", "quality", "serving", "notebooks")
 PROFILE_ENV = "SDPERF_PROFILE"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# a profile name is a folder name under reports/: no '..', no hidden or path-like names ('...yml' was profile '..')
+PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_YAML_DEPTH = 20  # nested mappings/lists a study file may hold; the profiles use 3
+MAX_YAML_BYTES = 1 << 20  # a profile is a few KB; a bigger file is not one
+MAX_SEED = 2**63 - 1  # the largest seed every consumer takes (torch.Generator, numpy, int64 columns)
 
 
 @dataclass(frozen=True)
@@ -100,10 +106,52 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
+    def compose_node(self, parent, index):
+        """Anchors and aliases are refused: a few KB of nested aliases (a "billion laughs" file) expand into
+        gigabytes once anything walks or formats the value. Nesting deeper than MAX_YAML_DEPTH is refused too,
+        before the recursive composer reaches Python's recursion limit."""
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.composer.ComposerError(
+                None, None, "anchors and aliases (&name, *name, <<: *name) are not allowed here; write each value "
+                "out in full", event.start_mark)
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"values nested more than {MAX_YAML_DEPTH} levels deep are not allowed here",
+                    event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
 
 def read_yaml(path: Path):
-    """A YAML file through the duplicate-refusing safe loader."""
-    return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    """A YAML file through the safe loader that refuses duplicate keys, aliases and runaway nesting. Only a regular
+    file of at most MAX_YAML_BYTES is read: a FIFO would block the reader forever, a device or huge file never
+    ends (OSError for those)."""
+    path = Path(path)
+    with open(path, "rb", opener=_nonblocking) as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{str(path)!r} is not a regular file")
+        if info.st_size > MAX_YAML_BYTES:
+            raise OSError(f"{str(path)!r} is {info.st_size:,} bytes, over the {MAX_YAML_BYTES:,} a study file may be")
+        text = fh.read(MAX_YAML_BYTES + 1).decode("utf-8")
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
+def _nonblocking(path, flags):
+    """open() of a FIFO with no writer blocks before fstat can tell what it is; O_NONBLOCK returns at once."""
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
+def is_regular_file(path: Path) -> bool:
+    """A regular file (after symlinks): FIFOs, sockets and devices in params/ are not profiles."""
+    try:
+        return stat.S_ISREG(Path(path).stat().st_mode)
+    except OSError:
+        return False
 
 
 def memory_bytes() -> int:
@@ -148,11 +196,21 @@ def _check_guidance(profile: str, value) -> None:
     turned guidance off while rows said "CFG batch", or stored inf/nan images as ok)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
         raise ConfigError(f"profile {profile!r}: guidance_scale must be a finite number >= 1 (1 = no guidance, "
-                          f"7.5 = SD's default), got {value!r}")
+                          f"7.5 = SD's default), got {short(value)}")
 
 
 def available_profiles() -> list[str]:
-    return sorted(p.stem for p in params_dir().glob("*.yml"))
+    """The stems of params/*.yml that are regular files (a FIFO there hung `sdperf profiles`)."""
+    return sorted(p.stem for p in params_dir().glob("*.yml") if is_regular_file(p))
+
+
+def check_profile_name(name: str) -> str:
+    """A profile's name becomes a folder under reports/, so it must be one plain folder name."""
+    if not isinstance(name, str) or not PROFILE_NAME.match(name):
+        raise ConfigError(f"profile name {short(name)} is not valid: use letters, digits, '_', '-' and '.', "
+                          "starting with a letter or digit (at most 64), as in params/<name>.yml; valid profiles: "
+                          f"{_choices([n for n in available_profiles() if PROFILE_NAME.match(n)] + [AUTO])}")
+    return name
 
 
 def _choices(valid) -> str:
@@ -161,12 +219,12 @@ def _choices(valid) -> str:
 
 def _check_choice(profile: str, key: str, value, valid) -> None:
     if value not in valid:
-        raise ConfigError(f"profile {profile!r}: {key} {value!r} is not valid; choose one of: {_choices(valid)}")
+        raise ConfigError(f"profile {profile!r}: {key} {short(value)} is not valid; choose one of: {_choices(valid)}")
 
 
 def _check_positive_int(profile: str, key: str, value, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"profile {profile!r}: {key} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"profile {profile!r}: {key} must be an integer >= {minimum}, got {short(value)}")
 
 
 def gpu_available() -> bool:
@@ -215,10 +273,10 @@ def _check_weights(profile: str, weights) -> None:
         return
     if not isinstance(weights, str) or not weights.strip():
         raise ConfigError(f"profile {profile!r}: weights must be a local diffusers folder or '{HUB_PREFIX}org/model', "
-                          f"got {weights!r}")
+                          f"got {short(weights)}")
     if weights.startswith(HUB_PREFIX):
         if not _HUB_ID.match(weights[len(HUB_PREFIX):]):
-            raise ConfigError(f"profile {profile!r}: weights {weights!r} is not a hub id; write "
+            raise ConfigError(f"profile {profile!r}: weights {short(weights)} is not a hub id; write "
                               f"'{HUB_PREFIX}org/model', e.g. '{HUB_PREFIX}runwayml/stable-diffusion-v1-5'")
         return
     path = Path(weights).expanduser()
@@ -228,7 +286,7 @@ def _check_weights(profile: str, weights) -> None:
                               "expected a diffusers pipeline folder (save_pretrained layout)")
         return
     hint = f" (for the hub id write '{HUB_PREFIX}{weights}')" if _HUB_ID.match(weights) else ""
-    raise ConfigError(f"profile {profile!r}: weights folder {weights!r} does not exist (looked at "
+    raise ConfigError(f"profile {profile!r}: weights folder {short(weights)} does not exist (looked at "
                       f"{str(path.absolute())!r}); give an existing diffusers pipeline folder or a hub id written as "
                       f"'{HUB_PREFIX}org/model'{hint}")
 
@@ -255,7 +313,7 @@ def check_device(profile: str, device: str, dtype: str) -> None:
 
 def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Profile:
     """Load and validate params/<name>.yml; 'auto' resolves as in resolve_name()."""
-    name = resolve_name(name)
+    name = check_profile_name(resolve_name(name))
     valid = available_profiles()
     if name not in valid:
         raise ConfigError(f"unknown profile {name!r}; valid profiles: {_choices(valid + [AUTO])}")
@@ -266,12 +324,14 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
         raise ConfigError(f"profile {name!r}: {path} is not valid YAML: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"profile {name!r}: {path} cannot be read as UTF-8 text ({exc})") from None
+    except RecursionError:  # a construct the depth limit does not see; never a traceback
+        raise ConfigError(f"profile {name!r}: {path} is nested too deeply to read") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"profile {name!r}: {path} must be a mapping of key: value")
     allowed = [k for k in _FIELDS if k != "name"]
     for key in raw:
         if key not in _FIELDS or key == "name":
-            raise ConfigError(f"profile {name!r}: unknown key {key!r}; valid keys: {_choices(allowed)}")
+            raise ConfigError(f"profile {name!r}: unknown key {short(key)}; valid keys: {_choices(allowed)}")
     missing = [k for k in _REQUIRED if k not in raw]
     if missing:
         raise ConfigError(f"profile {name!r}: missing keys {_choices(missing)}")
@@ -282,19 +342,23 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
     for key in ("steps", "repeats", "resolution", "matmul_size", "cell_timeout_s", "variant_budget_s"):
         _check_positive_int(name, key, raw[key])
     _check_positive_int(name, "seed", raw["seed"], minimum=0)
+    if raw["seed"] > MAX_SEED:
+        raise ConfigError(f"profile {name!r}: seed must be an integer from 0 to {MAX_SEED} (2**63-1), got "
+                          f"{short(raw['seed'])}")
     if isinstance(raw["warmup"], int) and not isinstance(raw["warmup"], bool) and raw["warmup"] < 1:
-        raise ConfigError(f"profile {name!r}: warmup must be an integer >= 1, got {raw['warmup']!r}: it counts the "
-                          "first call, which always runs (timed apart as set-up), so 0 would run as 1")
+        raise ConfigError(f"profile {name!r}: warmup must be an integer >= 1, got {short(raw['warmup'])}: it counts "
+                          "the first call, which always runs (timed apart as set-up), so 0 would run as 1")
     _check_positive_int(name, "warmup", raw["warmup"])
     if "rounds" in raw:
         _check_positive_int(name, "rounds", raw["rounds"], minimum=3)
     if not isinstance(raw.get("scheduler_drift", True), bool):
-        raise ConfigError(f"profile {name!r}: scheduler_drift must be true or false, got {raw['scheduler_drift']!r}")
+        raise ConfigError(f"profile {name!r}: scheduler_drift must be true or false, got "
+                          f"{short(raw['scheduler_drift'])}")
     if raw.get("first_call_steps") is not None:
         _check_positive_int(name, "first_call_steps", raw["first_call_steps"])
     sizes = raw["batch_sizes"]
     if not isinstance(sizes, list) or not sizes:
-        raise ConfigError(f"profile {name!r}: batch_sizes must be a non-empty list of integers, got {sizes!r}")
+        raise ConfigError(f"profile {name!r}: batch_sizes must be a non-empty list of integers, got {short(sizes)}")
     for b in sizes:
         _check_positive_int(name, "batch_sizes entry", b)
     multiple = 8 * vae_scale_factor(raw["arch"])
@@ -303,17 +367,17 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
                           f"for arch {raw['arch']!r}")
     _check_guidance(name, raw["guidance_scale"])
     if not isinstance(raw["prompt"], str) or not raw["prompt"].strip():
-        raise ConfigError(f"profile {name!r}: prompt must be a non-empty string, got {raw['prompt']!r}")
+        raise ConfigError(f"profile {name!r}: prompt must be a non-empty string, got {short(raw['prompt'])}")
     if not isinstance(raw["description"], str):
-        raise ConfigError(f"profile {name!r}: description must be a string, got {raw['description']!r}")
+        raise ConfigError(f"profile {name!r}: description must be a string, got {short(raw['description'])}")
     _check_sizes(name, raw)
     _check_weights(name, raw.get("weights"))
     for key in SECTIONS:
         if not isinstance(raw.get(key, {}), dict):
-            raise ConfigError(f"profile {name!r}: {key} must be a mapping of key: value, got {raw[key]!r}")
+            raise ConfigError(f"profile {name!r}: {key} must be a mapping of key: value, got {short(raw[key])}")
     notes = raw.get("notes") or []
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-        raise ConfigError(f"profile {name!r}: notes must be a list of strings, got {raw.get('notes')!r}")
+        raise ConfigError(f"profile {name!r}: notes must be a list of strings, got {short(raw.get('notes'))}")
     if check_runtime:
         check_device(name, raw["device"], raw["dtype"])
     values = dict(raw, name=name, batch_sizes=tuple(sizes), guidance_scale=float(raw["guidance_scale"]),

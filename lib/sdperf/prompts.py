@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from sdperf.errors import ConfigError
+from sdperf.errors import ConfigError, short
 
 FORMATS = {
     ".json": "COCO annotations JSON (captions_val2014.json: {\"annotations\": [{\"id\", \"image_id\", \"caption\"}]})",
@@ -21,6 +21,7 @@ FORMATS = {
     ".txt": "plain text, one caption per line (id = 1-based line number)",
 }
 SMOKE_FILE = "captions_smoke.txt"
+MAX_TOKENS = 77  # CLIP's context: 75 caption tokens plus start and end (StableDiffusionPipeline truncates there)
 
 
 @dataclass(frozen=True)
@@ -138,3 +139,20 @@ def smoke_captions() -> list[Caption]:
     """The repo's own short COCO-style captions (written for this project), for smoke runs and tests."""
     with resources.as_file(resources.files("sdperf.data").joinpath(SMOKE_FILE)) as path:
         return load_captions(path)
+
+
+def check_token_lengths(captions: dict[str, str]) -> None:
+    """Every caption fits CLIP's 77 tokens. The pipeline cuts a longer one silently, so two captions that differ
+    only past the cut gave identical images; here the first one too long is named with its token count. A BPE token
+    covers at least one UTF-8 byte, so only captions of more than 75 bytes need the tokenizer (seconds to load)."""
+    long = [(cid, text) for cid, text in captions.items() if len(text.encode("utf-8")) > MAX_TOKENS - 2]
+    if not long:
+        return
+    from sdperf.tokenizer import clip_tokenizer
+
+    counts = clip_tokenizer()([text for _, text in long], verbose=False)["input_ids"]
+    for (cid, text), ids in zip(long, counts):
+        if len(ids) > MAX_TOKENS:
+            raise ConfigError(f"caption {short(cid)} ({short(text, 120)}) is {len(ids)} CLIP tokens long with start "
+                              f"and end, over the {MAX_TOKENS} the text encoder reads: the rest would be cut silently "
+                              "(captions that differ only past the cut give identical images); shorten it")

@@ -8,7 +8,9 @@ interrupted run leaves the previous complete rows as they were.
 from __future__ import annotations
 
 import contextlib
+import csv
 import fcntl
+import io
 import math
 import os
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from sdperf import staging
+from sdperf.errors import ConfigError, short
 from sdperf.paths import profile_reports, sibling_tempfile
 
 KEY = ["notebook", "scenario", "metric"]
@@ -29,6 +32,13 @@ ENV_COLUMNS = ["profile", "dtype", "device", "device_name", "cpu_model", "machin
                "torch", "diffusers", "python", "packages", "time_utc"]
 COLUMNS = KEY + MEASURE_COLUMNS + ENV_COLUMNS
 STATUSES = ("ok", "not_applicable", "skipped", "failed")
+# what every row must carry: a row without its key cannot be replaced, and one without its environment cannot be
+# placed (a row with no time_utc sorted as "the latest run" and hid every good row of the page)
+REQUIRED = KEY + ["status", "profile", "device", "machine", "commit", "time_utc"]
+
+
+class DamagedTable(ConfigError):
+    """results.csv (or a staged rows file) that is not whole: named with its file and line, never half-read."""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -72,9 +82,83 @@ def read_results(profile: str) -> pd.DataFrame:
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    if not Path(path).is_file():
+    """The table at `path` (an empty one if there is none) after check_table: damage is an error, not a guess."""
+    text = read_checked(path)
+    if text is None:
         return pd.DataFrame(columns=COLUMNS)
-    return pd.read_csv(path, keep_default_na=False, na_values=[""])
+    return pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""])
+
+
+def check_results(profile: str) -> None:
+    """Fail before anything is measured when the profile's results.csv is damaged: a run would measure for
+    minutes and then fail promoting its rows into it."""
+    read_checked(results_path(profile))
+
+
+def read_checked(path: Path) -> str | None:
+    """The text of a results table after check_table; None when the file does not exist."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise DamagedTable(f"{str(path)!r} is a folder, not a results table; remove it") from None
+    return check_table(path, data)
+
+
+def _damage(path: Path, line: int, what: str) -> DamagedTable:
+    return DamagedTable(f"results table {str(path)!r} is damaged at line {line}: {what}; nothing was read from it. "
+                        "Repair or delete that line (or restore the file from git) and run again")
+
+
+def check_table(path: Path, data: bytes) -> str:
+    """`data` decoded, when it is a whole table as to_csv writes it: UTF-8 text ending in a line end, a header of
+    known columns, every row with exactly the header's fields and its REQUIRED fields filled. Anything else (a
+    torn last line, a short or long row, an empty or binary file) raises DamagedTable naming the file and line."""
+    if not data:
+        raise _damage(path, 1, "the file is empty (not even the header line)")
+    text = _decode(path, data)
+    if not text.endswith("\n"):
+        raise _damage(path, text.count("\n") + 1, "the last line is torn (it has no line end: a write was cut off)")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader)
+        _check_header(path, header)
+        required = [header.index(c) for c in REQUIRED]
+        for row in reader:
+            _check_row(path, reader.line_num, row, header, required)
+    except csv.Error as exc:
+        raise _damage(path, reader.line_num, f"not CSV ({exc})") from None
+    return text
+
+
+def _decode(path: Path, data: bytes) -> str:
+    """UTF-8 without NUL bytes (both mean a binary file, or blocks of zeros a crash left)."""
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise _damage(path, data.count(b"\n", 0, nul) + 1, "binary data (a NUL byte), not CSV text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _damage(path, data.count(b"\n", 0, exc.start) + 1,
+                      f"binary data (byte {data[exc.start]:#04x} is not UTF-8), not CSV text") from None
+
+
+def _check_header(path: Path, header: list[str]) -> None:
+    unknown = [c for c in header if c not in COLUMNS]
+    missing = [c for c in REQUIRED if c not in header]
+    if unknown or missing or len(set(header)) != len(header):
+        raise _damage(path, 1, f"the header {short(header)} is not a results header (unknown columns: "
+                      f"{short(unknown)}, missing: {short(missing)}); valid columns: {', '.join(COLUMNS)}")
+
+
+def _check_row(path: Path, line: int, row: list[str], header: list[str], required: list[int]) -> None:
+    if len(row) != len(header):
+        raise _damage(path, line, f"the row has {len(row)} field(s), the header {len(header)}")
+    empty = [header[i] for i in required if not row[i].strip()]
+    if empty:
+        raise _damage(path, line, f"the row has no {', '.join(empty)} (every row needs {', '.join(REQUIRED)})")
 
 
 def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
@@ -82,7 +166,7 @@ def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
     new = pd.DataFrame(rows, columns=COLUMNS)
     with locked(path):
         if path.is_file():
-            old = pd.read_csv(path, keep_default_na=False, na_values=[""])
+            old = read_table(path)
             keys = set(map(tuple, new[KEY].astype(str).values))
             keep = ~old[KEY].astype(str).apply(tuple, axis=1).isin(keys)
             table = pd.concat([old[keep], new], ignore_index=True) if keep.any() else new
@@ -136,7 +220,7 @@ class Recorder:
         if status == "ok" and missing and not note:
             raise ValueError(f"{scenario}/{metric}: an 'ok' row needs a measured value or a note saying why not")
         env = self.env
-        return {
+        row = {
             "notebook": self.notebook, "scenario": scenario, "metric": metric, "value": value, "unit": unit,
             "p10": p10, "p90": p90, "lo": lo, "hi": hi, "n": n, "status": status, "method": method, "key": key, "note": note,
             "profile": self.profile, "dtype": dtype or self.dtype, "device": env["device"],
@@ -146,6 +230,10 @@ class Recorder:
             "diffusers": env["packages"].get("diffusers"), "python": env["python"],
             "packages": ";".join(f"{k}={v}" for k, v in env["packages"].items() if v), "time_utc": env["time_utc"],
         }
+        empty = [c for c in REQUIRED if row[c] is None or not str(row[c]).strip()]
+        if empty:
+            raise ValueError(f"{scenario}/{metric}: a row needs {', '.join(empty)}; the environment record lacks them")
+        return row
 
     def add(self, scenario: str, metric: str, value, unit: str, **kw) -> None:
         upsert_rows(self.path, [self._row(scenario, metric, value, unit, **kw)])

@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdperf import environment, paths, staging
-from sdperf.errors import ConfigError
+from sdperf.errors import ConfigError, short
 from sdperf.profiles import Profile, check_sections, load_profile
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+# the kernel's own log (not the notebook's output): at its default level every kernel printed a warning about TCP
+# into the progress bar, and a kernel shut down by an interrupted run printed its closing-socket tracebacks
+KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]
 INJECTED_TAG = "injected-parameters"  # papermill's tag on the cell it adds after the `parameters` cell
 ERROR_MARKER_TAG = "papermill-error-cell-tag"  # papermill's tag on the red banner cells it adds on failure
 
@@ -62,14 +65,30 @@ def select(only: list[str] | None, names: list[str]) -> list[str]:
 
 def validate(profile_name: str | None, only: list[str] | None,
              notebooks_dir: Path | None = None) -> tuple[Profile, list[str]]:
-    """Cheap checks first (YAML, names, the profile's notebook parameters), then the device probe that needs
-    torch."""
+    """Cheap checks first (the folders in the environment, YAML, names, the results table, the profile's notebook
+    parameters), then the device probe that needs torch."""
+    from sdperf.results import check_results
+
+    paths.resolve_env()  # before any kernel starts: it inherits the absolute folders validated here
     profile = load_profile(profile_name, check_runtime=False)
     check_sections(profile)
     check_outputs(profile.name)
+    check_results(profile.name)
+    check_weights_manifest(profile)
     selected = select(only, notebook_names(notebooks_dir))
     check_notebook_parameters(profile, selected, notebooks_dir)
     return load_profile(profile.name), selected
+
+
+def check_weights_manifest(profile: Profile) -> None:
+    """A local `weights:` folder with a manifest.json is verified before the first notebook, not inside it (every
+    build verifies it again: sdperf.pipelines.verify_weights)."""
+    if not profile.weights:
+        return
+    from sdperf.profiles import weights_source
+    from sdperf.reference.manifest import verify_weights
+
+    verify_weights(*weights_source(profile.weights))
 
 
 def check_outputs(profile: str) -> None:
@@ -103,12 +122,42 @@ def check_notebook_parameters(profile: Profile, selected: list[str], notebooks_d
             continue
         import papermill
 
-        declared = sorted(papermill.inspect_notebook(str(path)))
-        for key in params:
+        declared = papermill.inspect_notebook(str(path))
+        for key, value in params.items():
             if key == "profile" or key not in declared:
-                valid = [d for d in declared if d != "profile"]
-                raise ConfigError(f"profile {profile.name!r}: notebooks: {name} has no parameter {key!r}; valid "
+                valid = [d for d in sorted(declared) if d != "profile"]
+                raise ConfigError(f"profile {profile.name!r}: notebooks: {name} has no parameter {short(key)}; valid "
                                   f"parameters: {', '.join(valid) or '(none)'}")
+            check_parameter_type(f"profile {profile.name!r}: notebooks: {name}: {key}", value,
+                                 declared[key].get("inferred_type_name"))
+
+
+# a parameters cell's annotation -> the YAML values it accepts; a list holds scalars only (every notebook's lists are
+# of keys, names or sizes), so no nested or huge structure reaches papermill, which writes every value into the
+# notebook as Python source
+_SCALARS = (str, int, float, bool)
+MAX_LIST_ITEMS = 1000
+MAX_TEXT = 10_000
+
+
+def check_parameter_type(where: str, value, annotation: str | None) -> None:
+    """A profile's value for a notebook parameter has the type the parameters cell annotates (`name: list = ...`):
+    a mapping or a nested list where a list of keys belongs fails here, naming it, not inside the notebook."""
+    kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "list": (list,)}
+    expected = kinds.get(annotation or "")
+    if expected is None:  # unannotated (papermill says "None"): a scalar or a list, as the notebooks' values are
+        annotation, expected = "a str, int, float, bool or list", _SCALARS + (list,)
+    wrong_bool = isinstance(value, bool) and bool not in expected
+    if wrong_bool or not isinstance(value, expected):
+        raise ConfigError(f"{where} must be {annotation} (its annotation in the notebook's parameters cell), got "
+                          f"{type(value).__name__} {short(value)}")
+    if isinstance(value, list):
+        if len(value) > MAX_LIST_ITEMS or not all(isinstance(v, _SCALARS) for v in value):
+            raise ConfigError(f"{where} must be a list of at most {MAX_LIST_ITEMS} strings or numbers, got "
+                              f"{short(value)}")
+    texts = value if isinstance(value, list) else [value]
+    if any(isinstance(t, str) and len(t) > MAX_TEXT for t in texts):
+        raise ConfigError(f"{where}: a string over {MAX_TEXT:,} characters is not a setting, got {short(value)}")
 
 
 def notebook_parameters(profile: Profile, name: str) -> dict:
@@ -281,7 +330,7 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
         papermill.execute_notebook(
             str(notebook), str(tmp), parameters=notebook_parameters(profile, name), kernel_name="python3",
             execution_timeout=profile.cell_timeout_s, cwd=str(paths.REPO_ROOT), progress_bar=False,
-            log_output=False)
+            log_output=False, extra_arguments=KERNEL_ARGS)
     except Exception as exc:  # papermill errors, timeouts, dead kernels: all become a failed notebook
         failure = describe_failure(exc, tmp)
         _settle(tmp, failed)

@@ -160,6 +160,9 @@ def plan(profile, captions, out_dir, guidance_scales=None, seeds=None, rank=None
 
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     texts = _captions(captions)
+    from sdperf import prompts
+
+    prompts.check_token_lengths(texts)
     guidance = K.check_guidance([prof.guidance_scale] if guidance_scales is None else guidance_scales)
     seeds = None if seeds is None else K.check_seeds(seeds)
     if pipe is not None:

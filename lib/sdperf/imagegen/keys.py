@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from sdperf.errors import ConfigError
+from sdperf.errors import ConfigError, short
+from sdperf.profiles import MAX_SEED
 
 # Guidance 1 turns classifier-free guidance off (the UNet runs once per step); below 1 would extrapolate away from
 # the prompt, which no evaluation protocol asks for. NeMo's FID-CLIP curve uses these eight scales.
@@ -69,12 +70,14 @@ def check_guidance(values) -> tuple[float, ...]:
 
 
 def check_seeds(values) -> tuple[int, ...]:
+    """Integers from 0 to MAX_SEED: a larger one passed this check and then overflowed torch.Generator.manual_seed
+    after the pipeline was built."""
     values = list(values) if values is not None else []
     if not values:
         raise ConfigError("seeds: give at least one integer seed >= 0")
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ConfigError(f"seed {v!r} is not valid; choose integers >= 0")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_SEED:
+            raise ConfigError(f"seed {short(v)} is not valid; choose integers from 0 to {MAX_SEED} (2**63-1)")
     return tuple(sorted(set(values)))
 
 
@@ -92,7 +95,7 @@ def plan_keys(prompt_ids, guidance_scales, seeds=None, base_seed: int = 0) -> li
             raise ConfigError(f"prompt id {pid[:60]!r}... is too long to name a file (over {MAX_NAME_BYTES} bytes "
                               "once quoted); give shorter ids")
     check_seeds([base_seed])
-    per_prompt = {pid: (check_seeds(seeds) if seeds is not None else (base_seed + i,)) for i, pid in enumerate(ids)}
+    per_prompt = {pid: check_seeds(seeds if seeds is not None else (base_seed + i,)) for i, pid in enumerate(ids)}
     return sorted(ImageKey(g, pid, s) for g in check_guidance(guidance_scales) for pid in ids for s in per_prompt[pid])
 
 

@@ -44,6 +44,9 @@ COLUMNS = ["key", "prompt_id", "caption", "guidance", "seed", "file", "steps", "
 # results.atomic_write_bytes names its temp file ".<name>.<random>.tmp" beside the target
 _TEMP = re.compile(r"^\.(?P<name>.+\.png)\.[^.]+\.tmp$")
 _GUIDANCE_DIR = re.compile(r"^g[0-9]")  # keys.ImageKey.relpath's folder per guidance scale
+# OWASP CSV injection: a cell starting with one of these runs as a formula when manifest.csv opens in a spreadsheet
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+USER_TEXT = ("caption", "prompt_id")  # the manifest's columns that hold text a user wrote
 
 
 def check_out_dir(out_dir) -> Path:
@@ -278,8 +281,23 @@ def rebuild_manifest(out_dir) -> pd.DataFrame:
             if (out_dir / row["file"]).is_file():
                 latest[row_key(row)] = row
         table = pd.DataFrame([latest[k] for k in sorted(latest)], columns=COLUMNS)
-        atomic_write_text(out_dir / MANIFEST, table.to_csv(index=False))
+        atomic_write_text(out_dir / MANIFEST, neutralised(table).to_csv(index=False))
     return table
+
+
+def neutralise(text: str) -> str:
+    """A quote before text a spreadsheet would run as a formula (OWASP's advice), and before text that starts with a
+    quote itself, so that `restore` strips exactly what was added and every caption reads back as written."""
+    return "'" + text if text.startswith(FORMULA_START + ("'",)) else text
+
+
+def restore(text: str) -> str:
+    return text[1:] if text.startswith("'") else text
+
+
+def neutralised(table: pd.DataFrame) -> pd.DataFrame:
+    """The table as written to manifest.csv: its user-written columns neutralised."""
+    return table.assign(**{c: table[c].astype(str).map(neutralise) for c in USER_TEXT})
 
 
 def _inside(folder: Path, file: str) -> bool:
@@ -305,6 +323,8 @@ def read_manifest(out_dir) -> pd.DataFrame:
     lacking = [c for c in REQUIRED if c not in df.columns]
     if lacking:
         raise ConfigError(f"{str(path)!r} lacks column(s) {', '.join(lacking)}; expected {', '.join(REQUIRED)}")
+    for column in USER_TEXT:
+        df[column] = df[column].map(restore)
     outside = [f for f in df["file"] if not _inside(folder, f)]
     if outside:
         raise ConfigError(f"{str(path)!r} names {len(outside)} file(s) outside its folder, e.g. {outside[0]!r}; a "

@@ -5,7 +5,7 @@ a profile's `weights:` can name it and every technique applies unchanged, plus `
 the sha256 of every file, the exact command, commit, versions, machine and recipe that made them, the training
 times and the judgement. The weights are stored in float16 (half the repository's size) and load as float32;
 every figure of the study is about those stored weights. `verify` refuses a folder whose files differ from the
-manifest, naming them.
+manifest, naming them, and a manifest that does not cover its folder (sdperf.reference.manifest).
 """
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ import torch
 from sdperf.errors import ConfigError
 from sdperf.paths import REPO_ROOT
 from sdperf.reference import loop
+from sdperf.reference import manifest as _manifest
 from sdperf.reference.evaluator import Evaluator
-from sdperf.runner import sha256_file as sha256
 
-MANIFEST = "manifest.json"
+MANIFEST = _manifest.MANIFEST
+sha256 = _manifest.sha256
 EVALUATOR_DIR = "evaluator"
 STORED_DTYPE = torch.float16
 
@@ -72,12 +73,10 @@ def provenance(command: str) -> dict:
 
 
 def write_manifest(out: Path, record: dict) -> dict:
-    """Hash every file under `out` (the manifest aside) into the record and write it last: a folder with a
-    manifest is complete."""
+    """Hash every file under `out` (the manifest aside, hidden files included: verify demands them all) into the
+    record and write it last: a folder with a manifest is complete."""
     out = Path(out)
-    files = {p.relative_to(out).as_posix(): sha256(p) for p in sorted(out.rglob("*"))
-             if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")}
-    manifest = dict(record, files=files)
+    manifest = dict(record, files=_manifest.write_files(out))
     loop.save_json(out / MANIFEST, manifest)
     return manifest
 
@@ -87,21 +86,15 @@ def read_manifest(folder: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"no reference model at {str(folder)!r} (no {MANIFEST}); build it with "
                           "`sdperf train-reference` (about 45 minutes on 2 cores)")
-    return json.loads(path.read_text())
+    return _manifest.read(folder)
 
 
 def verify(folder: Path) -> dict:
-    """The manifest, after checking every listed file's sha256; ConfigError naming the missing or changed ones."""
+    """The manifest, after checking that it covers the folder and every listed file's sha256; ConfigError naming
+    the missing, changed, unlisted or escaping ones."""
     folder = Path(folder)
-    manifest = read_manifest(folder)
-    missing = [f for f in manifest["files"] if not (folder / f).is_file()]
-    changed = [f for f, digest in manifest["files"].items() if f not in missing and sha256(folder / f) != digest]
-    if missing or changed:
-        raise ConfigError(f"reference model at {str(folder)!r} does not match its manifest: "
-                          + "; ".join(p for p in (f"missing {missing}" if missing else "",
-                                                  f"changed {changed}" if changed else "") if p)
-                          + "; rebuild it with `sdperf train-reference` or restore the files from git")
-    return manifest
+    read_manifest(folder)  # a folder without one: how to build it
+    return _manifest.verify(folder)
 
 
 def load(folder: Path | None = None, scheduler: str = "plms"):

@@ -152,12 +152,40 @@ def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, 
     return manifest
 
 
-def main(seed: int = 0, out: str | None = None, quick: bool = False, show: bool = True) -> int:
-    recipe = Recipe(**dict(QUICK.to_dict(), seed=seed)) if quick else Recipe(seed=seed)
-    target = Path(out) if out else store.default_dir()
+QUICK_DIR = ".reference-quick"  # under models/, ignored by git: --quick checks code, it never makes the model
+
+
+def default_out(quick: bool) -> Path:
+    """models/reference/ for the real recipe; --quick's 30-second model goes beside it, never over it."""
+    return store.default_dir().parent / QUICK_DIR if quick else store.default_dir()
+
+
+def check_target(target: Path, recipe: Recipe, force: bool) -> None:
+    """Refuse, before any training, to replace a model made by another recipe (the committed reference model is
+    one `--quick --out models/reference` away from a 30-second model whose new manifest verifies); the same recipe
+    rebuilds the same model, so it may go on. `--force` replaces it anyway."""
     if target.exists() and not (target / store.MANIFEST).is_file():
         raise ConfigError(f"--out {str(target)!r} exists and is not a reference model folder; choose a new folder")
+    if force or not target.exists():
+        return
+    try:
+        made = store.read_manifest(target).get("recipe")
+    except ConfigError:
+        made = None
+    if made == recipe.to_dict():
+        return
+    ours = recipe.to_dict()
+    differ = (sorted(k for k in set(ours) | set(made) if made.get(k) != ours.get(k)) if isinstance(made, dict)
+              else ["its manifest records no readable recipe"])
+    raise ConfigError(f"--out {str(target)!r} holds a model made by another recipe (differing: {', '.join(differ)}); "
+                      "this run would replace it. Give --out a new folder, or add --force to replace it")
+
+
+def main(seed: int = 0, out: str | None = None, quick: bool = False, show: bool = True, force: bool = False) -> int:
+    recipe = Recipe(**dict(QUICK.to_dict(), seed=seed)) if quick else Recipe(seed=seed)
+    target = Path(out) if out else default_out(quick)
+    check_target(target, recipe, force)
     command = "sdperf train-reference" + (f" --seed {seed}" if seed else "") + (" --quick" if quick else "") + \
-        (f" --out {out}" if out else "")
+        (f" --out {out}" if out else "") + (" --force" if force else "")
     run(recipe, target, show=show, command=command)
     return 0
