@@ -44,6 +44,16 @@ def test_the_speed_finding_is_written_from_the_rows(best):
     assert "1 not applicable (e.g. not applicable: no cuDNN kernel on a CPU)" in text
 
 
+def test_a_method_is_cited_by_label_and_written_once_in_the_legend():
+    legend = findings.Legend()
+    both = findings.verdicts(pd.concat([_rows(1.31), _rows(1.5).assign(notebook="04_torch_compile")]),
+                             ["03_attention", "04_torch_compile"], legend)
+    assert all("[M1]" in v and METHOD not in v for v in both.values())  # one method: one label, no text
+    assert legend.texts == [METHOD] and legend.html().count(METHOD) == 1
+    other = _rows(1.2).assign(notebook="09_fewer_steps", method="composed from parts")
+    assert "[M2]" in findings.verdict("09_fewer_steps", other, legend) and len(legend.texts) == 2
+
+
 def _judged(key: str, delta: float, half: float = 0.004) -> dict:
     """A row of sdperf.reference.techniques' table: `delta` of adherence and soft adherence, +-`half` around it."""
     return dict(key=key, label=key, guidance=7.5, status="ok", steps=50, n_images=128, adherence=0.99 + delta,

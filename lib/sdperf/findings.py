@@ -14,6 +14,24 @@ from typing import Callable
 import pandas as pd
 
 TWIN = "fp32-eager"  # the fp32 twin: the noise floor's row, not a configuration to rank
+
+
+class Legend:
+    """Methods cited by short labels: each full text appears once, in the legend under the findings (issue 33: a
+    sentence that carried its method's 60 words made the first screen unreadable)."""
+
+    def __init__(self):
+        self.texts: list[str] = []
+
+    def cite(self, method) -> str:
+        text = str(method)
+        if text not in self.texts:
+            self.texts.append(text)
+        return f"[M{self.texts.index(text) + 1}]"
+
+    def html(self) -> str:
+        return "".join(f"<li>[M{i}] {_esc(t)}</li>" for i, t in enumerate(self.texts, 1))
+
 NOT_MEASURED = ("not_applicable", "skipped", "failed")
 _BAND = re.compile(r"(faster|slower|within noise) \(noise band ([0-9.]+)-([0-9.]+)x\)")
 
@@ -55,7 +73,12 @@ def _not_measured(rows: pd.DataFrame) -> str:
     return "; " + ", ".join(parts) if parts else ""
 
 
-def speed_verdict(rows: pd.DataFrame) -> str | None:
+def _method(legend: Legend | None, method) -> str:
+    """'[M2]' when the caller keeps a legend, else the method's text in full."""
+    return legend.cite(method) if legend is not None else f"(method: {_esc(method)})"
+
+
+def speed_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | None:
     """The fastest configuration per image at 50 PLMS steps over fp32 eager, and how the others fall against the
     noise floor."""
     ok = rows[(rows["status"] == "ok") & (rows["metric"] == "seed_speedup_vs_fp32") & (rows["key"] != TWIN)
@@ -68,16 +91,16 @@ def speed_verdict(rows: pd.DataFrame) -> str | None:
     band = _band(best["note"])
     return (f"fastest of {len(ok)}: <b>{_esc(best['scenario'].removesuffix(', batch 1'))}</b>, "
             f"{_range(best)} per image over fp32 eager at 50 PLMS steps"
-            f"{', ' + band if band else ''} (method: {_esc(best['method'])}); all {len(ok)} against the floor: "
+            f"{', ' + band if band else ''} {_method(legend, best['method'])}; all {len(ok)} against the floor: "
             f"{_esc(counts)}")
 
 
-def baseline_verdict(rows: pd.DataFrame) -> str | None:
+def baseline_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | None:
     one = rows[(rows["scenario"] == "fp32 eager, batch 1") & (rows["status"] == "ok")].set_index("metric")
     if "s_per_image" not in one.index:
         return None
     s = one.loc["s_per_image"]
-    text = f"fp32 eager takes {_range(s, 2, ' s')} per image at batch 1 (method: {_esc(s['method'])})"
+    text = f"fp32 eager takes {_range(s, 2, ' s')} per image at batch 1 {_method(legend, s['method'])}"
     if "unet_step" in one.index:
         text += f", {_range(one.loc['unet_step'], 3, ' s')} per UNet step"
     if "percent_of_peak" in one.index:
@@ -85,7 +108,7 @@ def baseline_verdict(rows: pd.DataFrame) -> str | None:
     return text
 
 
-def quality_verdict(rows: pd.DataFrame) -> str | None:
+def quality_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | None:
     """The reference model's verdicts against the converged solve: the seeds' PLMS-50, the controls, and how many
     techniques stayed within the budget, each recomputed from the rows' interval columns (never from prose)."""
     from sdperf.reference import controls, techniques
@@ -131,7 +154,7 @@ def _before_the_converged_reference(rows: pd.DataFrame) -> str | None:
             "(the reference before the converged solve): " + ", ".join(f"{n} {_esc(v)}" for v, n in counts.items()))
 
 
-def scaling_verdict(rows: pd.DataFrame) -> str | None:
+def scaling_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | None:
     eff = rows[(rows["metric"] == "scaling_efficiency") & (rows["status"] == "ok")]
     if eff.empty:
         return None
@@ -139,7 +162,7 @@ def scaling_verdict(rows: pd.DataFrame) -> str | None:
     return "scaling efficiency (1.0 = linear) " + "; ".join(items)
 
 
-def serving_verdict(rows: pd.DataFrame) -> str | None:
+def serving_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | None:
     tput = rows[(rows["metric"] == "throughput") & (rows["status"] == "ok") & rows["value"].notna()]
     if tput.empty:
         return None
@@ -148,31 +171,31 @@ def serving_verdict(rows: pd.DataFrame) -> str | None:
             f"({_esc(str(best['note']).split(';')[0])}) over {len(tput)} LoadGen runs")
 
 
-def ladder_verdict(rows: pd.DataFrame) -> str | None:
+def ladder_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | None:
     recipe = rows[rows["scenario"].astype(str).str.startswith(("best admissible stack: ", "best lossless stack: "))
                   & (rows["metric"] == "seed_speedup_vs_fp32")]
     if recipe.empty:
-        return speed_verdict(rows)
-    items = [f"<b>{_esc(r['scenario'])}</b> {_range(r)} per image over fp32 eager PLMS-50 (method: "
-             f"{_esc(r['method'])})" for _, r in recipe.iterrows()]
+        return speed_verdict(rows, legend)
+    items = [f"<b>{_esc(r['scenario'])}</b> {_range(r)} per image over fp32 eager PLMS-50 "
+             f"{_method(legend, r['method'])}" for _, r in recipe.iterrows()]
     return "; ".join(items)
 
 
 # notebook -> what its verdict is about; every other notebook gets the speed verdict when it has compared rows
-SPECIFIC: dict[str, Callable[[pd.DataFrame], str | None]] = {
+SPECIFIC: dict[str, Callable[..., str | None]] = {
     "00_baseline": baseline_verdict, "10_ladder": ladder_verdict, "11_training_scaling": scaling_verdict,
     "12_fid_clip": quality_verdict, "13_serving": serving_verdict,
 }
 
 
-def verdict(name: str, rows: pd.DataFrame) -> str:
-    """The notebook's one-sentence finding (HTML), from its rows only."""
-    text = (SPECIFIC.get(name) or speed_verdict)(rows) if len(rows) else None
+def verdict(name: str, rows: pd.DataFrame, legend: Legend | None = None) -> str:
+    """The notebook's one-sentence finding (HTML), from its rows only; methods cited into `legend` when given."""
+    text = (SPECIFIC.get(name) or speed_verdict)(rows, legend) if len(rows) else None
     if text is None:
         ok = int((rows["status"] == "ok").sum()) if len(rows) else 0
         text = f"{ok} measured row(s), none of them a comparison with fp32 eager" if ok else "nothing measured"
     return text + _not_measured(rows) + "."
 
 
-def verdicts(results: pd.DataFrame, names: list[str]) -> dict[str, str]:
-    return {name: verdict(name, results[results["notebook"] == name]) for name in names}
+def verdicts(results: pd.DataFrame, names: list[str], legend: Legend | None = None) -> dict[str, str]:
+    return {name: verdict(name, results[results["notebook"] == name], legend) for name in names}

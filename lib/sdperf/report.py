@@ -44,6 +44,8 @@ figcaption { color: #555; font-size: .9rem; }
 details summary { cursor: pointer; }
 .finding { background: #f4f8fc; border-left: 4px solid #2a6ebb; padding: .4rem .8rem; }
 ul.findings li { margin-bottom: .35rem; }
+ul.legend { font-size: .85rem; color: #444; }
+p.legend { font-size: .85rem; color: #444; margin-bottom: 0; }
 table.published { width: 100%; table-layout: fixed; }
 table.published td { overflow-wrap: anywhere; }
 table.published td.not_measured { color: #666; font-style: italic; background: #f1f1f1; }
@@ -416,11 +418,15 @@ def no_admissible_sentence(results) -> str | None:
 
 def _findings_section(results, names: list[str]) -> str:
     """One verdict per notebook (sdperf.findings), each linking to its section."""
-    from sdperf.findings import verdicts
+    from sdperf.findings import Legend, verdicts
 
-    found = verdicts(results, names)
+    legend = Legend()
+    found = verdicts(results, names, legend)
     items = "".join(f"<li><a href='#{_href(n)}'>{_esc(n)}</a>: {v}</li>" for n, v in found.items())
-    return f"<h2 id='findings'>What each notebook found</h2><ul class='findings'>{items}</ul>" if items else ""
+    methods = (f"<p class='legend'>Methods cited above:</p><ul class='legend'>{legend.html()}</ul>"
+               if legend.texts else "")
+    return (f"<h2 id='findings'>What each notebook found</h2><ul class='findings'>{items}</ul>{methods}"
+            if items else "")
 
 
 PUBLISHED_WIDTHS = (12, 16, 21, 25, 5, 21)  # % of the page: source, claim, published, measured, method, why

@@ -68,7 +68,9 @@ def to_input(images: np.ndarray | torch.Tensor) -> torch.Tensor:
     x = torch.as_tensor(images)
     if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[-1] != 3:
         raise ValueError(f"expected uint8 images of shape (N, H, W, 3), got {x.dtype} {tuple(x.shape)}")
-    return x.permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
+    # contiguous NCHW: a channels-last view of the caller's buffer made oneDNN's result depend on that buffer (the
+    # same images, copied, scored up to 1.6e-6 apart), so a twin of identical images would not read exactly 0
+    return x.permute(0, 3, 1, 2).contiguous().float().div(127.5).sub(1.0)
 
 
 def _split(labels: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -76,7 +76,7 @@ class Plan:
     guidances: tuple[float, ...] = (GUIDANCE,)
     n_max: int = 256
     n_step: int = 64
-    doses: tuple[float, ...] = (0.05, 0.2)
+    doses: tuple[float, ...] = (2.0, 4.0)  # the profiles' (params/*.yml say what each cost on the reference model)
     ladder: tuple[int, ...] = converged.LADDER  # the convergence check's step counts (tests use shorter ones)
     check_images: int = converged.CHECK_IMAGES
 
@@ -209,8 +209,9 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
             for g in plan.guidances:
                 ref = refs[g]
                 if pipe is None:
-                    pipe, steps, grad_mode = _pipeline(key, control, stack, ctx, fresh, ref.convergence.steps)
-                got = _sequential(pipe, steps, grad_mode, g, ref, plan, real)
+                    pipe, steps, grad_mode, batch, aligned = _pipeline(key, control, stack, ctx, fresh,
+                                                                       ref.convergence.steps)
+                got = _sequential(pipe, steps, grad_mode, g, ref, plan, real, batch, aligned)
                 rows.append(dict(row, guidance=g, status="ok", steps=steps, note=_facts(ctx.facts), **got))
                 r = rows[-1]
                 say(f"{key} @ {g:g}: n={r['n_images']}, adherence {r['adherence_delta']:+.4f} "
@@ -239,30 +240,41 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
 
 
 def _pipeline(key, control, stack, ctx, fresh, n_converged: int):
-    """(pipeline, steps, grad mode) that renders `key` alone: a sampler its own, anything else the converged one."""
+    """(pipeline, steps, grad mode, prompts per UNet call, aligned) that renders `key` alone: a sampler its own,
+    anything else the converged one; a control at the converged solve's own batch, the twin also in the solve's own
+    chunks (`aligned`: the same computation, so its deltas are exactly 0); a technique at RENDER_BATCH (an engine's
+    static shapes)."""
     if control is not None:
         pipe = fresh(converged.SOLVER)
         if control.noise:
             controls.add_output_noise(pipe, control.noise)
-        return pipe, control.steps or n_converged, "inference_mode"
+        twin = not control.noise and control.steps is None
+        return pipe, control.steps or n_converged, "inference_mode", SOLVE_BATCH, twin
     named = stack.steps is not None  # a stack that names its sampler runs it at its steps
     pipe = stack.apply(fresh("plms" if named else converged.SOLVER), ctx)
-    return pipe, stack.steps if named else n_converged, stack.grad_mode
+    return pipe, stack.steps if named else n_converged, stack.grad_mode, RENDER_BATCH, False
 
 
 def _sequential(pipe, steps: int, grad_mode: str, guidance: float, ref: _Reference, plan: Plan,
-                real: quality.Real) -> dict:
-    """Images in batches of plan.n_step until the adherence intervals settle or plan.n_max is reached."""
-    latents, images = [], []
+                real: quality.Real, batch: int = RENDER_BATCH, aligned: bool = False) -> dict:
+    """Images in batches of plan.n_step until the adherence intervals settle or plan.n_max is reached (`aligned`:
+    each time the whole prefix again, in the reference's own chunks)."""
+    def render(caps: list[str], seeds: list[int]) -> converged.Solve:
+        return converged.Solve(*quality.generate_with_latents(pipe, caps, seeds, guidance, steps, batch=batch,
+                                                               grad_mode=grad_mode))
+
+    done: list[converged.Solve] = []
     n = 0
     while True:
         stop = min(n + plan.n_step, plan.n_max)
-        z, x = quality.generate_with_latents(pipe, ref.captions[n:stop], ref.seeds[n:stop], guidance, steps,
-                                             batch=RENDER_BATCH, grad_mode=grad_mode)
-        latents.append(z)
-        images.append(x)
+        if aligned:
+            done = [converged.Solver(lambda _s, _n, c, d: render(c, d), "", guidance).solve(
+                ref.captions[:stop], ref.seeds[:stop], steps)]
+        else:
+            done.append(render(ref.captions[n:stop], ref.seeds[n:stop]))
         n = stop
-        judged = paired.Judged.of(ref.net, torch.cat(latents), np.concatenate(images), ref.truth[:n])
+        got = converged.Solve.cat(done)
+        judged = paired.Judged.of(ref.net, got.latents, got.images, ref.truth[:n])
         base = ref.first(n)
         if n >= plan.n_max or paired.settled(judged.adherence - base.adherence, judged.soft - base.soft):
             break
