@@ -59,9 +59,9 @@ def test_every_measure_has_its_interval_and_the_sampler_runs_its_own_steps(measu
     assert 0 < r.ssim < 1 and np.isfinite(r.psnr_db_median)
     for name in ("fid", "kid"):  # at 16 images a distance may not resolve its margin: then it must not vote
         v = r[f"{name}_verdict"]
-        assert v in (paired.WITHIN, paired.OVER, paired.UNDECIDED) or v == f"unresolved at n={r.n_images}"
+        assert v in (paired.WITHIN, paired.OVER, paired.UNDECIDED) or v == f"unresolved at n={int(r.n_images)}"
     ref = measured[measured.key.str.startswith(techniques.REFERENCE)]
-    assert len(ref) == 1 and ref.iloc[0].key == f"converged:dpmpp-2m@{ref.iloc[0].steps}"
+    assert len(ref) == 1 and ref.iloc[0].key == f"converged:dpmpp-2m@{int(ref.iloc[0].steps)}"
     conv = measured.attrs["convergence"]
     assert list(conv.steps)[:1] == [5] and (conv.doubled == 2 * conv.steps).all()
     assert conv.iloc[-1].share < 0.05 or not conv.iloc[-1].converged

@@ -156,6 +156,7 @@ def test_the_pareto_front_keeps_only_undominated_points():
     assert list(front.speedup) == [1.0, 2.0, 3.0]
     fid = pd.DataFrame({"speedup": [1.0, 2.0, 3.0], "fid_delta": [0.0, 5.0, 1.0]})
     assert list(ss.pareto(fid, "speedup", "fid_delta", higher_is_better=False).speedup) == [1.0, 3.0]
+    assert ss.pareto(fid.iloc[:0], "speedup", "fid_delta", higher_is_better=False).empty  # nothing judged: no front
 
 
 def test_the_reports_answer_is_written_from_the_headline_rows():

@@ -279,7 +279,7 @@ def pareto(points: pd.DataFrame, speed: str, quality: str, higher_is_better: boo
     p = points.dropna(subset=[speed, quality])
     q = p[quality] if higher_is_better else -p[quality]
     keep = [not ((p[speed] >= s) & (q >= v) & ((p[speed] > s) | (q > v))).any() for s, v in zip(p[speed], q)]
-    return p[keep].sort_values(speed)
+    return p[pd.Series(keep, index=p.index, dtype=bool)].sort_values(speed)  # a plain empty list selects columns
 
 
 def band_of(ratios: pd.DataFrame) -> tuple[float, float]:

@@ -110,7 +110,9 @@ def judged_text(row, verdicts: pd.DataFrame) -> str:
         return (f"lossless: the seeds' fp32 {cand.sampler.split(':', 1)[1]} pictures themselves (its own verdict "
                 f"against the {reference_text(verdicts)}: {_verdict_of(cand.sampler, verdicts)})")
     parts = "; ".join(f"{p} alone {_verdict_of(p, verdicts)}" for p in cand.lossy_parts)
-    return f"judged against the {reference_text(verdicts)}; the stack whole {row.get('quality_verdict')}; {parts}"
+    whole = row.get("quality_verdict")
+    whole = whole if isinstance(whole, str) and whole else "not rendered"
+    return f"judged against the {reference_text(verdicts)}; the stack whole {whole}; {parts}"
 
 
 def _verdict_of(key: str, verdicts: pd.DataFrame) -> str:
