@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdperf import roofline
+from sdperf import environment, roofline
 from sdperf.experiments import quantization as qx
 
 SIZE = 256
@@ -44,8 +44,13 @@ def test_int8_matmul_runs_an_int8_kernel_and_computes_the_fake_quantized_product
     # one activation rounded to the other side of a half step moves an output by at most 128 weight steps
     flip = 128 * roofline.ACTIVATION_HIGH / 255 * np.abs(mm.w).max() / 127
     err = np.abs(out - ref)
-    assert err.max() <= 2 * flip and err.max() < 0.1 * quantization_error, (err.max(), quantization_error)
     assert np.median(err) < 1e-5 * np.abs(ref).max()  # int32 accumulation: exact but for the final f32 scale
+    isa = environment.cpu_isa()
+    if isa.get("avx512_vnni") or isa.get("avx_vnni") or isa.get("amx_int8"):
+        assert err.max() <= 2 * flip and err.max() < 0.1 * quantization_error, (err.max(), quantization_error)
+    else:  # AVX2 without VNNI: u8 x s8 pairs are summed in int16 (vpmaddubsw), which saturates. Measured on an AVX2
+        # EPYC: jit_gemm_I8, 0.21% of 256x256 outputs off by up to 3.2, twice the quantization error; the rest exact
+        assert (err > 2 * flip).mean() < 0.01, (err > 2 * flip).mean()
     assert np.abs(out - exact).max() > 0.5 * quantization_error  # it did quantize: not the f32 product
 
 
