@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from sdperf import drift, worker
+from sdperf import drift, memory, worker
 from sdperf import ledger as ledgers
 from sdperf.optimizations import allocator as allocators
 from sdperf.optimizations.catalog import BASELINE_KEY, Context, Stack
@@ -124,6 +124,13 @@ def death_note(code: int, err: str = "") -> str:
     why = f"signal {-code}" if code < 0 else f"exit code {code}"
     hint = "; out of memory?" if code == -9 else ""
     return f"worker died ({why}{hint}) {err}".strip()
+
+
+def too_big(profile, config: Config) -> str | None:
+    """Why `config` cannot be launched now for memory (its estimate over what is available, both named), or None
+    when it fits: a worker that would be killed for memory is a skipped row instead (sdperf.memory)."""
+    fits, why = memory.preflight(profile, config.stack, config.batch_size)
+    return None if fits else why
 
 
 def launch(spec: dict, *, setting: str = "default", fresh_interpreter: bool = False,
@@ -369,6 +376,14 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
         ok, reason = Stack.of(c.stack).availability(Context(profile, batch_size=c.batch_size))
         if not ok:
             gone[c.name] = {"status": "not_applicable", "note": f"not applicable: {reason}"}
+        elif (why := too_big(profile, c)) is not None:
+            gone[c.name] = {"status": "skipped", "note": why}
+    base_why = too_big(profile, Config(BASELINE, batch_size=b))
+    if base_why is not None:  # nothing is compared without its baseline: every configuration is skipped with it
+        say(f"  {BASELINE}: {base_why}")
+        for c in configs:
+            gone.setdefault(c.name, {"status": "skipped", "note": f"its fp32 eager baseline is {base_why}"})
+        return _measured(book, configs, gone, rounds, b, base_skipped=base_why)
     # every worker of a run starts the same way: from a new interpreter when one configuration that runs needs
     # another allocator (it cannot change inside a process), else from the fork server (~10 s less per worker)
     fresh_interpreter = {Stack.of(c.stack).allocator for c in configs if c.name not in gone} - {"default"} != set()
@@ -381,8 +396,10 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
         say(f"[{i}/{len(plan)}] round {r}: {c.name}")
         spec = _spec(profile, c, r, scratch, overrides or {}, artefacts,
                      save_output=not book.has_output(role, c.stack, b))
-        result, output = launcher(spec, setting=Stack.of(c.stack).allocator, fresh_interpreter=fresh_interpreter,
-                                  timeout_s=getattr(profile, "cell_timeout_s", None))
+        why = too_big(profile, c)  # memory taken since the run began (a neighbour, a leak) counts too
+        result, output = ({"status": "skipped", "note": why}, None) if why is not None else launcher(
+            spec, setting=Stack.of(c.stack).allocator, fresh_interpreter=fresh_interpreter,
+            timeout_s=getattr(profile, "cell_timeout_s", None))
         if result["status"] != "ok":
             failed.add(c.stack)
             say(f"  {c.name}: {result['status']}: {result.get('note', '')}")
@@ -390,11 +407,15 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
     return _measured(book, configs, gone, rounds, b)
 
 
-def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: int, b: int) -> Measured:
+def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: int, b: int,
+              base_skipped: str | None = None) -> Measured:
     """The comparison of `configs` from the ledger: the run's baselines and twin at this batch size, and each
-    configuration's records under its display name here."""
+    configuration's records under its display name here (`base_skipped`: why the baseline could not run)."""
     records = book.records(b)
     rows = [{"config": BASELINE, **r} for r in _entries(records, ledgers.BASELINE_ROLE, BASELINE_KEY)]
+    if base_skipped is not None and not rows:
+        rows.append({"config": BASELINE, "stack": BASELINE_KEY, "round": 0, "status": "skipped",
+                     "note": base_skipped})
     rows += [{"config": TWIN, **r} for r in _entries(records, ledgers.TWIN_ROLE, BASELINE_KEY)]
     outputs = {BASELINE: book.output(ledgers.BASELINE_ROLE, BASELINE_KEY, b),
                TWIN: book.output(ledgers.TWIN_ROLE, BASELINE_KEY, b)}
@@ -436,8 +457,14 @@ def alone(profile, configs: list[Config], *, rounds: int | None = None, scratch:
         k = r % max(len(configs), 1)
         for c in configs[k:] + configs[:k]:
             say(f"round {r}: {c.name}")
-            result, _ = launcher(_spec(profile, c, r, scratch, overrides or {}), setting=Stack.of(c.stack).allocator,
-                                 fresh_interpreter=Stack.of(c.stack).allocator != "default",
-                                 timeout_s=getattr(profile, "cell_timeout_s", None))
+            why = too_big(profile, c)
+            if why is not None:
+                say(f"  {c.name}: {why}")
+                result = {"status": "skipped", "note": why}
+            else:
+                result, _ = launcher(_spec(profile, c, r, scratch, overrides or {}),
+                                     setting=Stack.of(c.stack).allocator,
+                                     fresh_interpreter=Stack.of(c.stack).allocator != "default",
+                                     timeout_s=getattr(profile, "cell_timeout_s", None))
             records.append({"config": c.name, "stack": c.stack, "batch_size": c.batch_size, "round": r, **result})
     return pd.DataFrame(records)

@@ -73,6 +73,18 @@ def _run_baselines(study: Study, b: int) -> pd.DataFrame:
     return pd.DataFrame([{"config": f"{LABEL}, batch {b}", **r} for r in recs])
 
 
+def _record_not_run(study: Study, raw: pd.DataFrame) -> None:
+    """A row per batch size none of whose workers ran (skipped for memory, failed, killed), with the first one's
+    status and note: the reason stays in results.csv beside the batch sizes that did run."""
+    if raw.empty or "status" not in raw:
+        return
+    ran = set(raw.loc[raw.status == "ok", "batch_size"])
+    bad = raw[(raw.status != "ok") & ~raw.batch_size.isin(ran)].drop_duplicates("batch_size")
+    study.recorder.add_many([dict(scenario=f"{LABEL}, batch {int(r.batch_size)}", metric="latency", value=None,
+                                  unit="", status=r.status, note=r.note, key=BASELINE_KEY)
+                             for r in bad.itertuples()])
+
+
 def measure_batches(study: Study, say=print) -> BaselineRuns:
     """The baseline at every batch size of the profile (images per prompt, as in the NeMo table), each in a
     process of its own, the batch sizes in turn for the profile's rounds (rounds.alone): the same worker and
@@ -83,6 +95,7 @@ def measure_batches(study: Study, say=print) -> BaselineRuns:
     raw = pd.concat([rounds.alone(p, configs, say=say) if configs else pd.DataFrame(), *known.values()],
                     ignore_index=True)
     ok = raw[raw.status == "ok"] if len(raw) else raw
+    _record_not_run(study, raw)
     if ok.empty:
         raise RuntimeError(f"every baseline worker failed: {raw.note.dropna().unique().tolist()}")
     fresh = (f"fresh process per batch size, {p.rounds} rounds in turn; median [min-max] over the processes' "
