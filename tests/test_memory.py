@@ -146,3 +146,11 @@ def test_doctor_shows_each_rungs_estimate_and_refuses_over_the_cap(smoke, monkey
     assert any("memory available" in line for line in lines)
     base = next(line for line in lines if line.startswith("fp32 eager baseline workers"))
     assert all(f"batch {b}: skipped: not enough memory" in base for b in smoke.batch_sizes)
+
+
+def test_a_bad_cap_fails_sdperf_run_before_any_notebook(monkeypatch):
+    from sdperf import runner
+
+    monkeypatch.setenv(memory.CAP_ENV, "-5")
+    with pytest.raises(ConfigError, match=r"SDPERF_MEMORY_CAP_MIB='-5' is not valid"):
+        runner.validate("smoke", ["00"])
