@@ -115,6 +115,8 @@ def test_earlier_rows_on_this_machine_replace_the_formula(smoke, scratch_reports
     upsert_rows(results_path(smoke.name), [row, dict(other, notebook="01_half_precision")])
     est = memory.estimate(smoke, BASELINE_KEY, 1)
     assert est.mib == pytest.approx(1234.5) and "results.csv" in est.basis
+    upsert_rows(results_path(smoke.name), [dict(row, hi=1300.25)])  # a row over rounds: its largest worker counts
+    assert memory.estimate(smoke, BASELINE_KEY, 1).mib == pytest.approx(1300.25)
     assert memory.estimate(smoke, BASELINE_KEY, 2).basis.startswith("formula")
 
 

@@ -244,6 +244,8 @@ def formula(profile, stack_key: str, batch_size: int) -> Estimate:
 def _peaks(path: str, mtime_ns: int) -> dict:
     """{(key, batch, machine): largest process peak MiB} of one results.csv as of `mtime_ns` (read once per
     change: the doctor and a run ask for every rung)."""
+    import pandas as pd
+
     from sdperf.results import read_table
 
     try:
@@ -252,8 +254,9 @@ def _peaks(path: str, mtime_ns: int) -> dict:
         return {}
     df = df[df.metric == "process_peak_memory"]
     batch = df.scenario.astype(str).str.extract(r", batch (\d+)$")[0]
+    top = pd.concat([df.value.astype(float), df.hi.astype(float)], axis=1).max(axis=1)  # hi: the largest worker's
     out: dict = {}
-    for key, b, machine, value in zip(df.key, batch, df.machine, df.value):
+    for key, b, machine, value in zip(df.key, batch, df.machine, top):
         if isinstance(b, str) and value == value:
             k = (key, int(b), machine)
             out[k] = max(out.get(k, 0.0), float(value))
