@@ -248,8 +248,12 @@ def describe_failure(exc: BaseException, partial: Path) -> dict:
 
 def watched_kernel_manager():
     """(a kernel manager class for nbclient, the list it appends each kernel's process to): nbclient drops the
-    kernel's process when it finds it dead, and with it the exit status that says which signal killed it."""
+    kernel's process when it finds it dead, and with it the exit status that says which signal killed it. The
+    kernel dies with this process (sdperf.lifeline), and its workers with it: a killed `sdperf run` leaves no
+    kernel measuring on."""
     from jupyter_client import AsyncKernelManager
+
+    from sdperf import lifeline
 
     launched: list = []
 
@@ -257,6 +261,7 @@ def watched_kernel_manager():
         """AsyncKernelManager that keeps a reference to each kernel process it launches."""
 
         async def _async_launch_kernel(self, kernel_cmd, **kw):
+            kw.setdefault("preexec_fn", lifeline.preexec(os.getpid()))
             await super()._async_launch_kernel(kernel_cmd, **kw)
             launched.append(getattr(self.provisioner, "process", None))
 
