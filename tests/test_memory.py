@@ -156,3 +156,17 @@ def test_a_bad_cap_fails_sdperf_run_before_any_notebook(monkeypatch):
     monkeypatch.setenv(memory.CAP_ENV, "-5")
     with pytest.raises(ConfigError, match=r"SDPERF_MEMORY_CAP_MIB='-5' is not valid"):
         runner.validate("smoke", ["00"])
+
+
+def test_a_kernels_own_pipeline_over_the_cap_is_refused_before_it_is_built(smoke, monkeypatch):
+    from sdperf import study as studies
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the pipeline was built")
+
+    monkeypatch.setattr(studies, "build_pipeline", refuse)
+    st = studies.Study(notebook="00_baseline", profile=smoke, env={}, recorder=None)
+    cap = _cap_below(monkeypatch, st.profile)
+    with pytest.raises(memory.NotEnoughMemory, match=rf"building the tiny pipeline in this kernel \(00_baseline\): "
+                                                     rf"not enough memory .*estimated peak .* exceeds the {cap:,} MiB"):
+        st.pipeline("float32")

@@ -26,8 +26,8 @@ def machine_lines(profile: Profile) -> list[str]:
              f"{environment.physical_cores()} cores, {os.cpu_count()} logical CPUs, {environment.memory_gib()} GiB",
              f"ISA present: {have}; absent: {lacking}"]
     room = memory.available()
-    lines.append(f"memory available to a worker now: {room.mib:,.0f} MiB ({room.source}); each rung's peak_estimate_mib "
-                 "is its worker's estimated peak at batch 1 (sdperf.memory)")
+    lines.append(f"memory available to a worker now: {room.mib:,.0f} MiB ({room.source}); each rung's "
+                 "peak_estimate_mib is its worker's estimated peak at batch 1 (sdperf.memory)")
     lines.append("fp32 eager baseline workers: " + "; ".join(
         f"batch {b}: {memory.preflight(profile, 'fp32-eager', b, room=room)[1]}" for b in profile.batch_sizes))
     try:

@@ -297,3 +297,16 @@ def preflight(profile, stack_key: str = "fp32-eager", batch_size: int = 1,
         return False, (f"skipped: not enough memory for {stack_key} at batch {batch_size}: {est.text()} exceeds "
                        f"the {where}")
     return True, f"{est.text()} fits the {where}"
+
+
+class NotEnoughMemory(RuntimeError):
+    """A pipeline this process was about to build cannot fit the memory available (estimate and room named)."""
+
+
+def require(profile, what: str, stack_key: str = "fp32-eager", batch_size: int = 1) -> None:
+    """Raise NotEnoughMemory, naming the estimate and the memory available, when `what` (a pipeline a notebook's
+    kernel builds for itself) cannot fit: a clear error in the cell instead of a kernel killed for memory."""
+    fits, why = preflight(profile, stack_key, batch_size)
+    if not fits:
+        raise NotEnoughMemory(f"{what}: {why.removeprefix('skipped: ')}; free memory (close other processes) or set "
+                              "a smaller resolution or batch in the profile")

@@ -53,8 +53,10 @@ FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
 REUSE_BASELINE_S = 600
 # Imported once by the fork server, so a worker starts with them loaded (nothing is built there). diffusers and
 # transformers import their model modules lazily, on first use: naming them here saves every worker ~1 s.
-PRELOAD = ["sdperf.forkserver_lifeline", "sdperf.worker", "sdperf.measurements", "sdperf.pipelines", "sdperf.optimizations.catalog",
-           "diffusers.models.unets.unet_2d_condition", "diffusers.models.autoencoders.autoencoder_kl",
+# sdperf.forkserver_lifeline comes first: the fork server dies with its launcher before it spends seconds importing.
+PRELOAD = ["sdperf.forkserver_lifeline", "sdperf.worker", "sdperf.measurements", "sdperf.pipelines",
+           "sdperf.optimizations.catalog", "diffusers.models.unets.unet_2d_condition",
+           "diffusers.models.autoencoders.autoencoder_kl",
            "diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion", "transformers.models.clip.modeling_clip",
            "transformers.models.clip.tokenization_clip"]
 
