@@ -1,9 +1,10 @@
 """Will a configuration fit in this machine's memory? Its worker's peak, estimated before anything is built, against
 the memory available now.
 
-Why. An SDXL profile on a 24 GB machine (issue 32) ended as `DeadKernelError: Kernel died`: the kernel's OS killed
-a process for memory, and nothing said so. A configuration that cannot fit is now a `skipped` row that names its
-estimate and the memory available, decided in the launching process before a worker starts.
+Why. An SDXL profile on a 24 GB machine (issue 32) ended as `DeadKernelError: Kernel died`: the system's OOM
+killer killed the notebook's kernel while its worker built a second pipeline, and nothing said so. A configuration
+that cannot fit is now a `skipped` row that names its estimate and the memory available, decided in the launching
+process before a worker starts.
 
 The estimate (every part an allowance, not a measurement, and said to be one):
 - weights: every network's parameter count x 4 bytes, since a worker always builds the fp32 pipeline first and
@@ -16,7 +17,8 @@ The estimate (every part an allowance, not a measurement, and said to be one):
   engine two of the UNet, a frozen compiled UNet one, trainable parameters their gradients);
 - the interpreter and the libraries a worker imports.
 Rows of earlier runs on this machine refine it: when results.csv holds the configuration's own measured process
-peak at this batch on this machine's fingerprint, the largest such peak is the estimate.
+peak at this batch on this machine's fingerprint, the largest such peak is the estimate. (tests/test_memory.py
+holds the formula to within 15% of the fp32 eager process peak the committed cpu report measured.)
 
 The memory available is MemAvailable (/proc/meminfo), lowered to the room left under a cgroup memory limit when
 one is set, and to SDPERF_MEMORY_CAP_MIB when that is set (what the tests use to force a refusal).
