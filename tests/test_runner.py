@@ -177,6 +177,29 @@ def test_timeout_is_reported_at_the_hung_cell(tmp_path, monkeypatch):
     assert (tmp_path / "reports" / "smoke" / "notebooks" / "00_hang.failed.ipynb").is_file()
 
 
+def test_a_killed_kernel_says_which_signal_ended_it_in_the_failure_and_the_summary(tmp_path, monkeypatch):
+    """A kernel ended by SIGKILL (what the OOM killer sends) is not just 'Kernel died': the FAILED line, the stamp
+    and the run's summary name the signal, and memory as the likely cause unless the system says otherwise."""
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
+    make_notebook(tmp_path / "00_killed.ipynb", ["import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"])
+    code, out = run_quiet("smoke", notebooks_dir=tmp_path)
+    assert code == 1
+    line = next(ln for ln in out.splitlines() if ln.startswith("FAILED 00_killed"))
+    assert "cell 2 (DeadKernelError:" in line and "ended by signal 9 (SIGKILL); out of memory" in line
+    summary = out[out.index("notebook"):]
+    assert "failed" in summary and "signal 9 (SIGKILL)" in summary
+    stamp = runner.read_stamp("smoke", "00_killed")
+    assert stamp["error"]["kernel_exit"].startswith("signal 9 (SIGKILL)")
+
+
+def test_a_kernel_that_exits_by_itself_is_not_suspected_of_memory(tmp_path, monkeypatch):
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
+    make_notebook(tmp_path / "00_exits.ipynb", ["import os\nos._exit(3)"])
+    code, out = run_quiet("smoke", notebooks_dir=tmp_path)
+    line = next(ln for ln in out.splitlines() if ln.startswith("FAILED 00_exits"))
+    assert code == 1 and "ended by exit code 3" in line and "memory" not in line
+
+
 def test_index_shows_results_figures_and_links(study):
     reports = study["reports"]
     env = json.loads((reports / "environment.json").read_text())

@@ -22,7 +22,7 @@ def _run(args) -> int:
     from sdperf import runner
 
     with _terminate_as_interrupt():
-        return runner.run(args.profile, only=args.only, force=args.force)
+        return runner.run(args.profile, only=args.only, force=args.force, beside_survivors=args.beside_survivors)
 
 
 @contextlib.contextmanager
@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--only", nargs="+", action="extend", metavar="NAME",
                      help="notebooks to run: full name (00_baseline), number (00) or topic (baseline)")
     run.add_argument("--force", action="store_true", help="rerun notebooks already run for this commit")
+    run.add_argument("--beside-survivors", action="store_true",
+                     help="measure even though workers a killed run left behind still run (named at the start); "
+                     "their memory and cores bias every figure, so the run refuses by default")
     add("profiles", _profiles, "list the profiles and what 'auto' picks here", profile=False)
     add("env", _env, "print the environment record stored beside every number")
     doc = add("doctor", _doctor, "every rung of the catalog with 'will run' or the reason it won't, on this machine "

@@ -17,7 +17,7 @@ WILL_RUN, WONT_RUN = "will run", "won't run"
 
 
 def machine_lines(profile: Profile) -> list[str]:
-    from sdperf import environment
+    from sdperf import environment, memory
 
     isa = environment.cpu_isa()
     have = ", ".join(f for f, on in isa.items() if on) or "none of those checked"
@@ -25,6 +25,11 @@ def machine_lines(profile: Profile) -> list[str]:
     lines = [f"CPU: {environment.cpu_model()} (family/model/stepping {environment.family_model_stepping()}), "
              f"{environment.physical_cores()} cores, {os.cpu_count()} logical CPUs, {environment.memory_gib()} GiB",
              f"ISA present: {have}; absent: {lacking}"]
+    room = memory.available()
+    lines.append(f"memory available to a worker now: {room.mib:,.0f} MiB ({room.source}); each rung's "
+                 "peak_estimate_mib is its worker's estimated peak at batch 1 (sdperf.memory)")
+    lines.append("fp32 eager baseline workers: " + "; ".join(
+        f"batch {b}: {memory.preflight(profile, 'fp32-eager', b, room=room)[1]}" for b in profile.batch_sizes))
     try:
         check_device(profile.name, profile.device, profile.dtype)
         lines.append(f"profile {profile.name!r}: device {profile.device} with {profile.dtype}: available")
@@ -34,10 +39,14 @@ def machine_lines(profile: Profile) -> list[str]:
 
 
 def rungs(profile: Profile) -> list[dict]:
-    """One row per catalog key: its family, notebook, verdict and reason."""
+    """One row per catalog key: its family, notebook, verdict and reason, and its worker's estimated peak memory at
+    batch 1 (sdperf.memory, the estimate the run's preflight compares): a rung that runs here but cannot fit the
+    memory available now won't run, for that reason."""
+    from sdperf import memory
     from sdperf.optimizations import catalog
 
     ctx = catalog.Context(profile)
+    room = memory.available()
     out = []
     for key in catalog.keys():
         tech = catalog.get(key)
@@ -45,8 +54,12 @@ def rungs(profile: Profile) -> list[dict]:
             ok, reason = tech.availability(ctx)
         except Exception as exc:  # noqa: BLE001 - a check that cannot even run is a reason the rung won't
             ok, reason = False, f"its availability check failed: {type(exc).__name__}: {exc}"
+        est = memory.estimate(profile, key, 1)
+        if ok:
+            ok, why = memory.preflight(profile, key, 1, room=room)
+            reason = reason if ok else why
         out.append({"rung": key, "family": tech.family, "notebook": tech.notebook,
-                    "verdict": WILL_RUN if ok else WONT_RUN, "reason": reason})
+                    "verdict": WILL_RUN if ok else WONT_RUN, "peak_estimate_mib": round(est.mib), "reason": reason})
     return out
 
 

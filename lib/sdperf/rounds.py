@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from sdperf import drift, worker
+from sdperf import drift, lifeline, memory, worker
 from sdperf import ledger as ledgers
 from sdperf.optimizations import allocator as allocators
 from sdperf.optimizations.catalog import BASELINE_KEY, Context, Stack
@@ -52,8 +53,10 @@ FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
 REUSE_BASELINE_S = 600
 # Imported once by the fork server, so a worker starts with them loaded (nothing is built there). diffusers and
 # transformers import their model modules lazily, on first use: naming them here saves every worker ~1 s.
-PRELOAD = ["sdperf.worker", "sdperf.measurements", "sdperf.pipelines", "sdperf.optimizations.catalog",
-           "diffusers.models.unets.unet_2d_condition", "diffusers.models.autoencoders.autoencoder_kl",
+# sdperf.forkserver_lifeline comes first: the fork server dies with its launcher before it spends seconds importing.
+PRELOAD = ["sdperf.forkserver_lifeline", "sdperf.worker", "sdperf.measurements", "sdperf.pipelines",
+           "sdperf.optimizations.catalog", "diffusers.models.unets.unet_2d_condition",
+           "diffusers.models.autoencoders.autoencoder_kl",
            "diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion", "transformers.models.clip.modeling_clip",
            "transformers.models.clip.tokenization_clip"]
 
@@ -112,49 +115,75 @@ def schedule(configs: list[Config], rounds: int, *, twin: bool = True,
 # ---------------------------------------------------------------- launching workers
 
 def _fork_context():
+    """The fork server context; the server started from it dies with this process (sdperf.forkserver_lifeline
+    reads this process's pid from the environment it inherits)."""
+    os.environ[lifeline.LAUNCHER_ENV] = str(os.getpid())
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
 
 
-def death_note(code: int, err: str = "") -> str:
-    """Why a worker left no result. Only SIGKILL, what the kernel's OOM killer sends, suggests memory: SIGABRT (6) is
-    the process aborting itself, e.g. glibc catching a double free when a preloaded allocator meets a library that
-    frees with another one (10's stacks under tcmalloc on cpu)."""
-    why = f"signal {-code}" if code < 0 else f"exit code {code}"
-    hint = "; out of memory?" if code == -9 else ""
-    return f"worker died ({why}{hint}) {err}".strip()
+def death_note(code: int, err: str = "", pid: int | None = None, oom_before: int | None = None) -> str:
+    """Why a worker left no result: the signal or exit code that ended it, and whether the system says it ran out
+    of memory (sdperf.lifeline.death_cause). Only SIGKILL, what the kernel's OOM killer sends, suggests memory
+    without that word: SIGABRT (6) is the process aborting itself, e.g. glibc catching a double free when a
+    preloaded allocator meets a library that frees with another one (10's stacks under tcmalloc on cpu)."""
+    return f"worker died ({lifeline.death_cause(code, pid, oom_before)}) {err}".strip()
+
+
+def too_big(profile, config: Config) -> str | None:
+    """Why `config` cannot be launched now for memory (its estimate over what is available, both named), or None
+    when it fits: a worker that would be killed for memory is a skipped row instead (sdperf.memory)."""
+    fits, why = memory.preflight(profile, config.stack, config.batch_size)
+    return None if fits else why
+
+
+def _run_fresh(spec: dict, tmp: str, setting: str, timeout_s: float | None) -> tuple[int | None, str, int]:
+    """A worker in a new interpreter under the allocator `setting`; (exit code or None on timeout, last stderr
+    line, pid). It dies with this process (lifeline.preexec) and has a pid file while it runs."""
+    proc = subprocess.Popen([sys.executable, "-m", "sdperf.worker", json.dumps(spec), tmp],
+                            env=allocators.environment(setting), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lifeline.preexec(os.getpid()))
+    with lifeline.registered(spec["profile"], proc.pid, spec, forkserver=False):
+        try:
+            _, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return None, "", proc.pid
+    return proc.returncode, (stderr.strip().splitlines() or [""])[-1], proc.pid
+
+
+def _run_forked(spec: dict, out: Path, timeout_s: float | None) -> tuple[int | None, str, int]:
+    """A worker forked from the fork server; (exit code or None on timeout, "", pid), with a pid file."""
+    proc = _fork_context().Process(target=worker.run_to, args=(spec, out))
+    proc.start()
+    with lifeline.registered(spec["profile"], proc.pid, spec, forkserver=True):
+        proc.join(timeout_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+            return None, "", proc.pid
+    return proc.exitcode, "", proc.pid
 
 
 def launch(spec: dict, *, setting: str = "default", fresh_interpreter: bool = False,
            timeout_s: float | None = None) -> tuple[dict, object | None]:
-    """Run one worker; (its result, its output or None). A worker that dies or overruns is a failed result."""
+    """Run one worker; (its result, its output or None). A worker that dies or overruns is a failed result that
+    says why (the signal, and memory where the system says so)."""
+    spec = {**spec, "launcher_pid": os.getpid()}
+    oom_before = lifeline.oom_kills()
     with tempfile.TemporaryDirectory(prefix="sdperf-worker-") as tmp:
         out = Path(tmp)
         if fresh_interpreter:
-            try:
-                proc = subprocess.run([sys.executable, "-m", "sdperf.worker", json.dumps(spec), tmp],
-                                      env=allocators.environment(setting), capture_output=True, text=True,
-                                      timeout=timeout_s)
-                code, err = proc.returncode, (proc.stderr.strip().splitlines() or [""])[-1]
-            except subprocess.TimeoutExpired:
-                code, err = None, ""
+            code, err, pid = _run_fresh(spec, tmp, setting, timeout_s)
         else:
-            proc = _fork_context().Process(target=worker.run_to, args=(spec, out))
-            proc.start()
-            proc.join(timeout_s)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-                code = None
-            else:
-                code = proc.exitcode
-            err = ""
+            code, err, pid = _run_forked(spec, out, timeout_s)
         path = out / worker.RESULT
         if code is None:
             return {"status": "failed", "note": f"worker timed out after {timeout_s:.0f} s"}, None
         if not path.is_file():
-            return {"status": "failed", "note": death_note(code, err)}, None
+            return {"status": "failed", "note": death_note(code, err, pid, oom_before)}, None
         result = json.loads(path.read_text())
         output = None
         if (out / worker.OUTPUT).is_file():
@@ -369,6 +398,14 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
         ok, reason = Stack.of(c.stack).availability(Context(profile, batch_size=c.batch_size))
         if not ok:
             gone[c.name] = {"status": "not_applicable", "note": f"not applicable: {reason}"}
+        elif (why := too_big(profile, c)) is not None:
+            gone[c.name] = {"status": "skipped", "note": why}
+    base_why = too_big(profile, Config(BASELINE, batch_size=b))
+    if base_why is not None:  # nothing is compared without its baseline: every configuration is skipped with it
+        say(f"  {BASELINE}: {base_why}")
+        for c in configs:
+            gone.setdefault(c.name, {"status": "skipped", "note": f"its fp32 eager baseline is {base_why}"})
+        return _measured(book, configs, gone, rounds, b, base_skipped=base_why)
     # every worker of a run starts the same way: from a new interpreter when one configuration that runs needs
     # another allocator (it cannot change inside a process), else from the fork server (~10 s less per worker)
     fresh_interpreter = {Stack.of(c.stack).allocator for c in configs if c.name not in gone} - {"default"} != set()
@@ -381,8 +418,10 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
         say(f"[{i}/{len(plan)}] round {r}: {c.name}")
         spec = _spec(profile, c, r, scratch, overrides or {}, artefacts,
                      save_output=not book.has_output(role, c.stack, b))
-        result, output = launcher(spec, setting=Stack.of(c.stack).allocator, fresh_interpreter=fresh_interpreter,
-                                  timeout_s=getattr(profile, "cell_timeout_s", None))
+        why = too_big(profile, c)  # memory taken since the run began (a neighbour, a leak) counts too
+        result, output = ({"status": "skipped", "note": why}, None) if why is not None else launcher(
+            spec, setting=Stack.of(c.stack).allocator, fresh_interpreter=fresh_interpreter,
+            timeout_s=getattr(profile, "cell_timeout_s", None))
         if result["status"] != "ok":
             failed.add(c.stack)
             say(f"  {c.name}: {result['status']}: {result.get('note', '')}")
@@ -390,11 +429,15 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
     return _measured(book, configs, gone, rounds, b)
 
 
-def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: int, b: int) -> Measured:
+def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: int, b: int,
+              base_skipped: str | None = None) -> Measured:
     """The comparison of `configs` from the ledger: the run's baselines and twin at this batch size, and each
-    configuration's records under its display name here."""
+    configuration's records under its display name here (`base_skipped`: why the baseline could not run)."""
     records = book.records(b)
     rows = [{"config": BASELINE, **r} for r in _entries(records, ledgers.BASELINE_ROLE, BASELINE_KEY)]
+    if base_skipped is not None and not rows:
+        rows.append({"config": BASELINE, "stack": BASELINE_KEY, "round": 0, "status": "skipped",
+                     "note": base_skipped})
     rows += [{"config": TWIN, **r} for r in _entries(records, ledgers.TWIN_ROLE, BASELINE_KEY)]
     outputs = {BASELINE: book.output(ledgers.BASELINE_ROLE, BASELINE_KEY, b),
                TWIN: book.output(ledgers.TWIN_ROLE, BASELINE_KEY, b)}
@@ -436,8 +479,14 @@ def alone(profile, configs: list[Config], *, rounds: int | None = None, scratch:
         k = r % max(len(configs), 1)
         for c in configs[k:] + configs[:k]:
             say(f"round {r}: {c.name}")
-            result, _ = launcher(_spec(profile, c, r, scratch, overrides or {}), setting=Stack.of(c.stack).allocator,
-                                 fresh_interpreter=Stack.of(c.stack).allocator != "default",
-                                 timeout_s=getattr(profile, "cell_timeout_s", None))
+            why = too_big(profile, c)
+            if why is not None:
+                say(f"  {c.name}: {why}")
+                result = {"status": "skipped", "note": why}
+            else:
+                result, _ = launcher(_spec(profile, c, r, scratch, overrides or {}),
+                                     setting=Stack.of(c.stack).allocator,
+                                     fresh_interpreter=Stack.of(c.stack).allocator != "default",
+                                     timeout_s=getattr(profile, "cell_timeout_s", None))
             records.append({"config": c.name, "stack": c.stack, "batch_size": c.batch_size, "round": r, **result})
     return pd.DataFrame(records)

@@ -66,7 +66,8 @@ def select(only: list[str] | None, names: list[str]) -> list[str]:
 def validate(profile_name: str | None, only: list[str] | None,
              notebooks_dir: Path | None = None) -> tuple[Profile, list[str]]:
     """Cheap checks first (the folders in the environment, YAML, names, the results table, the profile's notebook
-    parameters), then the device probe that needs torch."""
+    parameters, the memory cap), then the device probe that needs torch."""
+    from sdperf import memory
     from sdperf.results import check_results
 
     paths.resolve_env()  # before any kernel starts: it inherits the absolute folders validated here
@@ -75,6 +76,7 @@ def validate(profile_name: str | None, only: list[str] | None,
     check_outputs(profile.name)
     check_results(profile.name)
     check_weights_manifest(profile)
+    memory.cap_bytes()  # a bad SDPERF_MEMORY_CAP_MIB fails here, naming it, not in the first notebook's preflight
     selected = select(only, notebook_names(notebooks_dir))
     check_notebook_parameters(profile, selected, notebooks_dir)
     return load_profile(profile.name), selected
@@ -292,6 +294,44 @@ def describe_failure(exc: BaseException, partial: Path) -> dict:
             "ename": ename, "evalue": (str(evalue).strip().splitlines() or [""])[0]}
 
 
+def watched_kernel_manager():
+    """(a kernel manager class for nbclient, the list it appends each kernel's process to): nbclient drops the
+    kernel's process when it finds it dead, and with it the exit status that says which signal killed it. The
+    kernel dies with this process (sdperf.lifeline), and its workers with it: a killed `sdperf run` leaves no
+    kernel measuring on."""
+    from jupyter_client import AsyncKernelManager
+
+    from sdperf import lifeline
+
+    launched: list = []
+
+    class WatchedKernelManager(AsyncKernelManager):
+        """AsyncKernelManager that keeps a reference to each kernel process it launches."""
+
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            kw.setdefault("preexec_fn", lifeline.preexec(os.getpid()))
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+            launched.append(getattr(self.provisioner, "process", None))
+
+    return WatchedKernelManager, launched
+
+
+def kernel_died(failure: dict, process, oom_before: int | None) -> dict:
+    """A failure record of a kernel that died, completed with why: the signal or exit code of its process and the
+    system's word on memory (sdperf.lifeline.death_cause), in `evalue` (what the FAILED line and the run's
+    summary show) and as `kernel_exit`."""
+    from sdperf import lifeline
+
+    if process is None or ("dead" not in failure["ename"].lower() and "died" not in failure["evalue"].lower()):
+        return failure
+    code = process.poll()
+    if code is None:  # still running: its death was a lost heartbeat, not an exit
+        return failure
+    cause = lifeline.death_cause(code, process.pid, oom_before)
+    return {**failure, "kernel_exit": cause, "evalue": f"{failure['evalue'].rstrip('.')}: kernel pid {process.pid} "
+            f"ended by {cause}"}
+
+
 def failure_line(name: str, failure: dict) -> str:
     where = f"cell {failure['cell_index']} " if failure.get("cell_index") is not None else ""
     return f"FAILED {name}: {where}({failure['ename']}: {failure['evalue']})"
@@ -326,13 +366,17 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
     fd, tmp_name = paths.sibling_tempfile(out / name, suffix=".ipynb")
     os.close(fd)
     tmp = Path(tmp_name)
+    from sdperf import lifeline
+
+    manager, kernels = watched_kernel_manager()
+    oom_before = lifeline.oom_kills()
     try:
         papermill.execute_notebook(
             str(notebook), str(tmp), parameters=notebook_parameters(profile, name), kernel_name="python3",
             execution_timeout=profile.cell_timeout_s, cwd=str(paths.REPO_ROOT), progress_bar=False,
-            log_output=False, extra_arguments=KERNEL_ARGS)
+            log_output=False, extra_arguments=KERNEL_ARGS, kernel_manager_class=manager)
     except Exception as exc:  # papermill errors, timeouts, dead kernels: all become a failed notebook
-        failure = describe_failure(exc, tmp)
+        failure = kernel_died(describe_failure(exc, tmp), kernels[-1] if kernels else None, oom_before)
         _settle(tmp, failed)
         _remove(final, out / f"{name}.html")
         return failure
@@ -426,9 +470,11 @@ def summary_table(outcomes: list[Outcome]) -> str:
 
     if not outcomes:
         return "no notebooks selected"
-    df = pd.DataFrame([{"notebook": o.name, "status": o.status, "seconds": round(o.seconds, 1)}
-                       for o in outcomes])
-    return df.to_string(index=False)
+    rows = [{"notebook": o.name, "status": o.status, "seconds": round(o.seconds, 1)} for o in outcomes]
+    for row, o in zip(rows, outcomes):  # why a notebook failed (a dead kernel's signal, memory) stays in view
+        if o.failure:
+            row["why"] = f"{o.failure['ename']}: {o.failure['evalue']}"
+    return pd.DataFrame(rows).fillna("").to_string(index=False)
 
 
 def write_environment(profile: Profile) -> Path:
@@ -455,20 +501,40 @@ def _prefetch(profile: Profile, notebooks: list[str], folder: Path) -> float:
 
 
 def run(profile_name: str | None, only: list[str] | None = None, force: bool = False,
-        notebooks_dir: Path | None = None) -> int:
+        notebooks_dir: Path | None = None, beside_survivors: bool = False) -> int:
     """Run the study for one profile; 0 when every selected notebook ran or was already up to date, else 1.
-    One run per profile at a time (sdperf.staging.run_lock): a second fails at once instead of mixing rows."""
+    One run per profile at a time (sdperf.staging.run_lock): a second fails at once instead of mixing rows.
+    Workers a killed run left running are named first, and refused unless `beside_survivors` (check_survivors)."""
     profile, selected = validate(profile_name, only, notebooks_dir)
     os.environ[environment.RUN_ID_ENV] = ""  # a new run id for this run, shared by its notebooks' kernels
     with staging.run_lock(profile.name, environment.run_id()):
-        return _run_locked(profile, selected, force, notebooks_dir)
+        return _run_locked(profile, selected, force, notebooks_dir, beside_survivors)
 
 
-def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_dir: Path | None) -> int:
+def check_survivors(profile: str, beside: bool = False, say=print) -> list[dict]:
+    """Workers and fork servers that a killed launcher of this profile left running (sdperf.lifeline pid files):
+    named with pid and RSS, and a ConfigError unless `beside`, since their memory and cores would bias every
+    figure of the run (and an SDXL survivor holds 14 GB). Returns them."""
+    from sdperf import lifeline
+
+    left = lifeline.survivors(profile)
+    if not left:
+        return left
+    msg = f"processes a killed run left behind are still running: {lifeline.describe(left)}"
+    if not beside:
+        pids = " ".join(str(s["pid"]) for s in left)
+        raise ConfigError(f"{msg}; stop them (kill {pids}) or pass --beside-survivors to measure beside them")
+    say(f"warning: {msg}; measuring beside them (--beside-survivors)")
+    return left
+
+
+def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_dir: Path | None,
+                beside_survivors: bool = False) -> int:
     from tqdm import tqdm
 
     from sdperf import doctor, report
 
+    check_survivors(profile.name, beside_survivors, tqdm.write)
     for name in selected:
         if read_running(profile.name, name) is not None:
             tqdm.write(f"{name}: its last run was interrupted; its previous results stood and it runs again")

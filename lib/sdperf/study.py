@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sdperf import environment, figure_captions, plots
+from sdperf import environment, figure_captions, memory, plots
 from sdperf.generation import Workload
 from sdperf.paths import scratch_dir
 from sdperf.pipelines import build_pipeline
@@ -28,7 +28,10 @@ class Study:
 
     def pipeline(self, dtype: str = "float32"):
         """A freshly built pipeline of the profile's architecture in `dtype` (same seed, same weights: read from
-        the profile's scratch weights cache, which the worker processes share, once a build has saved them)."""
+        the profile's scratch weights cache, which the worker processes share, once a build has saved them).
+        Refused before anything is built when its estimated peak cannot fit the memory available (sdperf.memory):
+        a NotEnoughMemory error naming both, not a kernel killed for memory."""
+        memory.require(self.profile, f"building the {self.profile.arch} pipeline in this kernel ({self.notebook})")
         weights = scratch_dir(self.profile.name) / "weights"
         return build_pipeline(self.profile, dtype=DTYPES[dtype], weights_cache=weights)
 

@@ -196,7 +196,13 @@ def _adopt(env: dict[str, str] | None) -> None:
 
 
 def run_to(spec: dict, out: Path) -> None:
-    """measure(), with its result (or the error that stopped it) written atomically into `out`."""
+    """measure(), with its result (or the error that stopped it) written atomically into `out`. First of all, the
+    worker dies with its parent (the fork server, or the launcher itself) and ends at once if its launcher is
+    already gone (sdperf.lifeline): no worker outlives its run."""
+    from sdperf import lifeline
+
+    lifeline.die_with_parent()
+    lifeline.exit_if_orphaned(spec.get("launcher_pid"))
     import torch
 
     from sdperf.results import atomic_write_bytes, atomic_write_text

@@ -35,7 +35,9 @@ METRICS = (("latency", "latency_s", "s", "median generation at the profile's ste
            ("s_per_image_seed", "s_per_image_seed", "s", "composed from the measured stages at 50 PLMS steps"),
            ("first_call", "first_call_s", "s", "first generation of each process (allocator and kernel warm-up)"),
            ("build", "build_s", "s", "fp32 pipeline built in each process"),
-           ("peak_memory", "peak_memory_mib", "MiB", "the process's own peak RSS over its timed calls"))
+           ("peak_memory", "peak_memory_mib", "MiB", "the process's own peak RSS over its timed calls"),
+           ("process_peak_memory", "process_peak_mib", "MiB",
+            "each worker process's peak RSS, its pipeline's build included (lo/hi: the smallest and largest worker)"))
 
 
 @dataclass
@@ -73,6 +75,18 @@ def _run_baselines(study: Study, b: int) -> pd.DataFrame:
     return pd.DataFrame([{"config": f"{LABEL}, batch {b}", **r} for r in recs])
 
 
+def _record_not_run(study: Study, raw: pd.DataFrame) -> None:
+    """A row per batch size none of whose workers ran (skipped for memory, failed, killed), with the first one's
+    status and note: the reason stays in results.csv beside the batch sizes that did run."""
+    if raw.empty or "status" not in raw:
+        return
+    ran = set(raw.loc[raw.status == "ok", "batch_size"])
+    bad = raw[(raw.status != "ok") & ~raw.batch_size.isin(ran)].drop_duplicates("batch_size")
+    study.recorder.add_many([dict(scenario=f"{LABEL}, batch {int(r.batch_size)}", metric="latency", value=None,
+                                  unit="", status=r.status, note=r.note, key=BASELINE_KEY)
+                             for r in bad.itertuples()])
+
+
 def measure_batches(study: Study, say=print) -> BaselineRuns:
     """The baseline at every batch size of the profile (images per prompt, as in the NeMo table), each in a
     process of its own, the batch sizes in turn for the profile's rounds (rounds.alone): the same worker and
@@ -83,6 +97,7 @@ def measure_batches(study: Study, say=print) -> BaselineRuns:
     raw = pd.concat([rounds.alone(p, configs, say=say) if configs else pd.DataFrame(), *known.values()],
                     ignore_index=True)
     ok = raw[raw.status == "ok"] if len(raw) else raw
+    _record_not_run(study, raw)
     if ok.empty:
         raise RuntimeError(f"every baseline worker failed: {raw.note.dropna().unique().tolist()}")
     fresh = (f"fresh process per batch size, {p.rounds} rounds in turn; median [min-max] over the processes' "
@@ -110,6 +125,19 @@ def measure_batches(study: Study, say=print) -> BaselineRuns:
                   f"{r.share_percent:.1f}% of the generation") for r in stages.itertuples()]
     study.recorder.add_many(recs)
     return BaselineRuns(raw, pd.DataFrame(rows), stages, method)
+
+
+def record_kernel_peak(study: Study) -> float:
+    """This kernel's own peak RSS in MiB, recorded: beside the workers' process peaks it shows what the notebook
+    held (issue 32: a kernel holding a pipeline while its worker built another was killed for memory). Called last,
+    after the kernel's one pipeline served the parameter and FLOP counts."""
+    import resource
+
+    mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    study.recorder.add("00_baseline kernel", "process_peak_memory", mib, "MiB", n=1,
+                       note="this notebook's kernel process: peak RSS (ru_maxrss) over the notebook, its one "
+                       "pipeline built after the workers finished")
+    return mib
 
 
 def roofline(study: Study, pipe, sweep: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,107 @@
+"""One pipeline of the model at a time (issue 32): no notebook holds a pipeline in its kernel while it launches
+fresh-process workers that build their own. An SDXL kernel holding one (14.2 GB) was OOM-killed while its worker
+built a second; the audit below reads the notebooks and the experiment modules, so a cell order that brings that
+back fails here, before anything is run."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+EXPERIMENTS = sorted((REPO / "lib" / "sdperf" / "experiments").glob("*.py"))
+# what starts workers: comparison.run_variants and sdperf.rounds' run/alone
+SEEDS = {"run_variants"}
+ROUNDS_CALLS = {"alone", "run"}
+
+
+def _called(node: ast.AST) -> set[str]:
+    """The names a function body calls: f(...) as 'f', mod.f(...) as 'f' (and rounds.run as 'rounds.run')."""
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            if isinstance(f, ast.Name):
+                out.add(f.id)
+            elif isinstance(f, ast.Attribute):
+                out.add(f.attr)
+                if isinstance(f.value, ast.Name) and f.value.id == "rounds" and f.attr in ROUNDS_CALLS:
+                    out.add("rounds." + f.attr)
+    return out
+
+
+def launching_functions(sources: list[str]) -> set[str]:
+    """Functions of the experiment modules that start workers, directly or through another such function (a
+    fixed point over their call graph by name)."""
+    bodies = {}
+    for src in sources:
+        for node in ast.parse(src).body:
+            if isinstance(node, ast.FunctionDef):
+                bodies.setdefault(node.name, set()).update(_called(node))
+    launching = set(SEEDS)
+    changed = True
+    while changed:
+        changed = False
+        for name, calls in bodies.items():
+            if name not in launching and (calls & launching or calls & {"rounds.alone", "rounds.run"}):
+                launching.add(name)
+                changed = True
+    return launching
+
+
+def held_pipelines(cells: list[str], launching: set[str]) -> list[str]:
+    """Each cell that launches workers while an earlier top-level cell's `X = study.pipeline(...)` still holds its
+    pipeline (not dropped by `del X` or `X = None`)."""
+    held, found = {}, []
+    for i, src in enumerate(cells):
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:  # IPython magics: not Python, and none of them builds a pipeline
+            continue
+        calls = _called(tree) & launching
+        if calls and held:
+            found.append(f"cell {i} calls {', '.join(sorted(calls))} while {', '.join(sorted(held))} "
+                         f"(built in cell {', '.join(str(c) for c in sorted(held.values()))}) holds a pipeline")
+        for node in tree.body:
+            if isinstance(node, ast.Delete):
+                for t in node.targets:
+                    held.pop(getattr(t, "id", None), None)
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+                builds = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                             and n.func.attr == "pipeline" for n in ast.walk(node.value))
+                for name in names:
+                    if builds:
+                        held[name] = i
+                    else:
+                        held.pop(name, None)
+    return found
+
+
+@pytest.fixture(scope="module")
+def launching():
+    return launching_functions([p.read_text() for p in EXPERIMENTS])
+
+
+def test_audit_knows_the_launchers(launching):
+    assert {"measure_batches", "run_variants", "compare_precisions"} <= launching
+    assert "parameter_table" not in launching and "roofline" not in launching
+
+
+def test_audit_catches_a_pipeline_held_across_workers(launching):
+    """The order of 00 before issue 32: the pipeline built, then the batch sweep's workers launched."""
+    cells = ['pipe = study.pipeline("float32")', "runs = baseline.measure_batches(study)"]
+    assert held_pipelines(cells, launching) == [
+        "cell 1 calls measure_batches while pipe (built in cell 0) holds a pipeline"]
+    assert held_pipelines(cells[:1] + ["del pipe"] + cells[1:], launching) == []
+    assert held_pipelines(cells[::-1], launching) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_notebook_holds_a_pipeline_while_workers_run(path, launching):
+    nb = nbformat.read(path, as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    assert held_pipelines(cells, launching) == []
