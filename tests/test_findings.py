@@ -111,3 +111,24 @@ def test_rows_of_another_machine_or_commit_are_refused_and_counted():
     text = findings.verdict("03_attention", shown)
     assert "9.99" not in text and "7.77" not in text and "1.31x" in text
     assert report.one_machine(rows)[1] == ""
+
+
+def test_the_first_screen_names_the_converged_reference_only_once_it_exists():
+    from types import SimpleNamespace
+
+    from sdperf.reference import controls, techniques, transfer
+
+    class Recorder(list):
+        add_many = list.extend
+
+    table = pd.DataFrame([_judged(controls.TWIN, 0.0, 0.0), _judged("tome:0.5", -0.04),
+                          dict(key="converged:dpmpp-2m@25", guidance=7.5, status="ok", steps=25, n_images=128,
+                               adherence=0.99, adherence_lo=0.98, adherence_hi=1.0, domain_fid=30.0, kid=0.1)])
+    study = SimpleNamespace(recorder=Recorder())
+    techniques.record(study, table)
+    rows = pd.DataFrame([_row(**{"notebook": "12_fid_clip", **r}) for r in study.recorder], columns=COLUMNS)
+    text = transfer.sentence(rows)
+    assert "judged against its converged fp32 solve (converged:dpmpp-2m@25)" in text and "may not transfer" in text
+    assert transfer.sentence(_rows(1.3)) is None  # rows of the old scheme only: nothing is claimed
+    t = transfer.table(techniques.overall(techniques.from_rows(rows)))
+    assert list(t.key) == ["tome:0.5"] and t.transfers.iloc[0] == "may not transfer" and "tomesd" in t.published_sd15.iloc[0]

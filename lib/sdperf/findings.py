@@ -128,8 +128,7 @@ def quality_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | N
                  f"(adherence {_num(r.adherence_delta, 3)} [{_num(r.adherence_delta_lo, 3)}-"
                  f"{_num(r.adherence_delta_hi, 3)}], n={int(r.n_images)}); ")
     if len(ctrl):
-        fails = [f"{k} {v}" for k, v in zip(ctrl.key, ctrl.quality_verdict)
-                 if v != (techniques.WITHIN if k == controls.TWIN else techniques.OVER)]
+        fails = [f"{k} {v}" for k, v in zip(ctrl.key, ctrl.quality_verdict) if v != controls.expected(k)]
         text += ("controls as required (twin within, harms over); " if not fails else
                  f"<b>controls failed ({_esc('; '.join(fails))}): the budget cannot be trusted</b>; ")
     counts = judged.quality_verdict.fillna("unjudged").value_counts()

@@ -32,6 +32,11 @@ class Control:
     noise: float = 0.0  # std of the Gaussian added to the UNet's output, per step
 
 
+def expected(key: str) -> str:
+    """What a control must read: the twin "within", every known harm "over"."""
+    return WITHIN if key == TWIN else OVER
+
+
 def noise_key(dose: float) -> str:
     return f"{PREFIX}unet-noise@{dose:g}"
 
@@ -40,11 +45,11 @@ def defaults(doses: tuple[float, ...]) -> tuple[Control, ...]:
     """The run's controls: the twin, the few-step solve and one noise control per dose."""
     from sdperf.reference.converged import SOLVER
 
-    return (Control(TWIN, "fp32 twin of the converged solve (negative control)", WITHIN),
-            Control(f"{PREFIX}{SOLVER}@{FEW_STEPS}", f"{SOLVER}, {FEW_STEPS} steps (positive control)", OVER,
-                    steps=FEW_STEPS),
-            *(Control(noise_key(d), f"Gaussian noise of std {d:g} on the UNet's output (positive control)", OVER,
-                      noise=d) for d in doses))
+    few = f"{PREFIX}{SOLVER}@{FEW_STEPS}"
+    return (Control(TWIN, "fp32 twin of the converged solve (negative control)", expected(TWIN)),
+            Control(few, f"{SOLVER}, {FEW_STEPS} steps (positive control)", expected(few), steps=FEW_STEPS),
+            *(Control(noise_key(d), f"Gaussian noise of std {d:g} on the UNet's output (positive control)",
+                      expected(noise_key(d)), noise=d) for d in doses))
 
 
 def is_control(key: str) -> bool:

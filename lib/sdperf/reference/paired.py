@@ -130,8 +130,9 @@ def resolved(lo: float, hi: float, margin: float) -> bool:
     return margin > 0 and (hi - lo) / 2 <= margin
 
 
-def measures(judged: Judged, base: Judged, real: quality.Real, base_fid: float, base_kid: float) -> dict:
-    """Every paired measure of `judged` against the converged `base`, with intervals."""
+def measures(judged: Judged, base: Judged, real: quality.Real) -> dict:
+    """Every paired measure of `judged` against the converged `base`, with intervals; the distances' margins from
+    `base`'s own FID and KID against `real`."""
     out = dict(n_images=len(judged))
     out["adherence"], out["adherence_lo"], out["adherence_hi"] = quality.mean_interval(judged.adherence)
     out["adherence_delta"], out["adherence_delta_lo"], out["adherence_delta_hi"] = \
@@ -152,6 +153,7 @@ def measures(judged: Judged, base: Judged, real: quality.Real, base_fid: float, 
     out["fid_delta"], out["fid_delta_lo"], out["fid_delta_hi"] = distance_delta(judged.features, base.features,
                                                                               fid_of)
     kid_of = kid_to(real.features)
+    base_fid, base_kid = fid_of(base.features), kid_of(base.features)
     out["kid"] = kid_of(judged.features)
     out["kid_delta"], out["kid_delta_lo"], out["kid_delta_hi"] = distance_delta(judged.features, base.features,
                                                                               kid_of)

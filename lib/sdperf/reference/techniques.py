@@ -276,12 +276,10 @@ def _sequential(pipe, steps: int, grad_mode: str, guidance: float, ref: _Referen
         got = converged.Solve.cat(done)
         judged = paired.Judged.of(ref.net, got.latents, got.images, ref.truth[:n])
         base = ref.first(n)
-        if n >= plan.n_max or paired.settled(judged.adherence - base.adherence, judged.soft - base.soft):
+        settled = paired.settled(judged.adherence - base.adherence, judged.soft - base.soft)
+        if settled or n >= plan.n_max:
             break
-    base_fid, base_kid = quality.domain_fid(base.features, real), paired.kid(base.features, real.features)
-    out = paired.measures(judged, base, real, base_fid, base_kid)
-    out["settled"] = bool(paired.settled(judged.adherence - base.adherence, judged.soft - base.soft))
-    return out
+    return dict(paired.measures(judged, base, real), settled=bool(settled))
 
 
 def _absolute(base: paired.Judged, real: quality.Real) -> dict:
