@@ -275,3 +275,76 @@ def test_only_a_killed_worker_is_suspected_of_running_out_of_memory():
     assert rounds.death_note(-6, "free(): invalid pointer") == ("worker died (signal 6 (SIGABRT)) "
                                                                  "free(): invalid pointer")
     assert rounds.death_note(1, "ValueError: x") == "worker died (exit code 1) ValueError: x"
+
+
+class KilledAt(SlowingMachine):
+    """A simulated machine whose launcher process is SIGKILLed when it starts its `kill_at`-th worker: what a user's
+    Ctrl-\\ or the OOM killer does to `sdperf run` between two workers."""
+
+    def __init__(self, costs, kill_at: int | None = None, **kw):
+        super().__init__(costs, drift=0.0, **kw)
+        self.kill_at, self.rounds = kill_at, []
+
+    def __call__(self, spec, **kw):
+        import os
+        import signal
+
+        if self.kill_at is not None and len(self.launched) + 1 == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.rounds.append((spec["stack"], spec["round"]))
+        return super().__call__(spec, **kw)
+
+
+def _sitting(smoke, ledger, sitting: str, machine, configs):
+    import os
+
+    os.environ["SDPERF_RUN_ID"] = sitting
+    return rounds.run(smoke, configs, rounds=3, launcher=machine, say=lambda _m: None, ledger=ledger)
+
+
+@pytest.mark.parametrize("kill_at", [6, 7], ids=["between rounds", "inside a round"])
+def test_a_killed_run_resumes_at_its_first_unfinished_round_with_each_rounds_own_baselines(smoke, tmp_path,
+                                                                                             monkeypatch, kill_at):
+    """Sitting 1 is SIGKILLed as it launches its 6th worker (round 0 whole, round 1 not begun) or its 7th (one
+    configuration of round 1 written): sitting 2 measures rounds 1 and 2 only, in full. Sitting 2's machine is
+    1.5x slower throughout, so a ratio dividing by the other sitting's baseline would be off by 1.5x."""
+    import multiprocessing
+
+    monkeypatch.setenv("SDPERF_RUN_ID", "unused")
+    costs = {"fp32-eager": 1.0, "grad:no_grad": 0.5, "grad:grad": 2.0}
+    configs = [Config("fast", "grad:no_grad"), Config("slow", "grad:grad")]
+    ledger = tmp_path / "ledger"
+    child = multiprocessing.get_context("fork").Process(
+        target=_sitting, args=(smoke, ledger, "sitting-1", KilledAt(costs, kill_at), configs))
+    child.start()
+    child.join(120)
+    assert child.exitcode == -9  # really killed, by SIGKILL: nothing after the kill ran
+    slower = KilledAt({k: 1.5 * v for k, v in costs.items()}, t0=1e6)
+    m = _sitting(smoke, ledger, "sitting-2", slower, configs)
+    measured = [(s, r) for s, r in slower.rounds if s != "fp32-eager"]
+    assert sorted(measured) == sorted((s, r) for s in ("grad:no_grad", "grad:grad") for r in (1, 2))
+    assert sum(s == "fp32-eager" for s, _ in slower.rounds) == 2 + 3  # the twin's rounds 1-2, and 3 baselines
+    s = m.summary.set_index("config")
+    for name, truth in (("fast", 2.0), ("slow", 0.5), (TWIN, 1.0)):
+        assert s.loc[name, "rounds"] == 3
+        assert s.loc[name, "speedup_lo"] == pytest.approx(truth, rel=1e-6), name
+        assert s.loc[name, "speedup_hi"] == pytest.approx(truth, rel=1e-6), name
+    per_round = m.ratios.set_index(["config", "round"]).baseline_latency_s
+    assert per_round.loc[("fast", 0)] == pytest.approx(1.0) and per_round.loc[("fast", 2)] == pytest.approx(1.5)
+    assert m.sittings == 2 and "rounds from 2 sittings" in m.method
+    again = KilledAt(costs)
+    assert _sitting(smoke, ledger, "sitting-3", again, configs).sittings == 2 and again.launched == []
+
+
+def test_a_ledger_counts_an_earlier_sittings_records_only_up_to_its_last_whole_round(tmp_path):
+    from sdperf.ledger import Ledger
+
+    first = Ledger(tmp_path, sitting="s1")
+    for role, r in (("baseline", 0), ("config", 0), ("baseline", 1)):
+        first.append({"role": role, "stack": "x", "batch_size": 1, "round": r, "status": "ok"})
+    first.close_round(0, 1)
+    first.append({"role": "config", "stack": "x", "batch_size": 1, "round": 1, "status": "ok"})  # then killed
+    assert len(first.records()) == 4  # its own sitting sees everything it wrote
+    later = Ledger(tmp_path, sitting="s2")
+    assert [(r["role"], r["round"]) for r in later.records()] == [("baseline", 0), ("config", 0), ("baseline", 1)]
+    assert later.sittings() == ["s1"]

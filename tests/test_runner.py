@@ -386,3 +386,25 @@ def test_leftover_temp_files_of_a_dead_run_are_removed_and_fresh_ones_kept(tmp_p
     removed = staging.clean_leftovers("smoke")
     assert sorted(removed) == [".staging/run-1", "figures/.00_x__bars.png.ghi789.tmp", "notebooks/.00_x.abc123.ipynb"]
     assert all(p.exists() for p in fresh + keep)  # a temp file that young may be a notebook's live write
+
+
+def test_a_run_keys_its_rounds_by_commit_machine_and_profile_and_clears_the_others(smoke, tmp_path, monkeypatch):
+    """Two runs of one commit, machine and profile share a ledger key (the second resumes the first's rounds);
+    another key's rounds are removed, and --force removes this key's too."""
+    from sdperf import ledger as ledgers
+    from sdperf import paths, runner
+
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path))
+    monkeypatch.delenv(ledgers.KEY_ENV, raising=False)
+    key = runner.resume_rounds(smoke, force=False)
+    assert key == runner.resume_rounds(smoke, force=False) and key.startswith("resumable-")
+    assert ledgers.run_key() == key
+    folder = paths.scratch_dir(smoke.name) / "rounds"
+    mine, other = folder / f"{key}-smoke-abc", folder / "resumable-0123456789abcdef-smoke-abc"
+    for d in (mine, other):
+        d.mkdir(parents=True)
+    runner.resume_rounds(smoke, force=False)
+    assert mine.is_dir() and not other.exists()
+    runner.resume_rounds(smoke, force=True)
+    assert not mine.exists()
+    assert ledgers.resume_key("a", "m", "p") != ledgers.resume_key("b", "m", "p") != ledgers.resume_key("a", "n", "p")

@@ -17,7 +17,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from sdperf import environment, rounds
+from sdperf import rounds
 from sdperf import ledger as ledgers
 from sdperf.optimizations import artefacts
 from sdperf.optimizations.catalog import Stack
@@ -172,7 +172,7 @@ def run_variants(study: Study, items, *, batch_size: int = 1, say: Callable[[str
     n_rounds = rounds_ or getattr(study.profile, "rounds", rounds.MIN_ROUNDS)
     # the run's shared results: what another notebook of this run measured (the baseline, its twin, a technique
     # it owns) is read back, not measured again (sdperf.ledger)
-    shared = scratch / "rounds" / ledgers.name(environment.run_id(), study.profile.name, n_rounds, overrides)
+    shared = scratch / "rounds" / ledgers.name(ledgers.run_key(), study.profile.name, n_rounds, overrides)
     try:
         m = rounds.run(study.profile, cfgs, rounds=n_rounds, scratch=scratch, overrides=overrides, say=say,
                        artefacts=engines, ledger=shared)

@@ -195,6 +195,19 @@ def gpu() -> dict | str:
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
 
 
+def tree_digest(root: Path = REPO_ROOT) -> str:
+    """A digest of the tracked sources' differences from HEAD (reports/ left out), '' on a clean tree: two runs of
+    a dirty tree are the same code only when their diffs are."""
+    import hashlib
+
+    try:
+        diff = subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--", ".", ":(exclude)reports"],
+                              capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return hashlib.sha256(diff).hexdigest()[:16] if diff else ""
+
+
 def fingerprint(device: str = "cpu") -> str:
     """A short id of the machine a number belongs to: CPU model, family/model/stepping, logical CPUs, every ISA
     flag, and the GPU where one is used. Two rows with different fingerprints never share a table."""

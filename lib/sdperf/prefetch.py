@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from sdperf import environment, ledger as ledgers, paths, rounds
+from sdperf import ledger as ledgers, paths, rounds
 from sdperf.errors import ConfigError
 from sdperf.optimizations import artefacts, catalog
 from sdperf.optimizations.catalog import Context, Stack
@@ -162,7 +162,7 @@ def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = Non
     if COMPILE_NOTEBOOK in notebooks and parameters(COMPILE_NOTEBOOK, profile, notebooks_dir).get("cold_cache", True):
         shutil.rmtree(scratch / "inductor", ignore_errors=True)  # 04's round 0 compiles cold (its cold_cache)
     n_rounds = getattr(profile, "rounds", rounds.MIN_ROUNDS)
-    shared = scratch / "rounds" / ledgers.name(environment.run_id(), profile.name, n_rounds, None)
+    shared = scratch / "rounds" / ledgers.name(ledgers.run_key(), profile.name, n_rounds, None)
     engines = scratch / "engines" / f"prefetch-{uuid.uuid4().hex[:8]}"
     say(f"stand-alone rounds up front for {', '.join(owners)}: {len(configs)} configurations, {n_rounds} rounds, "
         f"a baseline after every {EVERY}")

@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from sdperf import drift, lifeline, memory, worker
+from sdperf import drift, environment, lifeline, memory, worker
 from sdperf import ledger as ledgers
 from sdperf.optimizations import allocator as allocators
 from sdperf.optimizations.catalog import BASELINE_KEY, Context, Stack
@@ -61,9 +61,12 @@ PRELOAD = ["sdperf.forkserver_lifeline", "sdperf.worker", "sdperf.measurements",
            "transformers.models.clip.tokenization_clip"]
 
 
-def method(rounds: int) -> str:
+def method(rounds: int, sittings: int = 1) -> str:
+    """The method every compared ratio names; a run resumed after a kill says its rounds came from more than one
+    sitting (sdperf.ledger), each round whole and against baselines of its own sitting."""
+    resumed = f"; rounds from {sittings} sittings (a killed run resumed, each round whole)" if sittings > 1 else ""
     return (f"fresh process per configuration, {rounds} rounds in turn; ratio per round against the fp32 eager "
-            "baseline interpolated to the configuration's time; median [min-max] over rounds")
+            f"baseline interpolated to the configuration's time; median [min-max] over rounds{resumed}")
 
 
 @dataclass(frozen=True)
@@ -87,22 +90,29 @@ def _batch_size(configs: list[Config]) -> int:
     return batches.pop()
 
 
-def schedule(configs: list[Config], rounds: int, *, twin: bool = True,
-             every: int | None = None) -> list[tuple[int, Config]]:
+def schedule(configs: list[Config], rounds: int, *, twin: bool = True, every: int | None = None,
+             done: dict[str, set[int]] | None = None) -> list[tuple[int, Config]]:
     """(round, config) in running order: a baseline, then each round's configurations (the twin among them,
     the order rotated by one each round) followed by a baseline. Baseline k closes round k-1 and opens round k.
     With `every`, a baseline also follows each `every` configurations inside a round, so that in a long round
-    (a whole run's configurations) none is timed further than that from a baseline on either side."""
+    (a whole run's configurations) none is timed further than that from a baseline on either side. `done`: the
+    rounds each configuration (by name) already has (a resumed run): they are left out, and a round with nothing
+    left is skipped whole."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     if every is not None and every < 1:
         raise ValueError(f"every must be >= 1, got {every}")
+    done = done or {}
     b = _batch_size(configs)
     base, others = Config(BASELINE, batch_size=b), list(configs) + ([Config(TWIN, batch_size=b)] if twin else [])
-    seq = [(0, base)]
+    seq = []
     for r in range(rounds):
         k = r % max(len(others), 1)
-        order = others[k:] + others[:k]
+        order = [c for c in others[k:] + others[:k] if r not in done.get(c.name, ())]
+        if others and not order:
+            continue
+        if not seq:
+            seq.append((r, base))
         step = every or max(len(order), 1)
         for i in range(0, len(order), step):
             last = i + step >= len(order)
@@ -110,6 +120,19 @@ def schedule(configs: list[Config], rounds: int, *, twin: bool = True,
         if not order:
             seq.append((r + 1, base))
     return seq
+
+
+def closing(plan: list[tuple[int, Config]]) -> dict[int, int]:
+    """{index in `plan` of the baseline that closes a round: that round}: after it, the round is whole."""
+    if all(c.name == BASELINE for _, c in plan):  # the baseline alone (nothing applicable): one per round
+        return {i: r for i, (r, _) in enumerate(plan)}
+    out, last_round = {}, None
+    for i, (r, c) in enumerate(plan):
+        if c.name != BASELINE:
+            last_round = r
+        elif last_round is not None and r == last_round + 1:
+            out[i], last_round = last_round, None
+    return out
 
 
 # ---------------------------------------------------------------- launching workers
@@ -313,10 +336,11 @@ class Measured:
     noise: dict
     facts: dict = field(default_factory=dict)
     drift: dict = field(default_factory=dict)
+    sittings: int = 1
 
     @property
     def method(self) -> str:
-        return method(self.rounds)
+        return method(self.rounds, self.sittings)
 
     def row(self, config: str) -> dict:
         return self.summary.set_index("config").loc[config].to_dict()
@@ -339,22 +363,27 @@ def _entries(records: list[dict], role: str, stack: str) -> list[dict]:
 
 
 def _plan(configs: list[Config], gone: dict, records: list[dict], rounds: int, b: int,
-          now: float, every: int | None = None) -> list[tuple[int, Config]]:
-    """What is left to launch, given what the ledger already holds: a configuration measured over `rounds`
-    rounds (or failed) is read back; the twin runs once per batch size; a comparison opens on the ledger's last
-    baseline when nothing else ran after it and it is recent."""
-    todo, seen = [], set()
+          now: float, every: int | None = None, sitting: str | None = None) -> list[tuple[int, Config]]:
+    """What is left to launch, given what the ledger already holds: a configuration's rounds already measured
+    (or its failure) are read back and only its missing rounds run; the twin runs once per batch size; a
+    comparison opens on the ledger's last baseline when this sitting wrote it, nothing else ran after it and it is
+    recent (a resumed run opens on a baseline of its own)."""
+    todo, seen, done = [], set(), {}
     for c in configs:
         if c.name in gone or c.stack in seen:
             continue
         seen.add(c.stack)
-        done = _entries(records, ledgers.CONFIG_ROLE, c.stack)
-        bad = next((r for r in done if r["status"] != "ok"), None)
+        mine = _entries(records, ledgers.CONFIG_ROLE, c.stack)
+        bad = next((r for r in mine if r["status"] != "ok"), None)
         if bad:
             gone[c.name] = {"status": bad["status"], "note": bad.get("note", "")}
-        elif len(done) < rounds:
+            continue
+        done[c.name] = {int(r["round"]) for r in mine}
+        if len(done[c.name] & set(range(rounds))) < rounds:
             todo.append(c)
-    twin_done = len([r for r in _entries(records, ledgers.TWIN_ROLE, BASELINE_KEY) if r["status"] == "ok"]) >= rounds
+    twins = [r for r in _entries(records, ledgers.TWIN_ROLE, BASELINE_KEY) if r["status"] == "ok"]
+    done[TWIN] = {int(r["round"]) for r in twins}
+    twin_done = len(done[TWIN] & set(range(rounds))) >= rounds
     have_base = any(r["status"] == "ok" for r in _entries(records, ledgers.BASELINE_ROLE, BASELINE_KEY))
     if not todo and twin_done:
         return []
@@ -362,10 +391,10 @@ def _plan(configs: list[Config], gone: dict, records: list[dict], rounds: int, b
         # nothing to compare (every configuration needs what this machine lacks): no ratio to judge, so no twin;
         # the baseline alone, once per round, still measures what the notebook reads from it (its UNet share)
         return [] if have_base else [(r, Config(BASELINE, batch_size=b)) for r in range(rounds)]
-    plan = schedule(todo, rounds, twin=not twin_done, every=every)
+    plan = schedule(todo, rounds, twin=not twin_done, every=every, done=done)
     last = records[-1] if records else None
     if plan and last and last["role"] == ledgers.BASELINE_ROLE and last.get("status") == "ok" \
-            and now - float(last.get("t_end", 0)) < REUSE_BASELINE_S:
+            and last.get("sitting") == sitting and now - float(last.get("t_end", 0)) < REUSE_BASELINE_S:
         plan = plan[1:]
     return plan
 
@@ -391,7 +420,7 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
         with tempfile.TemporaryDirectory(prefix="sdperf-ledger-") as tmp:
             return run(profile, configs, rounds=rounds, scratch=scratch, overrides=overrides, say=say,
                        launcher=launcher, artefacts=artefacts, ledger=Path(tmp), every=every)
-    book = ledgers.Ledger(ledger)
+    book = ledgers.Ledger(ledger, sitting=environment.run_id())
     launcher = launcher or launch
     gone = {}
     for c in configs:
@@ -409,7 +438,13 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
     # every worker of a run starts the same way: from a new interpreter when one configuration that runs needs
     # another allocator (it cannot change inside a process), else from the fork server (~10 s less per worker)
     fresh_interpreter = {Stack.of(c.stack).allocator for c in configs if c.name not in gone} - {"default"} != set()
-    plan = _plan(configs, gone, book.records(b), rounds, b, time.time(), every)
+    records = book.records(b)
+    plan = _plan(configs, gone, records, rounds, b, time.time(), every, book.sitting)
+    kept = [r for r in records if r["role"] != ledgers.BASELINE_ROLE and r.get("sitting") != book.sitting]
+    if plan and kept:
+        say(f"resuming: {len(kept)} worker results of earlier sittings ({', '.join(book.sittings(b))}) kept, "
+            f"{sum(c.name != BASELINE for _, c in plan)} left to measure")
+    closes = closing(plan)
     failed = set()
     for i, (r, c) in enumerate(plan, start=1):
         role = _role(c)
@@ -426,6 +461,8 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
             failed.add(c.stack)
             say(f"  {c.name}: {result['status']}: {result.get('note', '')}")
         book.append({"role": role, "stack": c.stack, "batch_size": b, "round": r, **result}, output)
+        if i - 1 in closes:
+            book.close_round(closes[i - 1], b)
     return _measured(book, configs, gone, rounds, b)
 
 
@@ -463,7 +500,8 @@ def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: i
                 d = drift.compare(out, outputs[BASELINE])
                 d["verdict"] = drift.verdict(d)
                 drifts[name] = d
-    return Measured(rounds, raw, ratios, summary, bands, facts, drifts)
+    used = {r.get("sitting") for r in rows if r.get("status") == "ok" and r.get("sitting")}
+    return Measured(rounds, raw, ratios, summary, bands, facts, drifts, sittings=max(len(used), 1))
 
 
 def alone(profile, configs: list[Config], *, rounds: int | None = None, scratch: Path | None = None,

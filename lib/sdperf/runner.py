@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdperf import environment, paths, staging
+from sdperf import ledger as ledgers
 from sdperf.errors import ConfigError, short
 from sdperf.profiles import Profile, check_sections, load_profile
 
@@ -188,10 +189,12 @@ def read_stamp(profile: str, name: str) -> dict | None:
         return None
 
 
-def fingerprint(profile: str, notebook: Path, commit: str) -> dict:
-    """What must be unchanged for an earlier run to stand for this one."""
+def fingerprint(profile: str, notebook: Path, commit: str, machine: str | None = None) -> dict:
+    """What must be unchanged for an earlier run to stand for this one: the code, the notebook, the profile and
+    the machine (the CPU model changes between sessions; rows of two machines never share a table)."""
     return {"commit": commit, "profile": profile, "notebook_sha256": sha256_file(notebook),
-            "profile_sha256": sha256_file(paths.params_dir() / f"{profile}.yml")}
+            "profile_sha256": sha256_file(paths.params_dir() / f"{profile}.yml"),
+            "machine": machine or environment.fingerprint()}
 
 
 def is_clean_commit(commit: str) -> bool:
@@ -391,7 +394,7 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
 def up_to_date(notebook: Path, profile: Profile, commit: str, force: bool) -> bool:
     """Whether this run may skip the notebook: its stamp says ok for this commit, notebook and profile, and no
     later run of it was interrupted."""
-    current = fingerprint(profile.name, notebook, commit)
+    current = fingerprint(profile.name, notebook, commit, environment.fingerprint(profile.device))
     return not force and should_skip(read_stamp(profile.name, notebook.stem), current) \
         and (outputs_dir(profile.name) / f"{notebook.stem}.ipynb").is_file() \
         and read_running(profile.name, notebook.stem) is None
@@ -399,7 +402,7 @@ def up_to_date(notebook: Path, profile: Profile, commit: str, force: bool) -> bo
 
 def run_one(notebook: Path, profile: Profile, commit: str, force: bool, say) -> Outcome:
     name = notebook.stem
-    current = fingerprint(profile.name, notebook, commit)
+    current = fingerprint(profile.name, notebook, commit, environment.fingerprint(profile.device))
     if up_to_date(notebook, profile, commit, force):
         say(f"skipped {name}: already run for commit {commit}")
         return Outcome(name, SKIPPED)
@@ -508,7 +511,19 @@ def run(profile_name: str | None, only: list[str] | None = None, force: bool = F
     profile, selected = validate(profile_name, only, notebooks_dir)
     os.environ[environment.RUN_ID_ENV] = ""  # a new run id for this run, shared by its notebooks' kernels
     with staging.run_lock(profile.name, environment.run_id()):
+        resume_rounds(profile, force)
         return _run_locked(profile, selected, force, notebooks_dir, beside_survivors)
+
+
+def resume_rounds(profile: Profile, force: bool) -> str:
+    """Key this run's rounds (sdperf.ledger) by commit, machine and profile, so a killed run's finished rounds are
+    the next run's; the notebooks' kernels inherit the key. Rounds of another commit or machine are removed, and
+    with `force` this key's too (everything is measured again). Returns the key."""
+    key = ledgers.resume_key(environment.git_commit(), environment.fingerprint(profile.device),
+                             sha256_file(paths.params_dir() / f"{profile.name}.yml"), environment.tree_digest())
+    os.environ[ledgers.KEY_ENV] = key
+    ledgers.forget(paths.scratch_dir(profile.name) / "rounds", keep=None if force else key)
+    return key
 
 
 def check_survivors(profile: str, beside: bool = False, say=print) -> list[dict]:

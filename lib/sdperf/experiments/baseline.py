@@ -67,8 +67,9 @@ def _run_baselines(study: Study, b: int) -> pd.DataFrame:
     rounds `sdperf run` measures before the notebooks), when there are at least the profile's rounds of them:
     the same configuration through the same worker, so 00 describes batch `b` from them instead of again."""
     p = study.profile
-    path = scratch_dir(p.name) / "rounds" / ledgers.name(environment.run_id(), p.name, p.rounds, None)
-    recs = [r for r in ledgers.Ledger(path).records(b) if r["stack"] == BASELINE_KEY and r.get("status") == "ok"
+    path = scratch_dir(p.name) / "rounds" / ledgers.name(ledgers.run_key(), p.name, p.rounds, None)
+    book = ledgers.Ledger(path, sitting=environment.run_id())
+    recs = [r for r in book.records(b) if r["stack"] == BASELINE_KEY and r.get("status") == "ok"
             and r["role"] in (ledgers.BASELINE_ROLE, ledgers.TWIN_ROLE)] if path.is_dir() else []
     if len(recs) < p.rounds:
         return pd.DataFrame()
