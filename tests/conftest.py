@@ -41,3 +41,12 @@ def tiny_pipe(smoke):
     from sdperf.pipelines import build_pipeline
 
     return build_pipeline(smoke)
+
+
+@pytest.fixture(autouse=True)
+def own_run_keys(monkeypatch):
+    """A test that runs `sdperf run` in-process sets the run's ledger key and log (sdperf.ledger, sdperf.worker);
+    they end with the test, so the next test keys its rounds by its own run id as a notebook opened alone does."""
+    for name in ("SDPERF_LEDGER_KEY", "SDPERF_LOG"):
+        monkeypatch.setenv(name, "")  # recorded as absent before: removed again after the test
+        monkeypatch.delenv(name)

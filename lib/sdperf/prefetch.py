@@ -149,6 +149,20 @@ def sweep(profile: Profile, notebooks: list[str], measured: rounds.Measured, con
     return [rounds.Config.of(best, None, b) for b in sizes]
 
 
+def _ledger(profile: Profile) -> Path:
+    return scratch_dir(profile.name) / "rounds" / ledgers.name(ledgers.run_key(), profile.name,
+                                                              getattr(profile, "rounds", rounds.MIN_ROUNDS), None)
+
+
+def pending(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None) -> int:
+    """The workers the batch-1 rounds up front still launch (a resumed run: only its missing rounds'); 07's
+    batch sweep, decided from those rounds, is not counted."""
+    configs = plan(profile, notebooks, notebooks_dir)
+    if not configs:
+        return 0
+    return rounds.pending(profile, configs, ledger=_ledger(profile), every=EVERY)
+
+
 def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None,
         say: Callable[[str], None] = print, launcher: Callable | None = None) -> float:
     """Measure the selected notebooks' stand-alone configurations into the run's ledger; the seconds it took.
@@ -162,7 +176,7 @@ def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = Non
     if COMPILE_NOTEBOOK in notebooks and parameters(COMPILE_NOTEBOOK, profile, notebooks_dir).get("cold_cache", True):
         shutil.rmtree(scratch / "inductor", ignore_errors=True)  # 04's round 0 compiles cold (its cold_cache)
     n_rounds = getattr(profile, "rounds", rounds.MIN_ROUNDS)
-    shared = scratch / "rounds" / ledgers.name(ledgers.run_key(), profile.name, n_rounds, None)
+    shared = _ledger(profile)
     engines = scratch / "engines" / f"prefetch-{uuid.uuid4().hex[:8]}"
     say(f"stand-alone rounds up front for {', '.join(owners)}: {len(configs)} configurations, {n_rounds} rounds, "
         f"a baseline after every {EVERY}")

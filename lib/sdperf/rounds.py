@@ -399,6 +399,29 @@ def _plan(configs: list[Config], gone: dict, records: list[dict], rounds: int, b
     return plan
 
 
+def _unavailable(profile, configs: list[Config]) -> dict:
+    """{name: status and note} of the configurations that cannot run here (availability) or now (memory)."""
+    gone = {}
+    for c in configs:
+        ok, reason = Stack.of(c.stack).availability(Context(profile, batch_size=c.batch_size))
+        if not ok:
+            gone[c.name] = {"status": "not_applicable", "note": f"not applicable: {reason}"}
+        elif (why := too_big(profile, c)) is not None:
+            gone[c.name] = {"status": "skipped", "note": why}
+    return gone
+
+
+def pending(profile, configs: list[Config], *, ledger: Path, rounds: int | None = None,
+            every: int | None = None) -> int:
+    """How many workers run() would launch now for `configs` with `ledger`: what a run's expected time needs
+    (sdperf.eta), without launching anything."""
+    rounds = rounds or getattr(profile, "rounds", MIN_ROUNDS)
+    b = _batch_size(configs)
+    book = ledgers.Ledger(ledger, sitting=environment.run_id())
+    return len(_plan(configs, _unavailable(profile, configs), book.records(b), rounds, b, time.time(), every,
+                     book.sitting))
+
+
 def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: Path | None = None,
         overrides: dict | None = None, say: Callable[[str], None] = print,
         launcher: Callable | None = None, artefacts: Path | None = None, ledger: Path | None = None,
@@ -422,13 +445,7 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
                        launcher=launcher, artefacts=artefacts, ledger=Path(tmp), every=every)
     book = ledgers.Ledger(ledger, sitting=environment.run_id())
     launcher = launcher or launch
-    gone = {}
-    for c in configs:
-        ok, reason = Stack.of(c.stack).availability(Context(profile, batch_size=c.batch_size))
-        if not ok:
-            gone[c.name] = {"status": "not_applicable", "note": f"not applicable: {reason}"}
-        elif (why := too_big(profile, c)) is not None:
-            gone[c.name] = {"status": "skipped", "note": why}
+    gone = _unavailable(profile, configs)
     base_why = too_big(profile, Config(BASELINE, batch_size=b))
     if base_why is not None:  # nothing is compared without its baseline: every configuration is skipped with it
         say(f"  {BASELINE}: {base_why}")
@@ -445,12 +462,14 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
         say(f"resuming: {len(kept)} worker results of earlier sittings ({', '.join(book.sittings(b))}) kept, "
             f"{sum(c.name != BASELINE for _, c in plan)} left to measure")
     closes = closing(plan)
-    failed = set()
+    failed, started = set(), time.time()
     for i, (r, c) in enumerate(plan, start=1):
         role = _role(c)
         if c.stack in failed and role == ledgers.CONFIG_ROLE:
             continue
-        say(f"[{i}/{len(plan)}] round {r}: {c.name}")
+        rest = (time.time() - started) / (i - 1) * (len(plan) - i + 1) if i > 1 else None
+        say(f"[{i}/{len(plan)}] round {r}: {c.name}" + (f" (about {rest / 60:.0f} min left in these rounds)"
+                                                        if rest is not None and rest >= 60 else ""))
         spec = _spec(profile, c, r, scratch, overrides or {}, artefacts,
                      save_output=not book.has_output(role, c.stack, b))
         why = too_big(profile, c)  # memory taken since the run began (a neighbour, a leak) counts too

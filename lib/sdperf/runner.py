@@ -13,10 +13,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdperf import environment, paths, staging
+from sdperf import environment, eta, paths, staging
 from sdperf import ledger as ledgers
 from sdperf.errors import ConfigError, short
 from sdperf.profiles import Profile, check_sections, load_profile
+from sdperf.worker import LOG_ENV
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 # the kernel's own log (not the notebook's output): at its default level every kernel printed a warning about TCP
@@ -297,11 +298,12 @@ def describe_failure(exc: BaseException, partial: Path) -> dict:
             "ename": ename, "evalue": (str(evalue).strip().splitlines() or [""])[0]}
 
 
-def watched_kernel_manager():
+def watched_kernel_manager(log: Path | None = None):
     """(a kernel manager class for nbclient, the list it appends each kernel's process to): nbclient drops the
     kernel's process when it finds it dead, and with it the exit status that says which signal killed it. The
     kernel dies with this process (sdperf.lifeline), and its workers with it: a killed `sdperf run` leaves no
-    kernel measuring on."""
+    kernel measuring on. With `log`, the kernel's console output (and its workers', which inherit it) goes there:
+    the console shows the study's progress, the log what the libraries printed."""
     from jupyter_client import AsyncKernelManager
 
     from sdperf import lifeline
@@ -313,7 +315,13 @@ def watched_kernel_manager():
 
         async def _async_launch_kernel(self, kernel_cmd, **kw):
             kw.setdefault("preexec_fn", lifeline.preexec(os.getpid()))
-            await super()._async_launch_kernel(kernel_cmd, **kw)
+            if log is not None:
+                with open(log, "ab") as fh:  # the child keeps its own copy of the descriptor
+                    kw.setdefault("stdout", fh)
+                    kw.setdefault("stderr", fh)
+                    await super()._async_launch_kernel(kernel_cmd, **kw)
+            else:
+                await super()._async_launch_kernel(kernel_cmd, **kw)
             launched.append(getattr(self.provisioner, "process", None))
 
     return WatchedKernelManager, launched
@@ -337,7 +345,7 @@ def kernel_died(failure: dict, process, oom_before: int | None) -> dict:
 
 def failure_line(name: str, failure: dict) -> str:
     where = f"cell {failure['cell_index']} " if failure.get("cell_index") is not None else ""
-    return f"FAILED {name}: {where}({failure['ename']}: {failure['evalue']})"
+    return f"FAILED {name}: {where}({failure['ename']}: {failure['evalue']}); console output in {name}.log"
 
 
 def _settle(tmp: Path, dest: Path) -> None:
@@ -371,8 +379,11 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
     tmp = Path(tmp_name)
     from sdperf import lifeline
 
-    manager, kernels = watched_kernel_manager()
+    log = out / f"{name}.log"
+    log.write_text("")
+    manager, kernels = watched_kernel_manager(log)
     oom_before = lifeline.oom_kills()
+    os.environ[LOG_ENV] = str(log)
     try:
         papermill.execute_notebook(
             str(notebook), str(tmp), parameters=notebook_parameters(profile, name), kernel_name="python3",
@@ -386,6 +397,8 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
     except BaseException:  # interrupted (Ctrl-C, SIGTERM): not a result; the earlier complete run stands
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        os.environ.pop(LOG_ENV, None)
     _settle(tmp, final)
     _remove(failed, out / f"{name}.failed.html")
     return None
@@ -489,18 +502,53 @@ def write_environment(profile: Profile) -> Path:
     return path
 
 
-def _prefetch(profile: Profile, notebooks: list[str], folder: Path) -> float:
+def _prefetch(profile: Profile, notebooks: list[str], folder: Path, workers: int) -> float:
     """The notebooks' stand-alone comparisons in one schedule (sdperf.prefetch); a failure there only means each
-    notebook measures its own, as when it runs alone."""
+    notebook measures its own, as when it runs alone. Its time and `workers` (launched at batch 1) are stamped
+    for the next run's expected time (sdperf.eta)."""
     from tqdm import tqdm
 
     from sdperf import prefetch
+    from sdperf.results import atomic_write_text
 
+    started = time.time()
+    out = outputs_dir(profile.name)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "rounds-up-front.log"
+    log.write_text("")
+    os.environ[LOG_ENV] = str(log)
     try:
-        return prefetch.run(profile, notebooks, folder, say=tqdm.write)
+        seconds = prefetch.run(profile, notebooks, folder, say=tqdm.write)
     except Exception as exc:  # noqa: BLE001 - the notebooks still measure everything themselves
         tqdm.write(f"stand-alone rounds up front failed ({type(exc).__name__}: {exc}); each notebook measures its own")
         return 0.0
+    finally:
+        os.environ.pop(LOG_ENV, None)
+    if workers:
+        stamp = {"part": eta.ROUNDS, "status": OK, "workers": workers, "machine": environment.fingerprint(profile.device),
+                 "commit": environment.git_commit(), "run_id": environment.run_id(), "started_utc": _utc(started),
+                 "finished_utc": _utc(time.time()), "duration_s": round(seconds, 3)}
+        atomic_write_text(outputs_dir(profile.name) / eta.ROUNDS_STAMP, json.dumps(stamp, indent=2) + "\n")
+    return seconds
+
+
+def expected_parts(profile: Profile, stale: list[str], folder: Path) -> tuple[list, int]:
+    """Each part of this run with its expected seconds (sdperf.eta): the rounds up front, then every notebook that
+    runs (an up-to-date one is skipped and costs nothing); and the workers the rounds launch."""
+    from sdperf import prefetch
+
+    machine = environment.fingerprint(profile.device)
+    try:
+        on_record = json.loads((paths.profile_reports(profile.name) / "environment.json").read_text())
+        cpu = on_record.get("cpu_model", "") if isinstance(on_record, dict) else ""
+    except (OSError, ValueError):
+        cpu = ""
+    try:
+        workers = prefetch.pending(profile, stale, folder)
+    except Exception:  # noqa: BLE001 - the rounds then fail (and say why) where they run; no estimate here
+        workers = 0
+    parts = [eta.rounds(outputs_dir(profile.name) / eta.ROUNDS_STAMP, workers, machine, cpu)] if workers else []
+    return parts + [eta.notebook(stamp_path(profile.name, n), n, machine, cpu) for n in stale], workers
 
 
 def run(profile_name: str | None, only: list[str] | None = None, force: bool = False,
@@ -564,12 +612,19 @@ def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_di
     # What could run here, judged before anything is built: the catalog's rungs are the study notebooks' rungs, so a
     # run of another notebooks folder (the tests' stand-ins) has nothing for the doctor to judge.
     found = doctor.record(profile) if notebooks_dir is None else None
-    prefetch_s = _prefetch(profile, stale, folder)
-    outcomes = []
+    parts, workers = expected_parts(profile, stale, folder)
+    tqdm.write(eta.plan_text(parts))
+    prefetch_s = _prefetch(profile, stale, folder, workers)
+    outcomes, done = [], {eta.ROUNDS}
     with tqdm(selected, desc=f"sdperf {profile.name}", unit="notebook") as bar:
         for name in bar:
             bar.set_postfix_str(name)
+            if name in stale:
+                mine = next((p for p in parts if p.part == name), None)
+                tqdm.write(f"{name}: expected {eta.minutes(mine.seconds if mine else None)}; "
+                           f"about {eta.minutes(eta.left(parts, done))} left in the run")
             outcomes.append(run_one(folder / f"{name}.ipynb", profile, commit, force, tqdm.write))
+            done.add(name)
     staging.remove_run(profile.name, run_id)
     write_environment(profile)  # at the end: a run killed before this leaves the last finished run's record
     if found is not None:

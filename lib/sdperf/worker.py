@@ -195,6 +195,28 @@ def _adopt(env: dict[str, str] | None) -> None:
     os.environ.update(env)
 
 
+LOG_ENV = "SDPERF_LOG"
+
+
+def to_log() -> None:
+    """Send this process's console output (libraries' progress bars, tracer warnings, C++ log lines) to the log of
+    the part of `sdperf run` that launched it (LOG_ENV, a notebook's or the rounds' .log beside its executed copy):
+    the console shows the study's own progress. A worker launched from a new interpreter already has its output
+    piped to its launcher; a forked one inherits the console and needs this."""
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:  # a log that cannot be opened must not stop a measurement
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def run_to(spec: dict, out: Path) -> None:
     """measure(), with its result (or the error that stopped it) written atomically into `out`. First of all, the
     worker dies with its parent (the fork server, or the launcher itself) and ends at once if its launcher is
@@ -208,6 +230,7 @@ def run_to(spec: dict, out: Path) -> None:
     from sdperf.results import atomic_write_bytes, atomic_write_text
 
     _adopt(spec.get("env"))
+    to_log()
     out = Path(out)
     try:
         result, output = measure(spec)
