@@ -2,6 +2,8 @@
 enter a table."""
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -37,11 +39,24 @@ def _rows(best: float) -> pd.DataFrame:
 @pytest.mark.parametrize("best", [1.31, 2.47])
 def test_the_speed_finding_is_written_from_the_rows(best):
     text = findings.verdict("03_attention", _rows(best))
-    assert f"<b>tome:0.3</b>, {best:.2f}x [{best - 0.05:.2f}-{best + 0.04:.2f}] per image over fp32 eager" in text
-    assert "faster than the noise floor (0.94-1.06x)" in text and f"method: {METHOD}" in text
+    assert f"<b>tome:0.3</b> {best:.2f}x [{best - 0.05:.2f}-{best + 0.04:.2f}] per image over fp32 eager" \
+        f" PLMS-50, faster (method: {METHOD})" in text
     assert "fastest of 2" in text  # the twin is the floor, not a contender
     assert "1 faster" in text and "1 slower" in text
-    assert "1 not applicable (e.g. not applicable: no cuDNN kernel on a CPU)" in text
+    assert text.endswith("; 1 not applicable.")  # the reason is in the notebook's table, not the first screen
+
+
+def test_every_finding_of_the_committed_report_is_one_short_sentence():
+    """Issue 33: the first screen holds the answer and 14 findings; each cites its method by label and stays short."""
+    from sdperf import paths
+
+    from sdperf.results import read_table
+
+    rows, _ = report.one_machine(read_table(paths.REPO_ROOT / "reports" / "cpu" / "results.csv"))
+    names = sorted(rows["notebook"].dropna().unique())
+    said = findings.verdicts(rows, names, findings.Legend())
+    long = {n: len(v) for n, v in said.items() if len(re.sub("<[^>]+>", "", v)) > 320}
+    assert len(said) == 14 and not long
 
 
 def test_a_method_is_cited_by_label_and_written_once_in_the_legend():
@@ -98,7 +113,7 @@ def test_a_notebook_without_comparisons_says_what_it_measured():
     rows = pd.DataFrame([_row(notebook="05_cuda_graphs", scenario="CUDA graph", metric="latency",
                               status="not_applicable", note="not applicable: needs an NVIDIA GPU")], columns=COLUMNS)
     assert findings.verdict("05_cuda_graphs", rows) == \
-        "nothing measured; 1 not applicable (e.g. not applicable: needs an NVIDIA GPU)."
+        "nothing measured; 1 not applicable."
 
 
 def test_rows_of_another_machine_or_commit_are_refused_and_counted():

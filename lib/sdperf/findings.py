@@ -63,13 +63,10 @@ def _band(note: str) -> str:
 
 
 def _not_measured(rows: pd.DataFrame) -> str:
-    """'; 2 not applicable here (…), 1 failed (…)': what the notebook could not measure, with the first reason."""
-    parts = []
-    for status in NOT_MEASURED:
-        mine = rows[rows["status"] == status]
-        if len(mine):
-            reason = str(mine["note"].iloc[0]).split("; ")[0][:140]
-            parts.append(f"{len(mine)} {status.replace('_', ' ')} (e.g. {_esc(reason)})")
+    """'; 2 not applicable, 1 failed': what the notebook could not measure (each reason is in its table and the
+    summary below: a first screen of 14 sentences has no room for them)."""
+    parts = [f"{n} {status.replace('_', ' ')}" for status in NOT_MEASURED
+             if (n := int((rows["status"] == status).sum()))]
     return "; " + ", ".join(parts) if parts else ""
 
 
@@ -88,11 +85,10 @@ def speed_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | Non
     best = ok.loc[ok["value"].astype(float).idxmax()]
     bands = ok["note"].astype(str).str.extract(_BAND)[0].fillna("no band").value_counts()
     counts = ", ".join(f"{n} {w}" for w, n in bands.items())
-    band = _band(best["note"])
-    return (f"fastest of {len(ok)}: <b>{_esc(best['scenario'].removesuffix(', batch 1'))}</b>, "
-            f"{_range(best)} per image over fp32 eager at 50 PLMS steps"
-            f"{', ' + band if band else ''} {_method(legend, best['method'])}; all {len(ok)} against the floor: "
-            f"{_esc(counts)}")
+    word = _BAND.search(str(best["note"]))
+    return (f"fastest of {len(ok)}: <b>{_esc(best['scenario'].removesuffix(', batch 1'))}</b> "
+            f"{_range(best)} per image over fp32 eager PLMS-50{', ' + word.group(1) if word else ''} "
+            f"{_method(legend, best['method'])}; all {len(ok)}: {_esc(counts)}")
 
 
 def baseline_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | None:
