@@ -16,12 +16,12 @@ def test_each_part_is_expected_from_its_last_run_here_or_says_where_its_figure_c
     there = eta.notebook(_stamp(tmp_path / "b.json", duration_s=60.0, machine="m2"), "b", "m1", "Intel Xeon")
     failed = eta.notebook(_stamp(tmp_path / "c.json", duration_s=5.0, machine="m1", status="failed"), "c", "m1")
     assert (here.seconds, there.seconds, failed.seconds) == (120.0, 60.0, None)
-    assert here.source.startswith("last run here") and "on Intel Xeon" in there.source
+    assert here.source.startswith("the last run here (2026") and "on Intel Xeon" in there.source
     r = eta.rounds(_stamp(tmp_path / "r.json", duration_s=1000.0, workers=100, machine="m1"), 30, "m1")
     assert r.seconds == 300.0 and "10 s per worker x 30" in r.source  # a resumed run launches fewer workers
     assert eta.rounds(tmp_path / "missing.json", 0, "m1").seconds == 0.0
     text = eta.plan_text([r, here, there])
-    assert text.startswith("expected time: about 8 min") and "last run here" in text and "Intel Xeon" in text
+    assert text.startswith("expected time: about 8 min; from the last run here, the profile's last run on record, on Intel Xeon")
     assert eta.plan_text([r, here, failed]).startswith("expected time: at least 7 min") and "c" in \
         eta.plan_text([r, here, failed]).split("no run on record of ")[1]
     assert eta.left([r, here, there], {eta.ROUNDS}) == 180.0

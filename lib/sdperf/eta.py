@@ -25,6 +25,7 @@ class Expected:
     part: str
     seconds: float | None
     source: str
+    kind: str = ""  # "here", or where the figure was taken (the profile's run on record, its CPU)
 
 
 def _read(path: Path) -> dict | None:
@@ -35,10 +36,14 @@ def _read(path: Path) -> dict | None:
     return stamp if isinstance(stamp, dict) and isinstance(stamp.get("duration_s"), (int, float)) else None
 
 
-def _source(stamp: dict, machine: str, cpu_on_record: str) -> str:
+def _kind(stamp: dict, machine: str, cpu_on_record: str) -> str:
     if stamp.get("machine") == machine:
-        return f"last run here ({stamp.get('finished_utc', '?')})"
+        return "the last run here"
     return f"the profile's last run on record, on {cpu_on_record or 'another machine'}"
+
+
+def _source(stamp: dict, machine: str, cpu_on_record: str) -> str:
+    return f"{_kind(stamp, machine, cpu_on_record)} ({stamp.get('finished_utc', '?')})"
 
 
 def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "") -> Expected:
@@ -47,7 +52,8 @@ def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "")
     stamp = _read(stamp_path)
     if stamp is None or stamp.get("status") != "ok":
         return Expected(name, None, "no complete run on record")
-    return Expected(name, float(stamp["duration_s"]), _source(stamp, machine, cpu_on_record))
+    return Expected(name, float(stamp["duration_s"]), _source(stamp, machine, cpu_on_record),
+                    _kind(stamp, machine, cpu_on_record))
 
 
 def rounds(stamp_path: Path, workers_left: int, machine: str, cpu_on_record: str = "") -> Expected:
@@ -59,7 +65,8 @@ def rounds(stamp_path: Path, workers_left: int, machine: str, cpu_on_record: str
         return Expected(ROUNDS, None, "no run on record")
     per = float(stamp["duration_s"]) / int(stamp["workers"])
     return Expected(ROUNDS, per * workers_left,
-                    f"{per:.0f} s per worker x {workers_left}, {_source(stamp, machine, cpu_on_record)}")
+                    f"{per:.0f} s per worker x {workers_left}, {_source(stamp, machine, cpu_on_record)}",
+                    _kind(stamp, machine, cpu_on_record))
 
 
 def minutes(seconds: float | None) -> str:
@@ -76,7 +83,7 @@ def plan_text(parts: list[Expected]) -> str:
     total = sum(p.seconds for p in known)
     if not known:
         return "expected time: unknown (no run of these parts on record here or in the profile's report)"
-    sources = sorted({p.source.split(" (")[0] for p in known if p.seconds})
+    sources = sorted({p.kind for p in known if p.kind})
     head = f"expected time: {'at least ' if unknown else 'about '}{minutes(total)}"
     tail = f"; from {', '.join(sources)}" if sources else ""
     return head + tail + (f"; no run on record of {', '.join(unknown)}" if unknown else "")
