@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sdperf import environment
 from sdperf.optimizations import artefacts
 
 
@@ -30,7 +31,8 @@ def test_built_once_then_loaded(tmp_path):
 
     first = artefacts.cached(tmp_path, "k", build)
     second = artefacts.cached(tmp_path, "k", build)
-    assert len(calls) == 1 and first[1:] == ({"export_s": 1.5}, False) and second[1:] == ({"export_s": 1.5}, True)
+    built = {"export_s": 1.5, "built_by": environment.run_id()}  # the run that built it: said on a later run's load
+    assert len(calls) == 1 and first[1:] == (built, False) and second[1:] == (built, True)
     assert (second[0] / "model.bin").read_bytes() == b"weights"
 
 
@@ -48,3 +50,40 @@ def test_a_failed_or_interrupted_build_leaves_nothing_that_loads(tmp_path):
     assert not hit and (folder / "model.bin").read_bytes() == b"new"
     artefacts.clear(tmp_path)
     assert not tmp_path.exists()
+
+
+def test_the_cross_run_cache_names_the_run_that_built_an_artefact_and_keeps_within_its_cap(tmp_path, monkeypatch):
+    """A later run loads what an earlier one built and says so, with that build's time; the shared folder is
+    trimmed least recently used first; a cap of 0 gives each comparison a private folder that is removed."""
+    import os
+
+    monkeypatch.setenv("SDPERF_RUN_ID", "run-1")
+    root, shared = artefacts.root_for(tmp_path, "07")
+    assert shared and root == artefacts.shared_root(tmp_path)
+
+    def build(size):
+        def make(folder):
+            (folder / "blob").write_bytes(b"x" * size)
+            return {"export_s": 12.5}
+        return make
+
+    _, facts, hit = artefacts.cached(root, "a", build(1000))
+    assert not hit and artefacts.origin(facts, hit) == "converted into the run's cache"
+    assert artefacts.origin(*artefacts.cached(root, "a", build(1000))[1:]) == "loaded from the run's cache"
+    monkeypatch.setenv("SDPERF_RUN_ID", "run-2")
+    _, facts, hit = artefacts.cached(root, "a", build(1000))
+    assert hit and artefacts.origin(facts, hit) == "loaded from the cache of an earlier run (run-1; its build took 12 s)"
+    artefacts.cached(root, "b", build(1000))
+    os.utime(root / "b" / artefacts.DONE, (1, 1))  # b: least recently used
+    (root / artefacts.PLUGIN_CACHE).mkdir()
+    (root / artefacts.PLUGIN_CACHE / "blob.bin").write_bytes(b"y" * 500)
+    assert artefacts.trim(root, 1800) == ["b"] and (root / "a").is_dir()
+    monkeypatch.setenv(artefacts.CACHE_ENV, "0")
+    private, shared = artefacts.root_for(tmp_path, "07")
+    assert not shared and private != root
+    private.mkdir(parents=True)
+    artefacts.release(private, shared)
+    assert not private.exists() and (root / "a").is_dir()
+    monkeypatch.setenv(artefacts.CACHE_ENV, "lots")
+    with pytest.raises(Exception, match="SDPERF_ENGINE_CACHE_GIB='lots'"):
+        artefacts.cache_gib()

@@ -10,7 +10,6 @@ stand-alone row by key.
 from __future__ import annotations
 
 import gc
-import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -102,6 +101,15 @@ def _table(m: rounds.Measured, cfgs: list[Config]) -> pd.DataFrame:
     return s.sort_values("_o").drop(columns="_o").reindex(columns=COLUMNS).reset_index(drop=True)
 
 
+def _setup_note(cmp: Comparison, variant: str) -> str:
+    """The first round's set-up: cold, or (sdperf.optimizations.artefacts) its engine loaded from an earlier run's
+    cache, which names that run and its build time."""
+    origin = str((cmp.facts.get(variant) or {}).get("artefact", ""))
+    if "earlier run" in origin:
+        return f"techniques applied, first round: engine {origin}"
+    return "techniques applied (export, build, quantize), first round: cold caches"
+
+
 def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
     """Every configuration's rows in results.csv, each with its method and its range over rounds."""
     m, rec, rows = cmp.measured, study.recorder, []
@@ -125,8 +133,8 @@ def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
                              lo=g.get(col + "_lo"), hi=g.get(col + "_hi"), note=note, **common))
         rows += [dict(scenario=scenario, metric="build", value=r.build_s, unit="s", note="fp32 pipeline built, "
                       "first round", **common),
-                 dict(scenario=scenario, metric="setup", value=r.setup_s, unit="s",
-                      note="techniques applied (export, build, quantize), first round: cold caches", **common),
+                 dict(scenario=scenario, metric="setup", value=r.setup_s, unit="s", note=_setup_note(cmp, r.variant),
+                      **common),
                  dict(scenario=scenario, metric="first_call", value=r.first_call_s, unit="s",
                       note="first call, first round: a generation of the profile's first_call_steps (lazy "
                       "compilation lands here)", **common),
@@ -168,7 +176,7 @@ def run_variants(study: Study, items, *, batch_size: int = 1, say: Callable[[str
     notebook that reads configurations another notebook owns and records, such as 10's search its parts)."""
     cfgs = configs(items, batch_size)
     scratch = scratch_dir(study.profile.name)
-    engines = scratch / "engines" / f"{study.notebook}-{uuid.uuid4().hex[:8]}"
+    engines, cross_run = artefacts.root_for(scratch, study.notebook)
     n_rounds = rounds_ or getattr(study.profile, "rounds", rounds.MIN_ROUNDS)
     # the run's shared results: what another notebook of this run measured (the baseline, its twin, a technique
     # it owns) is read back, not measured again (sdperf.ledger)
@@ -176,8 +184,8 @@ def run_variants(study: Study, items, *, batch_size: int = 1, say: Callable[[str
     try:
         m = rounds.run(study.profile, cfgs, rounds=n_rounds, scratch=scratch, overrides=overrides, say=say,
                        artefacts=engines, ledger=shared)
-    finally:  # engines exported for this comparison: gigabytes each on SD 1.5, and not reused by the next one
-        artefacts.clear(engines)
+    finally:  # engines are gigabytes each on SD 1.5: the cross-run cache is trimmed to its cap, a private folder goes
+        artefacts.release(engines, cross_run)
     cmp = Comparison.of(m, cfgs)
     if store:
         record(study, cmp, batch_size)

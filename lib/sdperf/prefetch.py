@@ -20,7 +20,6 @@ import contextlib
 import ctypes
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -177,7 +176,7 @@ def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = Non
         shutil.rmtree(scratch / "inductor", ignore_errors=True)  # 04's round 0 compiles cold (its cold_cache)
     n_rounds = getattr(profile, "rounds", rounds.MIN_ROUNDS)
     shared = _ledger(profile)
-    engines = scratch / "engines" / f"prefetch-{uuid.uuid4().hex[:8]}"
+    engines, cross_run = artefacts.root_for(scratch, "prefetch")
     say(f"stand-alone rounds up front for {', '.join(owners)}: {len(configs)} configurations, {n_rounds} rounds, "
         f"a baseline after every {EVERY}")
     try:
@@ -188,5 +187,5 @@ def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = Non
             rounds.run(profile, [c], rounds=n_rounds, scratch=scratch, say=say, artefacts=engines, ledger=shared,
                        every=EVERY, launcher=launcher)
     finally:
-        artefacts.clear(engines)
+        artefacts.release(engines, cross_run)
     return time.time() - started

@@ -1,4 +1,4 @@
-"""Exported engine artefacts kept on disk between the worker processes of one comparison.
+"""Exported engine artefacts kept on disk between the worker processes of a run, and across runs.
 
 Every configuration runs in a fresh process in every round (sdperf.rounds), so without a cache each round would
 export SD 1.5's UNet again (tens of seconds, 3.4 GB of ONNX). Each comparison gets a folder of its own
@@ -8,6 +8,13 @@ UNet's weights), and later workers load it. The folder appears under its final n
 under a temporary name, then renamed), so a killed build never leaves a half-written engine that a later worker
 would load. Set-up time then reads "built" in the first round and "loaded" in the others: the worker reports
 both (rounds.summarize: setup_s of the first round, setup_warm_s of the later ones).
+
+Across runs. An artefact is pure in what names it (engine, exporter, shapes, library versions, weights), so a later
+run on the same machine loads it instead of building it again (an NNCF post-training quantization of SD 1.5's UNet
+took 4-5 minutes per build on cpu). `sdperf run` keeps one shared folder per profile (shared_root) of at most
+CACHE_ENV GiB (default DEFAULT_CACHE_GIB; 0 turns it off: each comparison then builds into a folder of its own,
+removed after it), evicting the least recently used artefacts. What came from an earlier run says so (origin): its
+row's note names the run that built it and that build's time, which is the set-up time a fresh machine pays.
 """
 from __future__ import annotations
 
@@ -25,6 +32,87 @@ from sdperf.environment import package_versions
 
 DONE = "artefact.json"
 PACKAGES = ("torch", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf")
+CACHE_ENV = "SDPERF_ENGINE_CACHE_GIB"
+PLUGIN_CACHE = "openvino-model-cache"  # OpenVINO's compiled-model cache beside the IRs (openvino_engine.ir_model)
+DEFAULT_CACHE_GIB = 24.0  # the cpu study's engines of SD 1.5 (fp32 IR and ONNX 3.4 GB each, int8 ~1 GB) with room
+
+
+def cache_gib() -> float:
+    """The cross-run cache's size cap in GiB (CACHE_ENV; 0: no cache across runs)."""
+    from sdperf.errors import ConfigError
+
+    raw = os.environ.get(CACHE_ENV, "")
+    try:
+        gib = float(raw) if raw.strip() else DEFAULT_CACHE_GIB
+    except ValueError:
+        raise ConfigError(f"{CACHE_ENV}={raw!r} is not a number of GiB (0 turns the engine cache off)") from None
+    if gib < 0 or gib != gib:
+        raise ConfigError(f"{CACHE_ENV}={raw!r} must be a number of GiB >= 0 (0 turns the engine cache off)")
+    return gib
+
+
+def shared_root(scratch: Path) -> Path:
+    """The profile's engine folder that outlives a run."""
+    return Path(scratch) / "engines" / "shared"
+
+
+def root_for(scratch: Path, owner: str) -> tuple[Path, bool]:
+    """(folder a comparison builds its engines in, whether it is the shared cross-run one): shared unless the cache
+    is turned off, else a folder of `owner`'s own (cleared by release)."""
+    import uuid
+
+    if cache_gib() > 0:
+        return shared_root(scratch), True
+    return Path(scratch) / "engines" / f"{owner}-{uuid.uuid4().hex[:8]}", False
+
+
+def release(root: Path, shared: bool) -> list[str]:
+    """After a comparison: trim the shared cache to its cap (least recently used first), or clear a private
+    folder. Returns the artefacts evicted."""
+    if not shared:
+        clear(root)
+        return []
+    return trim(root, int(cache_gib() * 2**30))
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def trim(root: Path, cap_bytes: int) -> list[str]:
+    """Evict complete artefacts, least recently used first (DONE's mtime: touched on every load), until the folder
+    holds at most `cap_bytes`. Unfinished builds (no DONE) are another worker's, never touched here."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    # units: complete artefacts (by their DONE) and the OpenVINO plugin's compiled blobs (each file its own)
+    units = {d: d / DONE for d in root.iterdir() if (d / DONE).is_file()}
+    units.update({f: f for f in (root / PLUGIN_CACHE).glob("*") if f.is_file()})
+    order = sorted(units, key=lambda u: units[u].stat().st_mtime)
+    sizes = {u: _size(u) if u.is_dir() else u.stat().st_size for u in order}
+    total, gone = sum(sizes.values()), []
+    for u in order:
+        if total <= cap_bytes:
+            break
+        shutil.rmtree(u, ignore_errors=True) if u.is_dir() else u.unlink(missing_ok=True)
+        total -= sizes[u]
+        gone.append(u.name)
+    return gone
+
+
+def origin(facts: dict, hit: bool, made: str = "converted") -> str:
+    """What a row's note says of its artefact: built now, loaded from this run's cache, or from an earlier run's
+    (with that run and its build time: the set-up a fresh machine pays)."""
+    from sdperf import environment
+
+    if not hit:
+        return f"{made} into the run's cache"
+    by = facts.get("built_by")
+    if by and by != environment.run_id():
+        took = facts.get("export_s")
+        return (f"loaded from the cache of an earlier run ({by}"
+                + (f"; its build took {float(took):.0f} s" if isinstance(took, (int, float)) else "") + ")")
+    return "loaded from the run's cache"
 
 
 def weights_digest(module: torch.nn.Module) -> str:
@@ -48,15 +136,18 @@ def cache_key(kind: str, module: torch.nn.Module, **what) -> str:
 def cached(root: Path | str, key: str, build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
     """(folder, facts, hit): the complete artefact `key` under `root`, built by `build(folder) -> facts` when
     absent. A build that raises leaves nothing behind."""
+    from sdperf import environment
+
     root = Path(root)
     final = root / key
     if (final / DONE).is_file():
+        os.utime(final / DONE)  # used now: the last to be evicted (trim)
         return final, json.loads((final / DONE).read_text()), True
     shutil.rmtree(final, ignore_errors=True)  # not ours to trust: only complete folders carry DONE
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
     try:
-        facts = build(tmp)
+        facts = dict(build(tmp), built_by=environment.run_id())
         (tmp / DONE).write_text(json.dumps(facts, default=str))
         try:
             os.replace(tmp, final)

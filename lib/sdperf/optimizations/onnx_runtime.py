@@ -57,7 +57,7 @@ def build(unet: torch.nn.Module, example: tuple, *, exporter: str = "dynamo", sc
         key = artefacts.cache_key("onnx", unet, exporter=exporter, shapes=[tuple(x.shape) for x in example])
         folder, facts, hit = artefacts.cached(scratch_root, key,
                                               lambda d: export_onnx(unet, example, d / "unet.onnx", exporter))
-        facts = dict(facts, artefact="loaded from the run's cache" if hit else "exported into the run's cache")
+        facts = dict(facts, artefact=artefacts.origin(facts, hit, "exported"))
         if hit:
             facts["export_s"] = 0.0
         t0 = time.perf_counter()

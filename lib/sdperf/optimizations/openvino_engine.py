@@ -131,10 +131,10 @@ def ir_model(unet: torch.nn.Module, example, scratch_root=None, kind: str = "ope
     folder, facts, hit = artefacts.cached(scratch_root, name, lambda d: make(d)[1])
     t0 = time.perf_counter()
     model = ov.Core().read_model(str(folder / "unet.xml"))
-    facts = dict(facts, artefact="loaded from the run's cache" if hit else "converted into the run's cache")
+    facts = dict(facts, artefact=artefacts.origin(facts, hit, "converted"))
     if hit:
         facts.update(export_s=0.0, read_s=time.perf_counter() - t0)
-    return model, facts, Path(scratch_root) / "openvino-model-cache"
+    return model, facts, Path(scratch_root) / artefacts.PLUGIN_CACHE
 
 
 def build(unet: torch.nn.Module, example: tuple, *, precision: str = "f32", static: bool = False,

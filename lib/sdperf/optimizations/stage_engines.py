@@ -190,7 +190,7 @@ def ir_model(graph: torch.nn.Module, example: torch.Tensor, stage: str, scratch_
     folder, facts, hit = artefacts.cached(scratch_root, name, lambda d: make(d)[1])
     t0 = time.perf_counter()
     model = ov.Core().read_model(str(folder / f"{stage}.xml"))
-    facts = dict(facts, artefact="loaded from the run's cache" if hit else "converted into the run's cache")
+    facts = dict(facts, artefact=artefacts.origin(facts, hit, "converted"))
     if hit:
         facts.update(export_s=0.0, read_s=time.perf_counter() - t0)
     return model, facts, True
@@ -282,7 +282,7 @@ def _stage(graph, example, stage: str, scratch_root, int8w: bool) -> tuple[Stati
     """Convert (or read) and compile one stage. A model converted in this process shares the torch weights, so
     the engine keeps the traced graph; one read from the cache owns its weights and the torch stage is freed."""
     model, facts, from_disk = ir_model(graph, example, stage, scratch_root, int8w)
-    cache_dir = Path(scratch_root) / "openvino-model-cache" if scratch_root is not None else None
+    cache_dir = Path(scratch_root) / artefacts.PLUGIN_CACHE if scratch_root is not None else None
     engine = StaticEngine(model, tuple(example.shape), cache_dir, keep=(model,) if from_disk else (graph, model))
     facts.update(build_s=engine.build_s, precision=engine.precision, shape=list(engine.shape),
                  weights="int8 weights (nncf.compress_weights), f32 compute" if int8w else "fp32 weights")
