@@ -194,6 +194,13 @@ def test_the_guidance_curve_gives_intervals_a_verdict_and_figures(quick_model):
     assert "guidance 1.5" in curve.verdict(table) and "Domain FID is lowest" in curve.verdict(table)
     assert len(curve.plot(table, "t").axes) == 3
     assert len(curve.grid(kept, ["a", "b"]).axes) == 4
+    # a later run reads the same solves back from the cache, says so, and states no time it did not measure
+    cache = out.parent / "solves"
+    first, _ = curve.run(pipe, net, real, [1.5], n=6, steps=3, cache=cache, model_hash="m")
+    again, _ = curve.run(pipe, net, real, [1.5], n=6, steps=3, cache=cache, model_hash="m")
+    assert first.from_cache.tolist() == [0] and again.from_cache.tolist() == [6]
+    assert again.adherence.tolist() == first.adherence.tolist() and again.s_per_image.isna().all()
+    assert first.adherence.tolist() == table.adherence.iloc[:1].tolist()  # the cache changes no figure
 
 
 def test_an_autoencoder_below_its_gate_stops_the_run_before_the_unet_stage(tmp_path):

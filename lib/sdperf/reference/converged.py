@@ -60,6 +60,12 @@ class Solve:
 Render = Callable[[str, int, list[str], list[int]], Solve]
 
 
+def cache_dir(scratch: Path) -> Path:
+    """The reference model's solves cache under a profile's scratch folder, shared by 12's curve and every judged
+    technique's reference (its keys hold the model's hash: another model never reads these)."""
+    return Path(scratch) / "reference-techniques" / "converged"
+
+
 @dataclass
 class Solver:
     """Cached fp32 solves of one model at one guidance. `render` makes the images; `model_hash` names the model's

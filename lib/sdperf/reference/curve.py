@@ -9,6 +9,7 @@ bootstrap interval over the generated images, recentred on the estimate (resampl
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -21,15 +22,28 @@ NEMO_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
 MODEL = "the study's reference model (sdperf.reference, trained here; not SD 1.5)"
 
 
+SAMPLER = "plms"  # the curve's sampler, as the solves' cache names it (sdperf.reference.converged.Solver)
+
+
 def run(pipe, net: evaluator.Evaluator, real: quality.Real, guidance_scales, n: int, steps: int,
-        keep: int = 4) -> tuple[pd.DataFrame, dict[float, np.ndarray]]:
-    """(one row per guidance scale, the first `keep` images of each scale for the samples grid)."""
+        keep: int = 4, cache: Path | None = None, model_hash: str = "") -> tuple[pd.DataFrame, dict[float, np.ndarray]]:
+    """(one row per guidance scale, the first `keep` images of each scale for the samples grid). With `cache`, the
+    images are the reference model's solves cache's (pure in model, captions, noise, guidance, sampler and steps,
+    sdperf.reference.converged): a later run reads them back instead of rendering 2,400 images again, and its rows
+    say how many came from the cache (their time per image is then not measured: NaN)."""
+    from sdperf.reference import converged
+
     items = quality.prompts(n)
     captions, truth = [s.caption for s in items], domain.labels_many(items)
     rows, kept = [], {}
     for g in guidance_scales:
         start = time.perf_counter()
-        images = quality.generate(pipe, captions, list(range(n)), g, steps)
+
+        def render(sampler, k, caps, sds, g=g):
+            return converged.Solve(*quality.generate_with_latents(pipe, caps, sds, g, k))
+
+        solver = converged.Solver(render, model_hash, g, cache)
+        images = solver.solve(captions, list(range(n)), steps, sampler=SAMPLER).images
         seconds = time.perf_counter() - start
         scores = evaluator.adherence_checks(evaluator.predict(net, images), truth)
         feats = evaluator.features(net, images)
@@ -37,7 +51,8 @@ def run(pipe, net: evaluator.Evaluator, real: quality.Real, guidance_scales, n: 
         fid_lo, fid_hi = quality.fid_interval(feats, real)
         rows.append({"guidance": float(g), "n_images": n, "steps": steps, "adherence": mean, "adherence_lo": lo,
                      "adherence_hi": hi, "domain_fid": quality.domain_fid(feats, real), "fid_lo": fid_lo,
-                     "fid_hi": fid_hi, "s_per_image": seconds / n})
+                     "fid_hi": fid_hi, "s_per_image": seconds / n if not solver.hits else float("nan"),
+                     "from_cache": solver.hits})
         kept[float(g)] = images[:keep]
     return pd.DataFrame(rows), kept
 
@@ -119,9 +134,13 @@ def for_study(study, s, folder=None):
     from sdperf.reference import store
 
     guidance_scales, n, steps = s.reference_guidance_scales, s.reference_n_images, s.reference_steps
+    from sdperf.paths import scratch_dir
+    from sdperf.reference import converged
+
     pipe, net, manifest = store.load(folder)
     real = quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
-    table, kept = run(pipe, net, real, guidance_scales, n, steps)
+    table, kept = run(pipe, net, real, guidance_scales, n, steps, cache=converged.cache_dir(scratch_dir(
+        study.profile.name)), model_hash=converged.model_hash(manifest))
     _record(study, table, manifest)
     captions = [s.caption for s in quality.prompts(min(len(v) for v in kept.values()))]
     model = f"reference model at commit {manifest.get('commit')}"
@@ -168,13 +187,17 @@ def _record(study, table: pd.DataFrame, manifest: dict) -> None:
     rows = []
     for r in table.to_dict("records"):
         scenario = f"reference model, guidance {r['guidance']:g}, {r['steps']} PLMS steps"
+        cached = int(r.get("from_cache") or 0)
+        images = model + (f"; {cached} of {r['n_images']} images read back from the solves cache of an earlier run "
+                          "(same model files, captions, noise, guidance, sampler and steps)" if cached else "")
         rows += [dict(scenario=scenario, metric="reference_adherence", value=r["adherence"], unit="share",
-                      lo=r["adherence_lo"], hi=r["adherence_hi"], n=r["n_images"], method=METHOD, note=model),
+                      lo=r["adherence_lo"], hi=r["adherence_hi"], n=r["n_images"], method=METHOD, note=images),
                  dict(scenario=scenario, metric="reference_domain_fid", value=r["domain_fid"], unit="",
-                      lo=r["fid_lo"], hi=r["fid_hi"], n=r["n_images"], method=METHOD, note=model),
-                 dict(scenario=scenario, metric="reference_s_per_image", value=r["s_per_image"], unit="s",
-                      n=r["n_images"], note="generation and decoding in batches of 100 prompts (not a timing "
-                      "comparison: quality is this notebook's subject)")]
+                      lo=r["fid_lo"], hi=r["fid_hi"], n=r["n_images"], method=METHOD, note=images)]
+        if not cached:  # a time per image is stated only where the images were made in this run
+            rows.append(dict(scenario=scenario, metric="reference_s_per_image", value=r["s_per_image"], unit="s",
+                             n=r["n_images"], note="generation and decoding in batches of 100 prompts (not a timing "
+                             "comparison: quality is this notebook's subject)"))
     study.recorder.add_many(rows)
 
 

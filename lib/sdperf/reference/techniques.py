@@ -168,7 +168,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
     real = quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
     items = quality.prompts(plan.n_max)
     captions, truth, seeds = [s.caption for s in items], domain.labels_many(items), list(range(plan.n_max))
-    cache = (scratch / "converged") if scratch else None
+    cache = converged.cache_dir(scratch.parent) if scratch else None
 
     def fresh(sampler: str):
         return build_from_weights(str(folder), sampler)
