@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from sdperf import findings, report
-from sdperf.results import COLUMNS
+from sdperf.report import findings, report
+from sdperf.store.results import COLUMNS
 
 METHOD = "fresh process per configuration, 3 rounds"
 

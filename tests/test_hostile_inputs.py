@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sdperf import environment, paths, runner
+from sdperf.core import environment, paths
+from sdperf.run import runner
 from sdperf.cli import main
-from sdperf.errors import ConfigError, short
-from sdperf.profiles import available_profiles, load_profile, read_yaml
-from sdperf.results import DamagedTable, Recorder, check_results, read_results, results_path
+from sdperf.core.errors import ConfigError, short
+from sdperf.config.profiles import available_profiles, load_profile, read_yaml
+from sdperf.store.results import DamagedTable, Recorder, check_results, read_results, results_path
 
 SMOKE_TEXT = (paths.REPO_ROOT / "params" / "smoke.yml").read_text()
 
@@ -76,8 +77,8 @@ def test_a_run_with_relative_folders_promotes_its_rows_and_measures_the_validate
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()
     make_notebook(nbdir / "00_rel.ipynb", [
-        "from sdperf import environment\nfrom sdperf.profiles import load_profile\n"
-        "from sdperf.results import Recorder\n"
+        "from sdperf.core import environment\nfrom sdperf.config.profiles import load_profile\n"
+        "from sdperf.store.results import Recorder\n"
         "Recorder('00_rel', profile, environment.record(profile, 'cpu')).add(load_profile(profile).prompt, "
         "'latency', 1.5, 's')"])
     monkeypatch.chdir(work)
@@ -272,7 +273,7 @@ def test_the_committed_model_covers_its_folder(model_copy):
 
 
 def test_an_empty_file_list_verifies_nothing_so_a_tampered_unet_never_loads(model_copy):
-    from sdperf.pipelines import build_from_weights
+    from sdperf.model.pipelines import build_from_weights
     from sdperf.reference import store
 
     unet = model_copy / "unet" / "diffusion_pytorch_model.safetensors"
@@ -344,7 +345,7 @@ LONG_CAPTION = "a red circle and a blue square on a light background, " * 8  # ~
 
 
 def test_a_caption_past_clips_77_tokens_is_named_with_its_count_before_any_model(tmp_path):
-    from sdperf import prompts
+    from sdperf.model import prompts
     from sdperf.imagegen import plan
 
     captions = [prompts.Caption("ok", "a red circle " * 20), prompts.Caption("long-one", LONG_CAPTION)]
@@ -365,7 +366,7 @@ def test_a_long_caption_file_fails_sdperf_generate(tmp_path, capsys):
 
 @pytest.mark.parametrize("seed", [str(2**64), str(2**63), "-1"])
 def test_a_seed_out_of_range_fails_before_the_pipeline_is_built(tmp_path, capsys, monkeypatch, seed):
-    from sdperf import pipelines
+    from sdperf.model import pipelines
 
     monkeypatch.setattr(pipelines, "build_pipeline", lambda *a, **k: pytest.fail("the pipeline was built"))
     (tmp_path / "captions.txt").write_text("a dog\n")
@@ -378,7 +379,7 @@ def test_the_largest_seed_is_one_torch_takes():
     import torch
 
     from sdperf.imagegen import keys
-    from sdperf.profiles import MAX_SEED
+    from sdperf.config.profiles import MAX_SEED
 
     assert keys.check_seeds([MAX_SEED]) == (MAX_SEED,)
     torch.Generator().manual_seed(MAX_SEED)
@@ -413,7 +414,8 @@ def test_captions_that_a_spreadsheet_would_run_are_neutralised_and_read_back_as_
 
 INTERRUPTED_DRIVER = """import sys
 from pathlib import Path
-from sdperf import doctor, environment, paths
+from sdperf.core import environment, paths
+from sdperf.measure import doctor
 from sdperf.cli import main
 environment.git_commit = lambda *a, **k: "0123456789ab"
 paths.notebooks_dir = lambda: Path({nbdir!r})

@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 EXPERIMENTS = sorted((REPO / "lib" / "sdperf" / "experiments").glob("*.py"))
-# what starts workers: comparison.run_variants and sdperf.rounds' run/alone
+# what starts workers: comparison.run_variants and sdperf.measure.rounds' run/alone
 SEEDS = {"run_variants"}
 ROUNDS_CALLS = {"alone", "run"}
 

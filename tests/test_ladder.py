@@ -8,13 +8,14 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from sdperf import rounds, standalone
-from sdperf.comparison import BASELINE
-from sdperf.errors import ConfigError
+from sdperf.measure import rounds
+from sdperf.select import standalone
+from sdperf.measure.comparison import BASELINE
+from sdperf.core.errors import ConfigError
 from sdperf.experiments import ladder
 from sdperf.optimizations import catalog
-from sdperf.results import Recorder
-from sdperf.study import open_study
+from sdperf.store.results import Recorder
+from sdperf.measure.study import open_study
 
 
 def _env(machine="this-cpu", commit="abc123", time_utc="2025-01-01T00:00:00"):
@@ -187,7 +188,7 @@ def test_allocator_rung_takes_allocator_keys_only(study):
 
 
 def test_measure_runs_every_rung_in_one_call_and_stores_rows_the_report_shows(study, monkeypatch):
-    from sdperf import report
+    from sdperf.report import report
 
     cere = ladder.plan(study, ladder.CEREBRIUM, ["grad:no_grad", "attention:sdpa:math", "cuda_graphs"])
     best = ladder.plan(study, ladder.BEST, ["attention:sdpa:math"])

@@ -8,9 +8,9 @@ from importlib import resources
 import pandas as pd
 import pytest
 
-from sdperf import published_vs_measured as pvm
-from sdperf.errors import ConfigError
-from sdperf.paths import REPO_ROOT
+from sdperf.report import published_vs_measured as pvm
+from sdperf.core.errors import ConfigError
+from sdperf.core.paths import REPO_ROOT
 
 SHARED = REPO_ROOT.parent / "shared"
 DATA_FILES = ("published_inference.csv", "published_training.csv", "published_quality.csv",
@@ -145,8 +145,9 @@ def test_every_measured_key_and_notebook_is_the_catalogs():
 
 
 def test_the_report_shows_the_table_after_the_findings_with_a_link_per_source(scratch_reports):
-    from sdperf import environment, report
-    from sdperf.results import Recorder
+    from sdperf.core import environment
+    from sdperf.report import report
+    from sdperf.store.results import Recorder
 
     rec = Recorder("01_half_precision", "smoke", environment.record("smoke", "cpu"))
     rec.add("float16 weights+activations, batch 1", "seed_speedup_vs_fp32", 0.912345, "x", lo=0.9, hi=0.95,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.imagegen import read_manifest
-from sdperf.prompts import smoke_captions
+from sdperf.model.prompts import smoke_captions
 from sdperf.quality import fid, images, rungs, score
 from sdperf.quality.settings import settings
 
@@ -97,8 +97,8 @@ def test_reference_npz_path(scorers, smoke, tmp_path):
 
 
 def test_rungs_compare_with_the_fp32_images(smoke, scorers, scratch_reports):
-    from sdperf.results import Recorder
-    from sdperf.study import open_study
+    from sdperf.store.results import Recorder
+    from sdperf.measure.study import open_study
 
     study = open_study("smoke", notebook="12_fid_clip")
     # the stand-alone row 02_inference_mode stored on this machine at this commit, found by key

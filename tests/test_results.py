@@ -12,9 +12,10 @@ import time
 import pandas as pd
 import pytest
 
-from sdperf import environment, results
-from sdperf.results import COLUMNS, Recorder, read_results, results_path
-from sdperf.timing import Timing
+from sdperf.core import environment
+from sdperf.store import results
+from sdperf.store.results import COLUMNS, Recorder, read_results, results_path
+from sdperf.measure.timing import Timing
 
 pytestmark = pytest.mark.usefixtures("scratch_reports")
 
@@ -51,7 +52,7 @@ def test_timing_rows_and_replace_on_rerun(env):
 def test_a_staged_run_replaces_all_its_rows_only_when_promoted(env, monkeypatch):
     """Under `sdperf run` a notebook's rows wait in staging: results.csv keeps its previous rows (a killed run
     changes nothing), the notebook reads its own new rows, and promotion drops scenarios it no longer produces."""
-    from sdperf import staging
+    from sdperf.store import staging
 
     old = Recorder("00_prune", "smoke", env)
     old.add("engine A, batch 1", "latency", 1.0, "s")
@@ -107,7 +108,7 @@ def test_failed_replace_leaves_old_file_and_no_temp(env, monkeypatch):
 def test_killed_writer_never_leaves_a_broken_table(scratch_reports):
     """SIGKILL a process in the middle of a stream of writes: the table always parses with whole rows."""
     code = textwrap.dedent("""
-        from sdperf.results import upsert_rows, results_path, COLUMNS
+        from sdperf.store.results import upsert_rows, results_path, COLUMNS
         i = 0
         while True:
             upsert_rows(results_path("smoke"), [dict({c: "x" * 50 for c in COLUMNS}, scenario=f"s{i}", value=i)])

@@ -13,9 +13,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sdperf import environment, paths, report, runner
-from sdperf.errors import ConfigError
-from sdperf.results import Recorder
+from sdperf.core import environment, paths
+from sdperf.report import report
+from sdperf.run import runner
+from sdperf.core.errors import ConfigError
+from sdperf.store.results import Recorder
 
 CLEAN_SHA = "0123456789ab"
 # A 1x1 PNG: the report only has to embed it, not decode it.
@@ -269,8 +271,9 @@ from pathlib import Path
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from sdperf import environment, figure_captions, plots
-from sdperf.results import Recorder
+from sdperf.core import environment
+from sdperf.store import figure_captions, plots
+from sdperf.store.results import Recorder
 env = environment.record(profile, "cpu")
 rec = Recorder("00_rows", profile, env)
 rec.add("engine", "latency", float(os.environ["ROW_VALUE"]), "s")
@@ -284,7 +287,8 @@ Path(os.environ["ROW_MARKER"]).write_text("rows written")
 time.sleep(float(os.environ["ROW_SLEEP"]))"""
 
 DRIVER = """import sys
-from sdperf import environment, runner
+from sdperf.core import environment
+from sdperf.run import runner
 environment.git_commit = lambda *a, **k: {sha!r}
 sys.exit(runner.run("smoke", notebooks_dir={nbdir!r}, force=True))
 """
@@ -355,7 +359,7 @@ def test_a_killed_force_rerun_leaves_the_previous_results_and_the_next_run_redoe
 
 
 def test_a_second_run_of_one_profile_fails_at_once_naming_the_first(tmp_path, monkeypatch):
-    from sdperf import staging
+    from sdperf.store import staging
 
     monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
     make_notebook(tmp_path / "00_good.ipynb", ["pass"])
@@ -367,7 +371,7 @@ def test_a_second_run_of_one_profile_fails_at_once_naming_the_first(tmp_path, mo
 
 
 def test_leftover_temp_files_of_a_dead_run_are_removed_and_fresh_ones_kept(tmp_path, monkeypatch):
-    from sdperf import staging
+    from sdperf.store import staging
 
     monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
     folder = tmp_path / "reports" / "smoke"

@@ -6,9 +6,9 @@ import time
 import pytest
 import yaml
 
-from sdperf import paths
-from sdperf.errors import ConfigError
-from sdperf.profiles import available_profiles, load_profile
+from sdperf.core import paths
+from sdperf.core.errors import ConfigError
+from sdperf.config.profiles import available_profiles, load_profile
 from sdperf.training import settings
 
 

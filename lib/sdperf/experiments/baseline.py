@@ -7,15 +7,18 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import architectures, environment, figure_captions, published, rounds
-from sdperf import ledger as ledgers
-from sdperf.measurements import unet_flops
+from sdperf.config import architectures, published
+from sdperf.core import environment
+from sdperf.measure import rounds
+from sdperf.store import figure_captions
+from sdperf.measure import ledger as ledgers
+from sdperf.measure.measurements import unet_flops
 from sdperf.optimizations.catalog import BASELINE_KEY
-from sdperf.paths import scratch_dir
-from sdperf.pipelines import component_parameters
-from sdperf.roofline import achieved, matmul_peak
-from sdperf.rounds import Config
-from sdperf.study import Study
+from sdperf.core.paths import scratch_dir
+from sdperf.model.pipelines import component_parameters
+from sdperf.measure.roofline import achieved, matmul_peak
+from sdperf.measure.rounds import Config
+from sdperf.measure.study import Study
 
 LABEL = "fp32 eager"
 
@@ -103,7 +106,7 @@ def measure_batches(study: Study, say=print) -> BaselineRuns:
     fresh = (f"fresh process per batch size, {p.rounds} rounds in turn; median [min-max] over the processes' "
              "medians")
     reused = ("the run's fp32 eager processes at this batch size (baselines and twin of the rounds measured up "
-              "front, sdperf.prefetch: the same worker); median [min-max] over the processes' medians")
+              "front, sdperf.run.prefetch: the same worker); median [min-max] over the processes' medians")
     methods = {b: reused if not known[b].empty else fresh for b in p.batch_sizes}
     method = "; ".join(f"batch {b}: {m}" for b, m in methods.items())
     rows, recs = [], []

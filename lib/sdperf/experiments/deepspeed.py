@@ -13,13 +13,13 @@ from typing import Callable
 import deepspeed  # noqa: F401  imported first so its accelerator log line prints at import, not mid-notebook
 import pandas as pd
 
-from sdperf import published
-from sdperf.comparison import Comparison, published_row, release, run_variants
+from sdperf.config import published
+from sdperf.measure.comparison import Comparison, published_row, release, run_variants
 from sdperf.experiments.common import interpolated, rounds_method, rounds_n
 from sdperf.optimizations import deepspeed_inference as ds
 from sdperf.optimizations import deepspeed_policies
-from sdperf.plots import speedup_bars
-from sdperf.study import Study
+from sdperf.store.plots import speedup_bars
+from sdperf.measure.study import Study
 
 KERNELS = "DeepSpeed kernel injection, fp16 pipeline"
 KERNELS_ADAPTED = "DeepSpeed kernel injection + CLIP layout adapter"

@@ -11,11 +11,14 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from sdperf import engine_sweep, plots, published, rounds
-from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
+from sdperf.config import published
+from sdperf.measure import rounds
+from sdperf.select import engine_sweep
+from sdperf.store import plots
+from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
 from sdperf.experiments.common import interpolated, rounds_method, rounds_n
 from sdperf.optimizations import catalog, engine_export, openvino_engine
-from sdperf.plots import speedup_bars
+from sdperf.store.plots import speedup_bars
 
 DTYPES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "f16": "float16", "fp16": "float16"}
 STAGE_COLUMNS = ["variant", "key", "status", "speedup", "speedup_lo", "speedup_hi", "speedup_verdict", "seed_speedup",
@@ -183,7 +186,7 @@ def setup_table(cmp: Comparison) -> pd.DataFrame:
 
 
 def best_engine(cmp: Comparison) -> str | None:
-    """The key of the engine with the fastest UNet step among those that keep the latents (sdperf.engine_sweep:
+    """The key of the engine with the fastest UNet step among those that keep the latents (sdperf.select.engine_sweep:
     the rule `sdperf run` also applies to measure the sweep's larger batches up front)."""
     return engine_sweep.best_engine(cmp)
 

@@ -2,7 +2,7 @@
 
 A half precision this device runs far slower than fp32 (no half-precision matrix instructions) could spend the
 whole budget of the notebook in its repeats; so each one is first compared with fp32 on one real UNet block
-(cheap; sdperf.half_budget, shared with 10 and 12 in a run), and when that ratio predicts its whole generations
+(cheap; sdperf.measure.half_budget, shared with 10 and 12 in a run), and when that ratio predicts its whole generations
 would overrun the profile's variant_budget_s, it is recorded as skipped with the block-level ratio instead of run.
 """
 from __future__ import annotations
@@ -11,15 +11,17 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import half_budget, plots, published
-from sdperf.comparison import TWIN, Comparison, release, run_variants
-from sdperf.environment import cpu_isa
+from sdperf.config import published
+from sdperf.measure import half_budget
+from sdperf.store import plots
+from sdperf.measure.comparison import TWIN, Comparison, release, run_variants
+from sdperf.core.environment import cpu_isa
 from sdperf.experiments.common import interpolated, methods_text, rounds_n
-from sdperf.measurements import unet_flops
+from sdperf.measure.measurements import unet_flops
 from sdperf.optimizations import half_precision
 from sdperf.optimizations.catalog import Stack
-from sdperf.roofline import achieved, fit_size, matmul_call, matmul_peak
-from sdperf.study import Study
+from sdperf.measure.roofline import achieved, fit_size, matmul_call, matmul_peak
+from sdperf.measure.study import Study
 
 VARIANTS = ("float16", "bfloat16")
 BLOCK_ONLY = "skipped (one UNet block measured)"
@@ -50,7 +52,7 @@ def _block_only(study: Study, probe: half_budget.Probe, reason: str) -> dict:
 
 def compare_precisions(study: Study) -> tuple[pd.DataFrame, Comparison]:
     """Each half precision against fp32 (run_variants), unless one UNet block says its generations would overrun
-    the budget (sdperf.half_budget): then the block's ratio is recorded and the precision skipped. The table has
+    the budget (sdperf.measure.half_budget): then the block's ratio is recorded and the precision skipped. The table has
     a `dtype` column."""
     p = study.profile
     generations = p.warmup + p.repeats  # one round's worker process; the budget bounds each process

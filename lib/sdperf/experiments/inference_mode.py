@@ -10,14 +10,15 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from sdperf import published, rounds
-from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
+from sdperf.config import published
+from sdperf.measure import rounds
+from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
 from sdperf.experiments.common import at_dtype, facts_table, speedup_and_memory  # noqa: F401  (notebook API)
-from sdperf.generation import Workload, generate
+from sdperf.model.generation import Workload, generate
 from sdperf.optimizations import half_precision
 from sdperf.optimizations import inference_mode as opt
 from sdperf.optimizations.catalog import Stack
-from sdperf.study import Study
+from sdperf.measure.study import Study
 
 # stack key (without the profile's precision) -> display name
 NAMES = {

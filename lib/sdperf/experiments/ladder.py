@@ -13,7 +13,7 @@ Rules (stated in the notebook too):
   first) is recorded as skipped with the measured block ratio. The next rung builds on the last that is stacked.
 - A technique of a family already in the stack replaces it (Cerebrium's inference_mode replaces no_grad).
 - The best order comes from the stand-alone rows of notebooks 01-09 on this machine at this commit
-  (sdperf.standalone, by catalog key): the candidates are the techniques "faster" than fp32 eager alone (their
+  (sdperf.select.standalone, by catalog key): the candidates are the techniques "faster" than fp32 eager alone (their
   range over rounds clears the noise band) that keep the picture unless lossy rungs are allowed: lossless by
   declaration, or a quality cost on the trained reference model within the budget (sdperf.reference.techniques:
   adherence interval above -1 point, the domain-FID change within its interval plus 10% of fp32's FID); one per
@@ -29,14 +29,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sdperf import half_budget, plots, published, rounds
-from sdperf.comparison import BASELINE, Comparison, published_row, run_variants
-from sdperf.errors import ConfigError
+from sdperf.config import published
+from sdperf.measure import half_budget, rounds
+from sdperf.store import plots
+from sdperf.measure.comparison import BASELINE, Comparison, published_row, run_variants
+from sdperf.core.errors import ConfigError
 from sdperf.experiments.common import interpolated, rounds_method, rounds_n
 from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Context, Stack
-from sdperf.standalone import keeps_picture, standalone
-from sdperf.study import Study
+from sdperf.select.standalone import keeps_picture, standalone
+from sdperf.measure.study import Study
 
 CEREBRIUM = "Cerebrium order"
 BEST = "best order here"
@@ -105,7 +107,7 @@ def plan(study: Study, name: str, keys, skips: dict[str, str] | None = None) -> 
 
 
 def half_budget_skips(study: Study, keys, say: Callable[[str], None] = print) -> dict[str, str]:
-    """For each half-precision key: when one real UNet block in it (sdperf.half_budget, measured once per run)
+    """For each half-precision key: when one real UNet block in it (sdperf.measure.half_budget, measured once per run)
     predicts that the configuration's whole generations over the rounds would overrun `variant_budget_s`, the
     reason to skip it."""
     p, out = study.profile, {}

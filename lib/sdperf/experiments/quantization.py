@@ -9,22 +9,22 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import published
-from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
+from sdperf.config import published
+from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
 from sdperf.experiments.common import interpolated, rounds_method, rounds_n
-from sdperf.measurements import unet_call_inputs, unet_flops
+from sdperf.measure.measurements import unet_call_inputs, unet_flops
 from sdperf.optimizations import catalog
 from sdperf.optimizations import quantization as opt
 from sdperf.optimizations.catalog import EXECUTOR, Stack
 from sdperf.optimizations.fewer_steps import unet_calls
-from sdperf.plots import speedup_bars
-from sdperf.roofline import fit_size, matmul_peak, openvino_availability, openvino_matmul_peak
-from sdperf.study import Study
-from sdperf.timing import blocked
+from sdperf.store.plots import speedup_bars
+from sdperf.measure.roofline import fit_size, matmul_peak, openvino_availability, openvino_matmul_peak
+from sdperf.measure.study import Study
+from sdperf.measure.timing import blocked
 
 LINEAR_ONLY = ("torch-ao-dynamic", "torchao-int8-dynamic")
 FP32_ROOF = "torch.mm"
-# OpenVINO's own CPU-plugin GEMMs (sdperf.roofline.openvino_matmul_peak): roof row name and dtype per precision
+# OpenVINO's own CPU-plugin GEMMs (sdperf.measure.roofline.openvino_matmul_peak): roof row name and dtype per precision
 OPENVINO_ROOFS = {"f32": ("openvino MatMul f32", "float32"), "int8": ("openvino MatMul int8 (u8s8)", "int8"),
                   "bf16": ("openvino MatMul bf16", "bfloat16")}
 OV_F32, OV_INT8 = OPENVINO_ROOFS["f32"][0], OPENVINO_ROOFS["int8"][0]
@@ -380,7 +380,7 @@ LIKE_FOR_LIKE = (
 
 def _published_int8() -> list[dict]:
     """The two published int8 figures: the diffusers tutorial's dynamic rung and the NNCF blog's 8-bit model."""
-    from sdperf.published_vs_measured import cpu_ladder_claims
+    from sdperf.report.published_vs_measured import cpu_ladder_claims
 
     out = []
     try:

@@ -1,6 +1,6 @@
 """10_ladder, second half: the fastest stack this CPU can run at a measured quality cost, and the lossless one.
 
-The search itself (candidates, composed speed, the budget, the Pareto front) is sdperf.stack_search; this module
+The search itself (candidates, composed speed, the budget, the Pareto front) is sdperf.select.stack_search; this module
 runs it for a study: the parts read back from the run's stand-alone rounds, each part's and each tried stack's
 quality on the trained reference model (shared with 12 by key), the chosen stacks measured whole in rounds of
 their own (the only figures the headline uses), and the published CPU ladders beside them.
@@ -14,13 +14,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sdperf import plots
-from sdperf import stack_search as ss
-from sdperf.comparison import Comparison, run_variants
-from sdperf.errors import ConfigError
+from sdperf.store import plots
+from sdperf.select import stack_search as ss
+from sdperf.measure.comparison import Comparison, run_variants
+from sdperf.core.errors import ConfigError
 from sdperf.optimizations import catalog
-from sdperf.rounds import BASELINE
-from sdperf.study import Study
+from sdperf.measure.rounds import BASELINE
+from sdperf.measure.study import Study
 
 BEST, LOSSLESS = "best admissible stack", "best lossless stack"
 ROOF_GOAL_SHARE = 0.8  # issue 15: the int8 executor's per-step gain should reach 80% of the int8-vs-fp32 roof ratio

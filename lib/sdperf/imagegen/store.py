@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.imagegen.keys import ImageKey
-from sdperf.paths import sibling_tempfile
-from sdperf.results import atomic_write_bytes, atomic_write_text, locked
+from sdperf.core.paths import sibling_tempfile
+from sdperf.store.results import atomic_write_bytes, atomic_write_text, locked
 
 RUN_FILE = "run.json"
 PARTS_DIR = "parts"

@@ -1,6 +1,6 @@
 """Exported engine artefacts kept on disk between the worker processes of one comparison.
 
-Every configuration runs in a fresh process in every round (sdperf.rounds), so without a cache each round would
+Every configuration runs in a fresh process in every round (sdperf.measure.rounds), so without a cache each round would
 export SD 1.5's UNet again (tens of seconds, 3.4 GB of ONNX). Each comparison gets a folder of its own
 (Context.artefacts, made and removed by comparison.run_variants); the first worker builds an artefact into a
 folder named by what determines it (engine, exporter, input shapes, the library versions and a digest of the
@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from sdperf.environment import package_versions
+from sdperf.core.environment import package_versions
 
 DONE = "artefact.json"
 PACKAGES = ("torch", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf")

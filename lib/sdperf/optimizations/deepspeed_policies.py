@@ -254,7 +254,7 @@ def tiny_twin() -> _Holder:
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from sdperf import architectures
+    from sdperf.config import architectures
 
     arch = architectures.get("tiny")
     with torch.random.fork_rng(devices=[]):

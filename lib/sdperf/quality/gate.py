@@ -12,7 +12,7 @@ from importlib import resources
 import pandas as pd
 
 from sdperf.quality.settings import QualitySettings
-from sdperf.study import Study
+from sdperf.measure.study import Study
 
 MLPERF = "MLPerf Inference SDXL"
 MLPERF_N, MLPERF_GUIDANCE, MLPERF_STEPS, MLPERF_SCHEDULER = 5000, 8.0, 20, "euler"

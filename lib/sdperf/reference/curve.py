@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sdperf import figure_captions
+from sdperf.store import figure_captions
 from sdperf.reference import domain, evaluator, quality
 
 NEMO_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)

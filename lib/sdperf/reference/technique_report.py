@@ -3,7 +3,7 @@ stand-alone speed-up on SD 1.5 (random init) and the published quality cost wher
 
 Two models, said in every column title: quality on the study's trained reference model (sdperf.reference), speed
 on the profile's SD architecture at random init, as notebooks 01-09 measured it in fresh processes on this machine
-at this commit (sdperf.standalone, by catalog key). A technique not timed alone here says so instead of a number.
+at this commit (sdperf.select.standalone, by catalog key). A technique not timed alone here says so instead of a number.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def table(study, quality: pd.DataFrame) -> pd.DataFrame:
     """One row per key (the converged reference, the controls, fp32 PLMS-50, then each technique alone): quality
     deltas against the converged solve with intervals and verdicts, the SD 1.5 speed-up with its range, the
     published cost."""
-    from sdperf.standalone import standalone
+    from sdperf.select.standalone import standalone
 
     keys = [k for k in quality.key if _technique(k)]
     speed = standalone(study, keys).set_index("key") if keys else pd.DataFrame()

@@ -12,14 +12,14 @@ import seaborn as sns
 import torch
 from matplotlib.lines import Line2D
 
-from sdperf import figure_captions
-from sdperf.measurements import GenerationRun, record_generation, timed_generation
-from sdperf.paths import profile_reports
+from sdperf.store import figure_captions
+from sdperf.measure.measurements import GenerationRun, record_generation, timed_generation
+from sdperf.core.paths import profile_reports
 from sdperf.serving import loadgen_run, sharing, sync_audit
 from sdperf.serving.settings import ServingSettings
 from sdperf.serving.stages import SDStages, build_design
-from sdperf.study import Study
-from sdperf.timing import interleaved, ratio
+from sdperf.measure.study import Study
+from sdperf.measure.timing import interleaved, ratio
 
 CUDA_ONLY = "torch.cuda.set_sync_debug_mode needs a CUDA device; the function-mode count stands alone here"
 

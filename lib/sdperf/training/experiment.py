@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from sdperf import figure_captions
-from sdperf.architectures import vae_scale_factor
-from sdperf.comparison import published_row
-from sdperf.study import Study
+from sdperf.store import figure_captions
+from sdperf.config.architectures import vae_scale_factor
+from sdperf.measure.comparison import published_row
+from sdperf.measure.study import Study
 from sdperf.training import collect, data, figures, launch, published, scaling, settings as training_settings
 from sdperf.training.model import unet_config
 from sdperf.training.settings import TrainingSettings

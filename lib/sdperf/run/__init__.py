@@ -1,0 +1,6 @@
+"""`sdperf run`: the notebooks executed by papermill, each skipped when already run for the same clean commit, its
+outputs promoted only when it completes (`runner`), with the run's stand-alone comparisons measured up front in
+one schedule (`prefetch`).
+
+May import: report/ and everything below it. Nothing but the command line (sdperf.cli) imports run/.
+"""
