@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sdperf.core import environment, paths
-from sdperf.run import runner
+from sdperf.run import plan, runner
 from sdperf.cli import main
 from sdperf.core.errors import ConfigError, short
 from sdperf.config.profiles import available_profiles, load_profile, read_yaml
@@ -225,13 +225,13 @@ def test_a_hostile_notebook_parameter_fails_validation(tmp_path, monkeypatch, va
 
 
 def test_notebook_parameters_of_the_annotated_types_pass(tmp_path, monkeypatch):
-    runner.check_parameter_type("x", ["a", 1, 2.5], "list")
-    runner.check_parameter_type("x", 3, "float")
-    runner.check_parameter_type("x", True, "bool")
+    plan.check_parameter_type("x", ["a", 1, 2.5], "list")
+    plan.check_parameter_type("x", 3, "float")
+    plan.check_parameter_type("x", True, "bool")
     with pytest.raises(ConfigError, match=r"x must be float .*got bool"):
-        runner.check_parameter_type("x", True, "float")
+        plan.check_parameter_type("x", True, "float")
     with pytest.raises(ConfigError, match=r"x must be str .*got int 5"):
-        runner.check_parameter_type("x", 5, "str")
+        plan.check_parameter_type("x", 5, "str")
 
 
 def test_short_bounds_what_a_message_shows_of_a_huge_value():
@@ -457,10 +457,10 @@ def test_ctrl_c_during_a_notebook_prints_one_clean_line(tmp_path, monkeypatch):
 
 
 def test_an_unannotated_notebook_parameter_takes_a_scalar_or_a_flat_list():
-    runner.check_parameter_type("x", ["a", 2], "None")
-    runner.check_parameter_type("x", "a", None)
+    plan.check_parameter_type("x", ["a", 2], "None")
+    plan.check_parameter_type("x", "a", None)
     with pytest.raises(ConfigError, match=r"x must be a str, int, float, bool or list .*got dict"):
-        runner.check_parameter_type("x", {"a": 1}, "None")
+        plan.check_parameter_type("x", {"a": 1}, "None")
 
 
 def test_a_profiles_weights_folder_is_verified_before_the_first_notebook(model_copy, tmp_path, monkeypatch):

@@ -15,8 +15,9 @@ import pytest
 
 from sdperf.core import environment, paths
 from sdperf.report import report
-from sdperf.run import runner
+from sdperf.run import plan, runner
 from sdperf.core.errors import ConfigError
+from sdperf.store import stamps
 from sdperf.store.results import Recorder
 
 CLEAN_SHA = "0123456789ab"
@@ -75,7 +76,7 @@ def test_good_notebook_runs_with_profile_parameter(study):
     assert json.loads((study["reports"] / "environment.json").read_text())["profile"] == "smoke"
     stamp = json.loads((study["reports"] / "notebooks" / "00_good.run.json").read_text())
     assert stamp["status"] == "ok" and stamp["commit"] == CLEAN_SHA and stamp["duration_s"] > 0
-    assert stamp["notebook_sha256"] == runner.sha256_file(study["nbdir"] / "00_good.ipynb")
+    assert stamp["notebook_sha256"] == stamps.sha256_file(study["nbdir"] / "00_good.ipynb")
     assert not list((study["reports"] / "notebooks").glob(".*")), "a temp notebook was left behind"
 
 
@@ -134,16 +135,16 @@ def test_dirty_tree_never_skips(study):
 def test_should_skip_needs_everything_unchanged(change, expected):
     stamp = {"commit": CLEAN_SHA, "profile": "smoke", "notebook_sha256": "a", "profile_sha256": "b", "status": "ok"}
     current = {k: stamp[k] for k in ("commit", "profile", "notebook_sha256", "profile_sha256")} | change
-    assert runner.should_skip(stamp, current) is expected
-    assert runner.should_skip(stamp | {"status": "failed"}, current) is False
+    assert stamps.should_skip(stamp, current) is expected
+    assert stamps.should_skip(stamp | {"status": "failed"}, current) is False
 
 
 def test_only_accepts_full_name_number_or_topic():
     names = ["00_baseline", "01_half_precision", "02_compile"]
-    assert runner.select(["half_precision", "00", "02_compile", "00_baseline"], names) == names
-    assert runner.select(None, names) == names
+    assert plan.select(["half_precision", "00", "02_compile", "00_baseline"], names) == names
+    assert plan.select(None, names) == names
     with pytest.raises(ConfigError, match="valid notebooks: 00_baseline, 01_half_precision, 02_compile"):
-        runner.select(["nope"], names)
+        plan.select(["nope"], names)
 
 
 def test_unknown_profile_fails_fast_naming_valid_ones(tmp_path, monkeypatch):
@@ -190,7 +191,7 @@ def test_a_killed_kernel_says_which_signal_ended_it_in_the_failure_and_the_summa
     assert "cell 2 (DeadKernelError:" in line and "ended by signal 9 (SIGKILL); out of memory" in line
     summary = out[out.index("notebook"):]
     assert "failed" in summary and "signal 9 (SIGKILL)" in summary
-    stamp = runner.read_stamp("smoke", "00_killed")
+    stamp = stamps.read_stamp("smoke", "00_killed")
     assert stamp["error"]["kernel_exit"].startswith("signal 9 (SIGKILL)")
 
 

@@ -12,7 +12,8 @@ import os
 import sys
 
 from sdperf.core.errors import ConfigError, short
-from sdperf.config.profiles import AUTO, PROFILE_ENV, available_profiles, check_sections, load_profile
+from sdperf.config.profiles import AUTO, PROFILE_ENV, available_profiles, load_profile
+from sdperf.run.plan import check_sections
 
 PROFILE_COLUMNS = ["arch", "resolution", "steps", "scheduler", "batch_sizes", "dtype", "device", "repeats",
                    "weights"]

@@ -383,15 +383,3 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
     values = dict(raw, name=name, batch_sizes=tuple(sizes), guidance_scale=float(raw["guidance_scale"]),
                   notes=tuple(notes))
     return Profile(**values)
-
-
-def check_sections(profile: Profile) -> None:
-    """The training, quality and serving sections, each validated by the package that owns it, so a bad value
-    fails before the first notebook instead of inside 11, 12 or 13 (hours into a full cpu run). Imported here,
-    not at the top: those packages import this module."""
-    from sdperf.quality.settings import settings as quality
-    from sdperf.serving.settings import load as serving
-    from sdperf.training.settings import from_profile as training
-
-    for check in (training, quality, serving):
-        check(profile)

@@ -33,7 +33,7 @@ import warnings
 import pandas as pd
 import torch
 
-from sdperf.optimizations.deepspeed_inference import adapt_clip_layout
+from sdperf.optimizations.deepspeed_clip import adapt_clip_layout
 
 COLUMNS = ("policy", "expected_class", "matched", "replaced", "missing", "error", "applied_by_generic_injection",
            "note")

@@ -121,8 +121,8 @@ def _read_json(path: Path) -> dict | None:
 
 def read_stamps(profile: str) -> dict[str, dict]:
     """Each notebook's stamp (its last complete run); where a later run of it was killed, `interrupted` holds that
-    run's marker (sdperf.run.runner), and a notebook whose only run was killed reads 'interrupted'."""
-    from sdperf.run.runner import interrupted
+    run's marker (sdperf.store.stamps), and a notebook whose only run was killed reads 'interrupted'."""
+    from sdperf.store.stamps import interrupted
 
     folder = paths.profile_reports(profile) / "notebooks"
     stamps = {}

@@ -31,7 +31,7 @@ from sdperf.optimizations import artefacts, catalog
 from sdperf.optimizations.catalog import Context, Stack
 from sdperf.core.paths import scratch_dir
 from sdperf.config.profiles import Profile
-from sdperf.run.runner import notebook_parameters
+from sdperf.run.plan import notebook_parameters
 
 EVERY = 13  # configurations between two baselines inside a round (~2.7 min of processes on cpu; cpu's 23 configurations
 #            and the twin make 24, two chunks of 12 as with 12; 13 leaves room for one more without a third chunk)
@@ -48,7 +48,7 @@ ENGINE_NOTEBOOK = "07_engine_export"
 
 def parameters(name: str, profile: Profile, notebooks_dir: Path | None = None) -> dict:
     """The parameters notebook `name` will run with: its defaults, then what the runner injects (the profile's
-    notebooks: section, runner.notebook_parameters)."""
+    notebooks: section, sdperf.run.plan.notebook_parameters)."""
     import ast
 
     import papermill

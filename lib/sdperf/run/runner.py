@@ -5,20 +5,20 @@ that need them: a bad profile or notebook name must fail before any of that cost
 """
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sdperf.config.profiles import Profile, load_profile
 from sdperf.core import environment, paths
+from sdperf.core.errors import ConfigError
+from sdperf.run.plan import check_notebook_parameters, check_sections, notebook_names, notebook_parameters, select
 from sdperf.store import staging
-from sdperf.core.errors import ConfigError, short
-from sdperf.config.profiles import Profile, check_sections, load_profile
+from sdperf.store.stamps import (FAILED, OK, SKIPPED, fingerprint, mark_running, outputs_dir, read_running,
+                                 read_stamp, running_path, should_skip, write_stamp)
 
-OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 # the kernel's own log (not the notebook's output): at its default level every kernel printed a warning about TCP
 # into the progress bar, and a kernel shut down by an interrupted run printed its closing-socket tracebacks
 KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]
@@ -34,34 +34,6 @@ class Outcome:
     status: str
     seconds: float = 0.0
     failure: dict | None = None
-
-
-# ---------------------------------------------------------------- selecting notebooks
-
-def notebook_names(notebooks_dir: Path | None = None) -> list[str]:
-    folder = Path(notebooks_dir or paths.notebooks_dir())
-    return sorted(p.stem for p in folder.glob("*.ipynb"))
-
-
-def _matches(token: str, name: str) -> bool:
-    """'00_baseline' is also reachable as '00' and as 'baseline', which is what people type."""
-    number, _, rest = name.partition("_")
-    return token in (name, number, rest)
-
-
-def select(only: list[str] | None, names: list[str]) -> list[str]:
-    """The notebooks to run, in study order; any unknown or ambiguous name fails before anything runs."""
-    if not only:
-        return list(names)
-    chosen: set[str] = set()
-    for token in only:
-        hits = [n for n in names if _matches(token, n)]
-        if not hits:
-            raise ConfigError(f"unknown notebook {token!r}; valid notebooks: {', '.join(names) or '(none found)'}")
-        if len(hits) > 1:
-            raise ConfigError(f"notebook name {token!r} is ambiguous: it matches {', '.join(hits)}")
-        chosen.add(hits[0])
-    return [n for n in names if n in chosen]
 
 
 def validate(profile_name: str | None, only: list[str] | None,
@@ -106,150 +78,6 @@ def check_outputs(profile: str) -> None:
         if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
             raise ConfigError(f"{str(folder)!r} cannot be written ({str(existing)!r} is not a writable folder); "
                               "make it writable or set SDPERF_REPORTS_DIR to another folder")
-
-
-def check_notebook_parameters(profile: Profile, selected: list[str], notebooks_dir: Path | None = None) -> None:
-    """The profile's `notebooks:` section names study notebooks, and for each notebook of this run parameters
-    that its `parameters` cell declares: a typo fails here, naming the valid choices, instead of papermill
-    silently adding a variable the notebook never reads."""
-    known = notebook_names()
-    for name, params in profile.notebooks.items():
-        if name not in known:
-            raise ConfigError(f"profile {profile.name!r}: notebooks: unknown notebook {name!r}; valid notebooks: "
-                              f"{', '.join(known)}")
-        if not isinstance(params, dict):
-            raise ConfigError(f"profile {profile.name!r}: notebooks: {name} must be a mapping of parameter: value, "
-                              f"got {params!r}")
-        path = Path(notebooks_dir or paths.notebooks_dir()) / f"{name}.ipynb"
-        if name not in selected or not path.is_file():
-            continue
-        import papermill
-
-        declared = papermill.inspect_notebook(str(path))
-        for key, value in params.items():
-            if key == "profile" or key not in declared:
-                valid = [d for d in sorted(declared) if d != "profile"]
-                raise ConfigError(f"profile {profile.name!r}: notebooks: {name} has no parameter {short(key)}; valid "
-                                  f"parameters: {', '.join(valid) or '(none)'}")
-            check_parameter_type(f"profile {profile.name!r}: notebooks: {name}: {key}", value,
-                                 declared[key].get("inferred_type_name"))
-
-
-# a parameters cell's annotation -> the YAML values it accepts; a list holds scalars only (every notebook's lists are
-# of keys, names or sizes), so no nested or huge structure reaches papermill, which writes every value into the
-# notebook as Python source
-_SCALARS = (str, int, float, bool)
-MAX_LIST_ITEMS = 1000
-MAX_TEXT = 10_000
-
-
-def check_parameter_type(where: str, value, annotation: str | None) -> None:
-    """A profile's value for a notebook parameter has the type the parameters cell annotates (`name: list = ...`):
-    a mapping or a nested list where a list of keys belongs fails here, naming it, not inside the notebook."""
-    kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "list": (list,)}
-    expected = kinds.get(annotation or "")
-    if expected is None:  # unannotated (papermill says "None"): a scalar or a list, as the notebooks' values are
-        annotation, expected = "a str, int, float, bool or list", _SCALARS + (list,)
-    wrong_bool = isinstance(value, bool) and bool not in expected
-    if wrong_bool or not isinstance(value, expected):
-        raise ConfigError(f"{where} must be {annotation} (its annotation in the notebook's parameters cell), got "
-                          f"{type(value).__name__} {short(value)}")
-    if isinstance(value, list):
-        if len(value) > MAX_LIST_ITEMS or not all(isinstance(v, _SCALARS) for v in value):
-            raise ConfigError(f"{where} must be a list of at most {MAX_LIST_ITEMS} strings or numbers, got "
-                              f"{short(value)}")
-    texts = value if isinstance(value, list) else [value]
-    if any(isinstance(t, str) and len(t) > MAX_TEXT for t in texts):
-        raise ConfigError(f"{where}: a string over {MAX_TEXT:,} characters is not a setting, got {short(value)}")
-
-
-def notebook_parameters(profile: Profile, name: str) -> dict:
-    """What papermill injects into notebook `name`: the profile, and the profile's own settings for it."""
-    return {"profile": profile.name, **profile.notebooks.get(name, {})}
-
-
-# ---------------------------------------------------------------- stamps and skipping
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def outputs_dir(profile: str) -> Path:
-    return paths.profile_reports(profile) / "notebooks"
-
-
-def stamp_path(profile: str, name: str) -> Path:
-    return outputs_dir(profile) / f"{name}.run.json"
-
-
-def read_stamp(profile: str, name: str) -> dict | None:
-    try:
-        return json.loads(stamp_path(profile, name).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def fingerprint(profile: str, notebook: Path, commit: str) -> dict:
-    """What must be unchanged for an earlier run to stand for this one."""
-    return {"commit": commit, "profile": profile, "notebook_sha256": sha256_file(notebook),
-            "profile_sha256": sha256_file(paths.params_dir() / f"{profile}.yml")}
-
-
-def is_clean_commit(commit: str) -> bool:
-    """A dirty or unknown tree cannot vouch for which code produced the earlier outputs."""
-    return bool(commit) and commit != "unknown" and not commit.endswith("-dirty")
-
-
-def should_skip(stamp: dict | None, current: dict) -> bool:
-    if not stamp or stamp.get("status") != OK or not is_clean_commit(current["commit"]):
-        return False
-    return all(stamp.get(k) == v for k, v in current.items())
-
-
-def _utc(ts: float) -> str:
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def write_stamp(profile: str, name: str, current: dict, status: str, started: float, finished: float,
-                failure: dict | None = None) -> None:
-    from sdperf.store.results import atomic_write_text
-
-    stamp = {"notebook": name, **current, "status": status, "run_id": environment.run_id(),
-             "started_utc": _utc(started), "finished_utc": _utc(finished), "duration_s": round(finished - started, 3)}
-    if failure:
-        stamp["error"] = failure
-    atomic_write_text(stamp_path(profile, name), json.dumps(stamp, indent=2) + "\n")
-
-
-def running_path(profile: str, name: str) -> Path:
-    """Present while a run of the notebook is under way, and left behind when that run is killed: the notebook's
-    stamp and results stay those of its last complete run, and this marker makes the next run redo it."""
-    return outputs_dir(profile) / f"{name}.running.json"
-
-
-def mark_running(profile: str, name: str, started: float) -> None:
-    from sdperf.store.results import atomic_write_text
-
-    marker = {"notebook": name, "run_id": environment.run_id(), "pid": os.getpid(), "started_utc": _utc(started)}
-    atomic_write_text(running_path(profile, name), json.dumps(marker, indent=2) + "\n")
-
-
-def read_running(profile: str, name: str) -> dict | None:
-    try:
-        marker = json.loads(running_path(profile, name).read_text())
-    except (OSError, ValueError):
-        return {} if running_path(profile, name).exists() else None
-    return marker if isinstance(marker, dict) else {}
-
-
-def interrupted(profile: str, name: str) -> dict | None:
-    """The marker of a run of `name` that was killed before it completed: any marker but the one of the run that
-    holds the profile's run lock now."""
-    marker = read_running(profile, name)
-    if marker is None:
-        return None
-    live = staging.running_run(profile)
-    return marker if live is None or marker.get("run_id") != live else None
 
 
 # ---------------------------------------------------------------- executing one notebook
