@@ -110,7 +110,7 @@ def test_formula_is_near_the_committed_cpu_baselines_measured_peak():
 def test_earlier_rows_on_this_machine_replace_the_formula(smoke, scratch_reports):
     machine = environment.fingerprint(smoke.device)
     row = dict.fromkeys(COLUMNS)
-    row.update(notebook="00_baseline", scenario="fp32 eager, batch 1", metric="process_peak_memory", value=1234.5,
+    row.update(notebook="00_baseline", scenario="fp32 eager, batch 1", batch_size=1, metric="process_peak_memory", value=1234.5,
                unit="MiB", key=BASELINE_KEY, machine=machine, profile=smoke.name, status="ok", device=smoke.device,
                commit="c1", time_utc="2026-11-26T00:00:00Z")  # every field a row must carry (results.REQUIRED)
     other = dict(row, value=99999.0, machine="another-machine")

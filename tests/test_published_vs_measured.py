@@ -151,7 +151,7 @@ def test_the_report_shows_the_table_after_the_findings_with_a_link_per_source(sc
 
     rec = Recorder("01_half_precision", "smoke", environment.record("smoke", "cpu"))
     rec.add("float16 weights+activations, batch 1", "seed_speedup_vs_fp32", 0.912345, "x", lo=0.9, hi=0.95,
-            key="precision:float16", method="fresh process per configuration")
+            key="precision:float16", method="fresh process per configuration", batch_size=1)
     rec.not_applicable("CUDA graph (UNet step), batch 1", "needs <CUDA> & a GPU")
     page = report.write_index("smoke").read_text()
     section = page[page.index("<h2 id='published'>"):]
@@ -222,11 +222,11 @@ def test_10_compares_the_whole_ladder_only_when_every_rung_ran_and_it_s_per_step
 def test_13_takes_the_busy_fraction_from_00s_batch_rows_when_it_timed_batch_1_only():
     from sdperf.serving import experiment, sharing
 
-    base = dict(notebook="00_baseline", metric="latency", status="ok")
-    rows = _results(dict(base, scenario="fp32 eager, batch 1", value=9.0),
-                    dict(base, scenario="fp32 eager, batch 2", value=15.0),
-                    dict(base, scenario="fp32 eager (twin), batch 4", value=99.0),
-                    dict(base, scenario="fp32 eager, batch 4", value=None, status="skipped"))
+    base = dict(notebook="00_baseline", metric="latency", status="ok", key="fp32-eager")
+    rows = pd.DataFrame([dict(base, scenario="fp32 eager, batch 1", value=9.0, batch_size=1),
+                         dict(base, scenario="fp32 eager, batch 2", value=15.0, batch_size=2),
+                         dict(base, scenario="fp32 eager (twin), batch 4", value=99.0, batch_size=4),
+                         dict(base, scenario="fp32 eager, batch 4", value=None, status="skipped", batch_size=4)])
     assert experiment.baseline_batches(rows) == (9.0, 15.0, 2)
     assert experiment.baseline_batches(rows[rows.scenario != "fp32 eager, batch 2"]) is None
     busy = sharing.busy_fraction(*experiment.baseline_batches(rows))

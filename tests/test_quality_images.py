@@ -104,7 +104,7 @@ def test_rungs_compare_with_the_fp32_images(smoke, scorers, scratch_reports):
     # the stand-alone row 02_inference_mode stored on this machine at this commit, found by key
     Recorder("02_inference_mode", "smoke", study.env).add(
         "whatever label, batch 1", "speedup_vs_fp32", 1.07, "x", lo=1.05, hi=1.09, key="grad:inference_mode",
-        method="fresh process per configuration", note="per image; faster (noise band 0.98-1.02x)")
+        method="fresh process per configuration", batch_size=1, verdict="faster", note="per image")
     s = dataclasses.replace(settings(smoke), ladder_n_images=2, steps=2)
     out = rungs.generate(study, s, ["grad:inference_mode", "cuda_graphs"], say=lambda _: None)
     assert [r.status for r in out] == ["ok", "ok", "not_applicable"]

@@ -64,7 +64,7 @@ def plan(study, keys: list[str]) -> tuple[list, list[dict]]:
             continue
         reason = (f"OpenVINO's default INFERENCE_PRECISION_HINT on this CPU is {used}: the same compiled "
                   f"configuration as the '{twin}' row, not timed twice")
-        study.recorder.skipped(f"{display}, batch 1", reason)
+        study.recorder.skipped(f"{display}, batch 1", reason, batch_size=1)
         skipped.append({"variant": display, "key": k, "status": "skipped", "note": f"skipped: {reason}"})
     return items, skipped
 
@@ -85,13 +85,13 @@ def _record_setup(study, cmp: Comparison) -> None:
         scenario, dtype = f"{label}, batch 1", DTYPES.get(f.get("precision"), "float32")
         key = cmp.row(label)["key"]
         rows += [dict(scenario=scenario, metric="export", value=f["export_s"], unit="s", n=1, dtype=dtype, key=key,
-                      note=f"{f['exporter']}; dynamic batch axis: {f['dynamic_batch']}; last round"
+                      batch_size=1, note=f"{f['exporter']}; dynamic batch axis: {f['dynamic_batch']}; last round"
                       + (f"; exported graph {f['export_mib']:.0f} MiB (deleted after loading)" if "export_mib" in f
                          else "")),
                  dict(scenario=scenario, metric="engine_build", value=f["build_s"], unit="s", n=1, dtype=dtype,
-                      key=key, note=f"{f['engine']}; precision actually used: {f['precision']}; last round"),
+                      key=key, batch_size=1, note=f"{f['engine']}; precision actually used: {f['precision']}; last round"),
                  dict(scenario=scenario, metric="setup_peak_memory", value=f["setup_peak_mib"], unit="MiB", n=1,
-                      dtype=dtype, key=key, note="peak RSS (or CUDA allocated) while exporting and building, in "
+                      dtype=dtype, key=key, batch_size=1, note="peak RSS (or CUDA allocated) while exporting and building, in "
                       "the worker (fp32 pipeline included)")]
     if rows:
         study.recorder.add_many(rows)
@@ -203,13 +203,13 @@ def batch_sweep(study, cmp: Comparison, key: str, batch_sizes: list[int], budget
             if est > budget_s:
                 reason = (f"estimated {est:.0f} s for batch {b} (scaled from batch 1) exceeds sweep_budget_s="
                           f"{budget_s:.0f}")
-                study.recorder.skipped(f"{key}, batch {b}", reason)
+                study.recorder.skipped(f"{key}, batch {b}", reason, batch_size=b)
                 rows.append({"batch_size": b, "status": "skipped", "note": reason})
                 continue
             try:
                 c = run_variants(study, [key], batch_size=b)
             except Exception as exc:  # recorded; the other batch sizes go on
-                study.recorder.failed(f"{key}, batch {b}", exc, metric="latency")
+                study.recorder.failed(f"{key}, batch {b}", exc, metric="latency", batch_size=b)
                 rows.append({"batch_size": b, "status": "failed", "note": f"{type(exc).__name__}: {exc}"[:300]})
                 continue
         r, base = c.row(key), c.row(BASELINE)

@@ -18,6 +18,7 @@ from sdperf.model.generation import Workload, generate
 from sdperf.optimizations import half_precision
 from sdperf.optimizations import inference_mode as opt
 from sdperf.optimizations.catalog import Stack
+from sdperf.store.results import VERDICTS
 from sdperf.measure.study import Study
 
 # stack key (without the profile's precision) -> display name
@@ -78,7 +79,9 @@ def cerebrium_ratio(study: Study, cmp: Comparison) -> pd.DataFrame:
         rows.append(row)
     for r in rows:
         study.recorder.add(f"{r['comparison']}, batch 1", "speedup", r["speedup"], "x", lo=r["speedup_lo"],
-                           hi=r["speedup_hi"], n=r["rounds"], method=cmp.method, note=f"{r['note']}; {r['verdict']}")
+                           hi=r["speedup_hi"], n=r["rounds"], method=cmp.method, batch_size=1,
+                           verdict=r["verdict"] if r["verdict"] in VERDICTS else None,
+                           note=f"{r['note']}; {r['verdict']}")
     return pd.DataFrame(rows)
 
 

@@ -112,9 +112,9 @@ def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
         dtype = Stack.of(r.key).dtype if isinstance(r.key, str) else None
         if r.status != "ok":
             rows.append(dict(scenario=scenario, metric="latency", value=None, unit="", status=r.status,
-                             note=r.note, dtype=dtype, method=m.method, key=r.key))
+                             note=r.note, dtype=dtype, method=m.method, key=r.key, batch_size=batch_size))
             continue
-        common = dict(n=int(r.rounds), dtype=dtype, method=r.method, key=r.key)
+        common = dict(n=int(r.rounds), dtype=dtype, method=r.method, key=r.key, batch_size=batch_size)
         for metric, col, note in (("latency", "latency_s", "median generation at the profile's steps"),
                                   ("s_per_image", "s_per_image", "latency / batch"),
                                   ("unet_step", "unet_step_s", "median UNet call on the guidance batch"),
@@ -145,7 +145,7 @@ def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
                 verdict = getattr(r, ratio + "_verdict")
                 band = m.noise[ratio]
                 rows.append(dict(scenario=scenario, metric=f"{ratio}_vs_fp32", value=getattr(r, ratio), unit="x",
-                                 lo=getattr(r, ratio + "_lo"), hi=getattr(r, ratio + "_hi"),
+                                 lo=getattr(r, ratio + "_lo"), hi=getattr(r, ratio + "_hi"), verdict=verdict,
                                  note=f"{what}; {verdict} (noise band {band[0]:.3f}-{band[1]:.3f}x)", **common))
         d = m.drift.get(r.variant)
         if d:
@@ -156,7 +156,7 @@ def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
         if pd.isna(lo):  # no twin ran: nothing was compared, so no noise floor to state
             continue
         rows.append(dict(scenario="noise floor" + suffix, metric=f"{ratio}_noise_band", value=hi, unit="x", lo=lo,
-                         hi=hi, n=m.rounds, method=m.method, key="fp32-eager",
+                         hi=hi, n=m.rounds, method=m.method, key="fp32-eager", batch_size=batch_size,
                          note=f"{what}: fp32 eager against its twin, symmetric range over rounds"))
     rec.add_many(rows)
 

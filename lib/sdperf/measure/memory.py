@@ -255,11 +255,11 @@ def _peaks(path: str, mtime_ns: int) -> dict:
     except Exception:  # noqa: BLE001 - an unreadable table only means no refinement
         return {}
     df = df[df.metric == "process_peak_memory"]
-    batch = df.scenario.astype(str).str.extract(r", batch (\d+)$")[0]
+    batch = df.batch_size
     top = pd.concat([df.value.astype(float), df.hi.astype(float)], axis=1).max(axis=1)  # hi: the largest worker's
     out: dict = {}
     for key, b, machine, value in zip(df.key, batch, df.machine, top):
-        if isinstance(b, str) and value == value:
+        if pd.notna(b) and value == value:
             k = (key, int(b), machine)
             out[k] = max(out.get(k, 0.0), float(value))
     return out

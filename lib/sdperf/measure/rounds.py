@@ -41,6 +41,7 @@ from sdperf.measure import drift, lifeline, memory, worker
 from sdperf.measure import ledger as ledgers
 from sdperf.optimizations import allocator as allocators
 from sdperf.optimizations.catalog import BASELINE_KEY, Context, Stack
+from sdperf.store import results
 
 BASELINE, TWIN = "fp32 eager", "fp32 eager (twin)"
 MIN_ROUNDS = 3
@@ -48,7 +49,7 @@ MIN_ROUNDS = 3
 RATIOS = (("latency_s", "speedup", "per image at the profile's steps"),
           ("unet_step_s", "unet_step_speedup", "per UNet step"),
           ("s_per_image_seed", "seed_speedup", "per image at 50 PLMS steps (composed from the measured stages)"))
-FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
+FASTER, SLOWER, NOISE = results.FASTER, results.SLOWER, results.NOISE  # the verdict column's words
 # A comparison opens on the run's last baseline when nothing ran after it and it closed less than this ago
 REUSE_BASELINE_S = 600
 # Imported once by the fork server, so a worker starts with them loaded (nothing is built there). diffusers and

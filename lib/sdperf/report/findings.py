@@ -1,17 +1,18 @@
 """One verdict per notebook, written from its rows in results.csv: a reader's first screen, with no typed number.
 
 Each sentence names its number, its range over rounds, what it divides (the baseline), the method of the row and
-whether it clears the fp32-vs-fp32 noise floor, as the rows themselves record them (sdperf.measure.rounds writes
-"faster / within noise / slower (noise band a-b)" into every compared row's note). Rows not measured are counted
-with their first reason, so a notebook whose rungs do not apply here does not read as a success.
+whether it clears the fp32-vs-fp32 noise floor, as the rows themselves record them (every compared row's `verdict`
+column, faster / within noise / slower, against the band its notebook's noise-floor row holds). Rows not measured
+are counted with their first reason, so a notebook whose rungs do not apply here does not read as a success.
 """
 from __future__ import annotations
 
 import html
-import re
 from typing import Callable
 
 import pandas as pd
+
+from sdperf.select import scenarios
 
 TWIN = "fp32-eager"  # the fp32 twin: the noise floor's row, not a configuration to rank
 
@@ -33,7 +34,7 @@ class Legend:
         return "".join(f"<li>[M{i}] {_esc(t)}</li>" for i, t in enumerate(self.texts, 1))
 
 NOT_MEASURED = ("not_applicable", "skipped", "failed")
-_BAND = re.compile(r"(faster|slower|within noise) \(noise band ([0-9.]+)-([0-9.]+)x\)")
+SPEED_VERDICTS = ("faster", "slower", "within noise")
 
 
 def _esc(text) -> str:
@@ -52,14 +53,18 @@ def _range(row, digits: int = 2, unit: str = "x") -> str:
     return text
 
 
-def _band(note: str) -> str:
-    """'faster than the noise floor (0.94-1.07x)' from a compared row's note, or '' when it has none."""
-    m = _BAND.search(str(note))
-    if not m:
+def _band(row, rows: pd.DataFrame) -> str:
+    """'faster than the noise floor (0.94-1.07x)' for a compared row: its verdict, and the band of the noise-floor
+    row its notebook recorded for the same ratio at the same batch size; '' when it has no verdict or no band."""
+    word = row.get("verdict")
+    ratio = str(row["metric"]).removesuffix("_vs_fp32")
+    floor = rows[(rows["metric"] == f"{ratio}_noise_band") & (rows["key"] == TWIN)
+                 & (rows["batch_size"] == row.get("batch_size"))]
+    if word not in SPEED_VERDICTS or floor.empty:
         return ""
-    word, lo, hi = m.groups()
+    lo, hi = floor["lo"].iloc[-1], floor["hi"].iloc[-1]
     return {"faster": "faster than", "slower": "slower than", "within noise": "within"}[word] + \
-        f" the noise floor ({lo}-{hi}x)"
+        f" the noise floor ({lo:.3f}-{hi:.3f}x)"
 
 
 def _not_measured(rows: pd.DataFrame) -> str:
@@ -86,9 +91,9 @@ def speed_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | Non
     if ok.empty:
         return None
     best = ok.loc[ok["value"].astype(float).idxmax()]
-    bands = ok["note"].astype(str).str.extract(_BAND)[0].fillna("no band").value_counts()
+    bands = ok["verdict"].where(ok["verdict"].isin(SPEED_VERDICTS)).fillna("no band").value_counts()
     counts = ", ".join(f"{n} {w}" for w, n in bands.items())
-    band = _band(best["note"])
+    band = _band(best, rows)
     return (f"fastest of {len(ok)}: <b>{_esc(best['scenario'].removesuffix(', batch 1'))}</b>, "
             f"{_range(best)} per image over fp32 eager at 50 PLMS steps"
             f"{', ' + band if band else ''} {_method(legend, best['method'])}; all {len(ok)} against the floor: "
@@ -171,8 +176,8 @@ def serving_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | N
 
 
 def ladder_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | None:
-    recipe = rows[rows["scenario"].astype(str).str.startswith(("best admissible stack: ", "best lossless stack: "))
-                  & (rows["metric"] == "seed_speedup_vs_fp32")]
+    recipe = scenarios.of_kind(rows, *scenarios.HEADLINES)
+    recipe = recipe[recipe["metric"] == "seed_speedup_vs_fp32"]
     if recipe.empty:
         return speed_verdict(rows, legend)
     items = [f"<b>{_esc(r['scenario'])}</b> {_range(r)} per image over fp32 eager PLMS-50 "

@@ -15,13 +15,15 @@ from importlib import resources
 
 import pandas as pd
 
+from sdperf.store.results import with_verdicts
+
 CLAIMS_FILE = "published_claims.csv"
 CPU_LADDERS_FILE = "published_cpu_ladders.csv"
 NOT_MEASURED = "not measured here"
 COLUMNS = ["source", "url", "url_note", "hardware", "settings", "claim", "published", "published_unit",
            "published_detail", "measured_x", "measured", "measured_what", "method", "why_they_differ"]
 ROW_COLUMNS = ("notebook", "scenario", "metric", "value", "unit", "p10", "p90", "lo", "hi", "status", "method", "key",
-               "note", "time_utc")  # what is read of a results.csv row (sdperf.store.results)
+               "batch_size", "note", "time_utc")  # what is read of a results.csv row (sdperf.store.results)
 ALTERNATIVE = "|"  # measured_key "a|b": the first key with a measured row wins (e.g. TensorRT where it runs)
 CPU_LADDER_WHAT = {True: "the technique alone over fp32 eager, per image at 50 PLMS steps, composed from the "
                          "measured stages; median [min-max] over rounds",
@@ -95,7 +97,7 @@ def _rows(results: pd.DataFrame, look: Lookup) -> pd.DataFrame:
     if look.scenario:
         keep &= scenario.str.startswith(look.scenario)
     if look.batch:
-        keep &= scenario.str.endswith(f", batch {look.batch}")
+        keep &= r["batch_size"] == int(look.batch)
     return r[keep]
 
 
@@ -210,6 +212,9 @@ def measure(results: pd.DataFrame, claim) -> tuple[float | None, str, str]:
 def table(results: pd.DataFrame) -> pd.DataFrame:
     """One row per claim: source and URL, published figure with its hardware and settings, the figure measured
     here (from `results` only) with its range and method, and why the two can differ."""
+    if "batch_size" not in results:  # rows not read through sdperf.store.results (a table built by hand)
+        results = with_verdicts(results.reindex(columns=list(dict.fromkeys([*results.columns, *ROW_COLUMNS])))
+                                .drop(columns=["batch_size"]))
     results = results.reindex(columns=list(dict.fromkeys([*results.columns, *ROW_COLUMNS])))
     out = []
     for c in claims().itertuples():

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from sdperf.core import paths
 from sdperf.config.profiles import load_profile
+from sdperf.select import scenarios
 
 RESULT_COLUMNS = ["scenario", "metric", "value", "unit", "p10", "p90", "n", "dtype", "note"]
 NUMBER_COLUMNS = ("value", "p10", "p90")
@@ -330,7 +331,7 @@ def _ladder_section(profile: str, results) -> str:
     rows = results[results["notebook"] == LADDER]
     if rows.empty:
         return ""
-    rungs = rows[rows["scenario"].str.contains(" order ") | rows["scenario"].str.startswith("best recipe")]
+    rungs = scenarios.rungs(rows)
     out = []
     for scenario, g in rungs.groupby("scenario", sort=False):
         not_measured = g[g["status"].isin(NOT_MEASURED)]
@@ -351,7 +352,6 @@ def _ladder_section(profile: str, results) -> str:
             + _styled_table(df, classes, "ladder") + _figures(profile, LADDER))
 
 
-HEADLINES = ("best admissible stack: ", "best lossless stack: ")
 
 
 def _range(v: dict, metric: str, digits: int = 2, unit: str = "x") -> str:
@@ -369,15 +369,15 @@ def headline_sentences(results) -> list[str]:
     """The study's answer, one sentence per chosen stack, written from 10's headline rows (no typed numbers)."""
     rows = results[results["notebook"] == LADDER] if len(results) else results
     out = []
-    for prefix in HEADLINES:
-        mine = rows[rows["scenario"].astype(str).str.startswith(prefix)] if len(rows) else rows
+    for kind in scenarios.HEADLINES:
+        mine = scenarios.of_kind(rows, kind)
         if mine.empty:
             continue
         v = {r.metric: {"value": r.value, "lo": getattr(r, "lo", None), "hi": getattr(r, "hi", None),
                         "note": r.note} for r in mine.itertuples()}
-        key = mine["scenario"].iloc[0].removeprefix(prefix)
+        key = scenarios.subject(mine["scenario"].iloc[0], kind)
         per_image = v.get("seed_speedup_vs_fp32", {})
-        s = (f"{prefix.removesuffix(': ').capitalize()} on this machine: <b>{_esc(key)}</b>, "
+        s = (f"{kind.capitalize()} on this machine: <b>{_esc(key)}</b>, "
              f"{_range(v, 'seed_speedup_vs_fp32')} per image over fp32 eager at 50 PLMS steps "
              f"({_esc(per_image.get('note', ''))}), {_range(v, 'unet_step_speedup_vs_fp32')} per UNet step")
         if "reference_adherence_delta" in v:
@@ -395,16 +395,13 @@ def headline_sentences(results) -> list[str]:
     return out
 
 
-SEARCH_PREFIX = "stack search: "
-
-
 def no_admissible_sentence(results) -> str | None:
     """When the search judged stacks and none stayed within the quality budget, the answer says so, with how many
     were judged and how they failed (from 10's search rows), instead of leaving the reader to infer it."""
     rows = results[results["notebook"] == LADDER] if len(results) else results
-    if rows.empty or rows["scenario"].astype(str).str.startswith(HEADLINES[0]).any():
+    if rows.empty or not scenarios.of_kind(rows, scenarios.BEST_STACK).empty:
         return None
-    judged = rows[rows["scenario"].astype(str).str.startswith(SEARCH_PREFIX)]
+    judged = scenarios.of_kind(rows, scenarios.SEARCH)
     if judged.empty:
         return None
     verdicts = judged["note"].astype(str).str.split(";", n=1).str[0].str.split(":", n=1).str[-1].str.strip() \
@@ -412,7 +409,7 @@ def no_admissible_sentence(results) -> str | None:
     fastest = judged.sort_values("value", ascending=False).iloc[0]
     return (f"No stack within the quality budget was found: the search judged {len(judged)} candidates "
             f"({', '.join(f'{n} {_esc(v)}' for v, n in verdicts.items())}); the fastest judged, "
-            f"<b>{_esc(fastest['scenario'].removeprefix(SEARCH_PREFIX))}</b>, composed at {fastest['value']:.2f}x per image, "
+            f"<b>{_esc(scenarios.subject(fastest['scenario'], scenarios.SEARCH))}</b>, composed at {fastest['value']:.2f}x per image, "
             f"was {_esc(str(fastest['note']))}.")
 
 

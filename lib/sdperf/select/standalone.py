@@ -1,14 +1,12 @@
 """Each technique's stand-alone measurement, found in results.csv by its catalog key.
 
 The ladder chooses its best order from these rows and the quality rungs set their images beside them. Rows are
-matched on the `key` column that comparison.record writes (the catalog stack key), on the notebook that owns the
-technique and on batch 1, never on a display label: renaming a label cannot make a measured technique "not
+matched on the `key` and `batch_size` columns that comparison.record writes (the catalog stack key, the batch),
+on the notebook that owns the technique, never on a display label: renaming a label cannot make a measured technique "not
 measured". Only rows of this machine and this commit are read (Recorder.current()); a row of another CPU or of
 older code never enters a choice.
 """
 from __future__ import annotations
-
-import re
 
 import pandas as pd
 
@@ -17,16 +15,9 @@ from sdperf.optimizations import catalog
 # ratio column -> the metric comparison.record stores it under
 RATIO_METRICS = {"speedup": "speedup_vs_fp32", "unet_step_speedup": "unet_step_speedup_vs_fp32",
                  "seed_speedup": "seed_speedup_vs_fp32"}
-_VERDICT = re.compile(r"\b(faster|slower|within noise)\b")
 COLUMNS = ["key", "technique", "family", "notebook", "status", "scenario",
            *[c for r in RATIO_METRICS for c in (r, r + "_lo", r + "_hi", r + "_verdict")],
            "image_psnr_db", "changes_output", "method", "note"]
-
-
-def verdict_of(note) -> str | None:
-    """The speed verdict comparison.record writes into a ratio row's note."""
-    found = _VERDICT.search(note) if isinstance(note, str) else None
-    return found.group(1) if found else None
 
 
 def rows_of(df: pd.DataFrame, tech: catalog.Technique, batch_size: int = 1) -> pd.DataFrame:
@@ -35,7 +26,7 @@ def rows_of(df: pd.DataFrame, tech: catalog.Technique, batch_size: int = 1) -> p
     if df.empty or "key" not in df:
         return df.iloc[0:0]
     mine = df[(df["key"].astype(str) == tech.key) & (df["notebook"].astype(str) == tech.notebook)
-              & df["scenario"].astype(str).str.endswith(f", batch {batch_size}")]
+              & (df["batch_size"] == batch_size)]
     if mine.empty:
         return mine
     latest = mine.sort_values("time_utc").scenario.iloc[-1]
@@ -63,7 +54,7 @@ def table(df: pd.DataFrame, keys: list[str] | None = None, batch_size: int = 1) 
         for col, metric in RATIO_METRICS.items():
             if metric in by_metric.index:
                 m = by_metric.loc[metric]
-                row.update({col: m.value, col + "_lo": m.lo, col + "_hi": m.hi, col + "_verdict": verdict_of(m.note)})
+                row.update({col: m.value, col + "_lo": m.lo, col + "_hi": m.hi, col + "_verdict": _verdict(m)})
         if "image_psnr_db" in by_metric.index:
             row["image_psnr_db"] = by_metric.loc["image_psnr_db"].value
         out.append({**row, "status": "ok", "note": ""})
@@ -71,6 +62,11 @@ def table(df: pd.DataFrame, keys: list[str] | None = None, batch_size: int = 1) 
     for col in [c for c in COLUMNS if c.endswith(("speedup", "_lo", "_hi"))] + ["image_psnr_db"]:
         t[col] = pd.to_numeric(t[col], errors="coerce")
     return t
+
+
+def _verdict(row) -> str | None:
+    v = row.get("verdict")
+    return v if isinstance(v, str) and v else None
 
 
 def _first(values):

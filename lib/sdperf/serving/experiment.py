@@ -3,7 +3,6 @@ parity between them, the sync audit, and the GPU-sharing paper estimate."""
 from __future__ import annotations
 
 import collections
-import re
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -19,6 +18,8 @@ from sdperf.serving import loadgen_run, sharing, sync_audit
 from sdperf.serving.settings import ServingSettings
 from sdperf.serving.stages import SDStages, build_design
 from sdperf.measure.study import Study
+from sdperf.measure.rounds import BASELINE
+from sdperf.optimizations.catalog import BASELINE_KEY
 from sdperf.measure.timing import interleaved, ratio
 
 CUDA_ONLY = "torch.cuda.set_sync_debug_mode needs a CUDA device; the function-mode count stands alone here"
@@ -299,7 +300,7 @@ def sync_time(study: Study, pipe, cfg: ServingSettings) -> pd.DataFrame:
 
 
 # --- GPU sharing ---------------------------------------------------------------------------------------------------
-BASELINE_NOTEBOOK, BASELINE_BATCH = "00_baseline", re.compile(r"fp32 eager, batch (\d+)$")
+BASELINE_NOTEBOOK = "00_baseline"
 
 
 def baseline_batches(rows: pd.DataFrame) -> tuple[float, float, int] | None:
@@ -307,9 +308,11 @@ def baseline_batches(rows: pd.DataFrame) -> tuple[float, float, int] | None:
     when 00 measured no batch above 1 among `rows`."""
     if rows.empty:
         return None
-    mine = rows[(rows["notebook"] == BASELINE_NOTEBOOK) & (rows["metric"] == "latency") & (rows["status"] == "ok")]
-    lat = {int(m.group(1)): float(v) for s, v in zip(mine["scenario"].astype(str), mine["value"])
-           if (m := BASELINE_BATCH.match(s)) and pd.notna(v)}
+    mine = rows[(rows["notebook"] == BASELINE_NOTEBOOK) & (rows["metric"] == "latency") & (rows["status"] == "ok")
+                & (rows["key"] == BASELINE_KEY) & rows["batch_size"].notna()]
+    # the baseline's own rows at each batch, by their name (its twin shares the key)
+    mine = mine[mine["scenario"] == [f"{BASELINE}, batch {b}" for b in mine["batch_size"]]]
+    lat = {int(b): float(v) for b, v in zip(mine["batch_size"], mine["value"]) if pd.notna(v)}
     if 1 not in lat or max(lat) < 2:
         return None
     return lat[1], lat[max(lat)], max(lat)

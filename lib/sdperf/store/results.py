@@ -13,6 +13,7 @@ import fcntl
 import io
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,12 +27,21 @@ KEY = ["notebook", "scenario", "metric"]
 # lo/hi: the range of a value over fresh-process rounds (min, max); p10/p90: its spread inside one process.
 # method: how the row was taken (sdperf.measure.rounds.method() for every compared ratio), so no table mixes methods.
 # key: the catalog stack key a row measures (sdperf.optimizations.catalog), so rows are found by key, not label.
-MEASURE_COLUMNS = ["value", "unit", "p10", "p90", "lo", "hi", "n", "status", "method", "key", "note"]
+# batch_size: images per generation of the configuration the row measures (empty where a row has no such batch).
+# verdict: a compared ratio's speed verdict against the run's noise band, or why the row was not measured; the
+# note says the same to a reader, and no code reads it back out of the note.
+MEASURE_COLUMNS = ["value", "unit", "p10", "p90", "lo", "hi", "n", "status", "method", "key", "batch_size", "verdict",
+                   "note"]
 # run_id: one `sdperf run` (or one notebook opened alone); machine: the CPU/GPU fingerprint the row was taken on
 ENV_COLUMNS = ["profile", "dtype", "device", "device_name", "cpu_model", "machine", "threads", "commit", "run_id",
                "torch", "diffusers", "python", "packages", "time_utc"]
 COLUMNS = KEY + MEASURE_COLUMNS + ENV_COLUMNS
 STATUSES = ("ok", "not_applicable", "skipped", "failed")
+# A ratio whose whole range over rounds lies above the noise band is faster, below it slower, else within noise
+# (sdperf.measure.rounds.speed_verdict); a row not measured carries its status as its verdict.
+FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
+NOT_MEASURED_VERDICTS = {"not_applicable": "not applicable", "skipped": "skipped", "failed": "failed"}
+VERDICTS = (FASTER, SLOWER, NOISE, *NOT_MEASURED_VERDICTS.values())
 # what every row must carry: a row without its key cannot be replaced, and one without its environment cannot be
 # placed (a row with no time_utc sorted as "the latest run" and hid every good row of the page)
 REQUIRED = KEY + ["status", "profile", "device", "machine", "commit", "time_utc"]
@@ -86,7 +96,29 @@ def read_table(path: Path) -> pd.DataFrame:
     text = read_checked(path)
     if text is None:
         return pd.DataFrame(columns=COLUMNS)
-    return pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""])
+    return with_verdicts(pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""]))
+
+
+# Rows written before `verdict` and `batch_size` were columns (the committed reports/cpu rows among them) said
+# both only in prose: the verdict in a compared ratio's note, the batch at the end of the scenario. This is the one
+# place that prose is read, when such a table is read; the next write of the table stores the columns.
+_LEGACY_VERDICT = re.compile(rf"({FASTER}|{SLOWER}|{NOISE}) \(noise band|; ({FASTER}|{SLOWER}|{NOISE})$")
+_LEGACY_BATCH = re.compile(r", batch (\d+)$")
+
+
+def with_verdicts(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with its `verdict` and `batch_size` columns: as stored, or derived for a table written before they
+    were (a header without them)."""
+    if "verdict" not in df:
+        found = df["note"].astype(str).str.extract(_LEGACY_VERDICT)
+        said = found[0].fillna(found[1]).where(df["status"] == "ok")
+        df["verdict"] = said.fillna(df["status"].map(NOT_MEASURED_VERDICTS))
+    if "batch_size" not in df:
+        df["batch_size"] = df["scenario"].astype(str).str.extract(_LEGACY_BATCH)[0]
+    sizes = pd.to_numeric(df["batch_size"], errors="coerce")
+    if sizes.notna().sum() == df["batch_size"].notna().sum() and (sizes.dropna() % 1 == 0).all():
+        df["batch_size"] = sizes.astype("Int64")  # whole numbers stay whole (not 1.0) when written back
+    return df[[c for c in COLUMNS if c in df]]
 
 
 def check_results(profile: str) -> None:
@@ -213,16 +245,21 @@ class Recorder:
 
     def _row(self, scenario: str, metric: str, value, unit: str, p10=None, p90=None, n=None,
              status: str = "ok", note: str = "", dtype: str | None = None, lo=None, hi=None,
-             method: str = "", key: str = "") -> dict:
+             method: str = "", key: str = "", batch_size: int | None = None, verdict: str | None = None) -> dict:
         if status not in STATUSES:
             raise ValueError(f"status {status!r} is not valid; choose one of: {', '.join(STATUSES)}")
+        verdict = verdict or NOT_MEASURED_VERDICTS.get(status)
+        if verdict is not None and verdict not in VERDICTS:
+            raise ValueError(f"{scenario}/{metric}: verdict {verdict!r} is not valid; choose one of: "
+                             f"{', '.join(VERDICTS)}")
         missing = value is None or (isinstance(value, float) and math.isnan(value))
         if status == "ok" and missing and not note:
             raise ValueError(f"{scenario}/{metric}: an 'ok' row needs a measured value or a note saying why not")
         env = self.env
         row = {
             "notebook": self.notebook, "scenario": scenario, "metric": metric, "value": value, "unit": unit,
-            "p10": p10, "p90": p90, "lo": lo, "hi": hi, "n": n, "status": status, "method": method, "key": key, "note": note,
+            "p10": p10, "p90": p90, "lo": lo, "hi": hi, "n": n, "status": status, "method": method, "key": key,
+            "batch_size": batch_size, "verdict": verdict, "note": note,
             "profile": self.profile, "dtype": dtype or self.dtype, "device": env["device"],
             "device_name": env["device_name"], "cpu_model": env["cpu_model"], "machine": env.get("machine"),
             "threads": env["threads"], "commit": env["commit"], "run_id": env.get("run_id"),
@@ -252,16 +289,16 @@ class Recorder:
                              unit="MiB", n=1, dtype=dtype, note=timing.memory_kind))
         self.add_many(rows)
 
-    def not_applicable(self, scenario: str, reason: str, metric: str = "latency") -> None:
-        self.add(scenario, metric, None, "", status="not_applicable", note=f"not applicable: {reason}")
+    def not_applicable(self, scenario: str, reason: str, metric: str = "latency", **kw) -> None:
+        self.add(scenario, metric, None, "", status="not_applicable", note=f"not applicable: {reason}", **kw)
 
-    def skipped(self, scenario: str, reason: str, metric: str = "latency") -> None:
+    def skipped(self, scenario: str, reason: str, metric: str = "latency", **kw) -> None:
         """Not measured on purpose (over the profile's time budget); the reason says what was measured instead."""
-        self.add(scenario, metric, None, "", status="skipped", note=f"skipped: {reason}")
+        self.add(scenario, metric, None, "", status="skipped", note=f"skipped: {reason}", **kw)
 
-    def failed(self, scenario: str, error: BaseException | str, metric: str = "latency") -> None:
+    def failed(self, scenario: str, error: BaseException | str, metric: str = "latency", **kw) -> None:
         msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        self.add(scenario, metric, None, "", status="failed", note=msg[:500])
+        self.add(scenario, metric, None, "", status="failed", note=msg[:500], **kw)
 
     def view(self) -> pd.DataFrame:
         """The table as it will be when this notebook completes: while staged, its own staged rows stand in for
