@@ -90,7 +90,7 @@ def test_the_quality_finding_is_recomputed_from_the_interval_columns():
     assert "fp32 PLMS-50 (the seeds' sampler) is over budget against the converged fp32 solve" in text
     assert "controls as required" in text
     assert "3 techniques alone" in text and "1 over budget" in text and "1 within budget" in text
-    assert "1 undecided" in text and "<b>tome:0.5</b> -0.040 [-0.044--0.036]" in text
+    assert "1 undecided" in text and "<b>tome:0.5</b> -0.040 [-0.044, -0.036]" in text
     flipped = table.copy()
     flipped.loc[flipped.key == controls.TWIN, ["adherence_delta_lo", "adherence_delta_hi"]] = (-0.05, -0.03)
     study = SimpleNamespace(recorder=Recorder())

@@ -15,7 +15,7 @@ from sdperf.run import plan, runner
 from sdperf.cli import main
 from sdperf.core.errors import ConfigError, short
 from sdperf.config.profiles import available_profiles, load_profile, read_yaml
-from sdperf.store.results import DamagedTable, Recorder, check_results, read_results, results_path
+from sdperf.store.results import COLUMNS, DamagedTable, Recorder, check_results, read_results, results_path
 
 SMOKE_TEXT = (paths.REPO_ROOT / "params" / "smoke.yml").read_text()
 
@@ -115,7 +115,8 @@ def _short_row(lines):
 DAMAGE = {
     "torn last line": (lambda lines: "".join(lines)[:-25], 3, "torn"),
     "short row": (lambda lines: _short_row(lines)[0], 3, "has 10 field"),
-    "extra field": (lambda lines: "".join(lines[:2]) + lines[2].rstrip("\n") + ",surplus\n", 3, "has 29 field"),
+    "extra field": (lambda lines: "".join(lines[:2]) + lines[2].rstrip("\n") + ",surplus\n", 3,
+                    f"has {len(COLUMNS) + 1} field"),
     "empty": (lambda lines: "", 1, "empty"),
     "binary": (lambda lines: "".join(lines[:2]) + "\x00\x01\x02garbage\n", 3, "binary"),
     "no time_utc": (lambda lines: "".join(lines[:2]) + lines[2].rstrip("\n").rsplit(",", 1)[0] + ",\n", 3,

@@ -3,11 +3,11 @@ the rows given (a changed row changes the table; a missing or not-applicable one
 from __future__ import annotations
 
 import re
-from importlib import resources
 
 import pandas as pd
 import pytest
 
+from sdperf.core import data
 from sdperf.report import published_vs_measured as pvm
 from sdperf.core.errors import ConfigError
 from sdperf.core.paths import REPO_ROOT
@@ -28,8 +28,7 @@ CLAIM = "fp32 -> fp16 (torch.float16)"
 
 
 def _data(name: str) -> pd.DataFrame:
-    with resources.files("sdperf.data").joinpath(name).open() as fh:
-        return pd.read_csv(fh, dtype=str, keep_default_na=False)
+    return data.table(name, dtype=str, keep_default_na=False)
 
 
 def _row(table: pd.DataFrame, claim: str, source: str = "Cerebrium SD ladder") -> pd.Series:

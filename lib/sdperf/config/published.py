@@ -2,14 +2,13 @@
 side-by-side tables."""
 from __future__ import annotations
 
-from importlib import resources
-
 import pandas as pd
+
+from sdperf.core import data
 
 
 def load() -> pd.DataFrame:
-    with resources.files("sdperf.data").joinpath("published_inference.csv").open() as fh:
-        return pd.read_csv(fh)
+    return data.table("published_inference.csv")
 
 
 def select(source: str, **equal) -> pd.DataFrame:

@@ -61,6 +61,18 @@ def figures_dir(profile: str) -> Path:
     return profile_reports(profile) / "figures"
 
 
+def blocking(folder: Path) -> Path | None:
+    """What stops files being written into `folder`, checked before hours of work rather than after: `folder` itself
+    when it is a file or a read-only folder, else its nearest existing ancestor when that is not a writable folder
+    (so `folder` cannot be made); None when `folder` is, or can be made, a writable folder. The one writability
+    rule of `sdperf run`'s reports and `sdperf generate`'s output folder."""
+    folder = Path(folder)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return existing or folder
+    return None
+
+
 def sibling_tempfile(path: Path, suffix: str = "") -> tuple[int, str]:
     """A temp file beside `path` (same folder, so a later os.replace is one atomic rename), opened for writing.
 

@@ -7,7 +7,6 @@ classes before and after), and a ratio is only ever reported beside that count.
 from __future__ import annotations
 
 from collections import Counter
-from importlib import resources
 from typing import Callable
 
 import deepspeed  # noqa: F401  imported first so its accelerator log line prints at import, not mid-notebook
@@ -20,6 +19,7 @@ from sdperf.optimizations import deepspeed_inference as ds
 from sdperf.optimizations import deepspeed_policies
 from sdperf.store.plots import speedup_bars
 from sdperf.measure.study import Study
+from sdperf.core import data
 
 KERNELS = "DeepSpeed kernel injection, fp16 pipeline"
 KERNELS_ADAPTED = "DeepSpeed kernel injection + CLIP layout adapter"
@@ -30,8 +30,7 @@ PASS_THROUGH_NOTE = "pass-through: 0 modules replaced, so any ratio is run-to-ru
 
 def compat_table() -> pd.DataFrame:
     """The version findings (with their issue / PR references) the module docstring summarises."""
-    with resources.files("sdperf.data").joinpath("deepspeed_sd_compat.csv").open() as fh:
-        return pd.read_csv(fh)
+    return data.table("deepspeed_sd_compat.csv")
 
 
 def targets(study: Study) -> pd.DataFrame:

@@ -7,7 +7,6 @@ their own (the only figures the headline uses), and the published CPU ladders be
 """
 from __future__ import annotations
 
-from importlib import resources
 from typing import Callable
 
 import matplotlib.pyplot as plt
@@ -22,6 +21,7 @@ from sdperf.core.errors import ConfigError
 from sdperf.optimizations import catalog
 from sdperf.measure.rounds import BASELINE
 from sdperf.measure.study import Study
+from sdperf.core import data
 
 BEST, LOSSLESS = scenarios.BEST_STACK, scenarios.LOSSLESS_STACK
 ROOF_GOAL_SHARE = 0.8  # issue 15: the int8 executor's per-step gain should reach 80% of the int8-vs-fp32 roof ratio
@@ -250,8 +250,7 @@ def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
 
 
 def published_ladders() -> pd.DataFrame:
-    with resources.files("sdperf.data").joinpath("published_cpu_ladders.csv").open() as fh:
-        return pd.read_csv(fh)
+    return data.table("published_cpu_ladders.csv")
 
 
 def published_vs_measured(alone: pd.DataFrame, heads: list[dict]) -> pd.DataFrame:

@@ -13,16 +13,16 @@ workload and dtype), the others read it: the same block timing is not taken thre
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from sdperf.core import environment
-from sdperf.core.paths import scratch_dir, sibling_tempfile
+from sdperf.core.paths import scratch_dir
 from sdperf.measure.timing import Timing
 from sdperf.measure.comparison import release
+from sdperf.store.results import atomic_write_text, locked
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,8 @@ def probe(study, dtype: str) -> Probe:
     found = Probe(dtype, b["block"], float(b["speedup"]), float(b["speedup_lo"]), float(b["speedup_hi"]),
                   float(b["block_rel_error"]), float(fp32_s), list(b["baseline_timing"].times),
                   list(b["variant_timing"].times))
-    known = json.loads(path.read_text()) if path.is_file() else {}  # another writer may have added one
-    known[key] = asdict(found)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = sibling_tempfile(path)
-    with os.fdopen(fd, "w") as f:
-        json.dump(known, f)
-    os.replace(tmp, path)
+    with locked(path):  # another notebook's kernel may add its probe meanwhile: read, add and write as one
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        known[key] = asdict(found)
+        atomic_write_text(path, json.dumps(known))
     return found

@@ -8,14 +8,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import os
 from pathlib import Path
 
 import diffusers
 import torch
 
 from sdperf.config import architectures
-from sdperf.core.paths import sibling_tempfile
+from sdperf.store.results import atomic_write
 from sdperf.config.profiles import Profile
 from sdperf.model.tokenizer import clip_tokenizer
 
@@ -90,15 +89,8 @@ def _cached(cache: Path | None, arch_name: str, component: str, config: dict, se
         if not any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
             return module
     module = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = sibling_tempfile(path)
-    os.close(fd)
     tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-    try:
-        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    atomic_write(path, lambda tmp: save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp))
     return module
 
 

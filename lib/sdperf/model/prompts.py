@@ -10,10 +10,10 @@ import csv
 import json
 import random
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from sdperf.core.errors import ConfigError, short
+from sdperf.core import data
 
 FORMATS = {
     ".json": "COCO annotations JSON (captions_val2014.json: {\"annotations\": [{\"id\", \"image_id\", \"caption\"}]})",
@@ -137,7 +137,7 @@ def select(captions: list[Caption], n: int, seed: int) -> list[Caption]:
 
 def smoke_captions() -> list[Caption]:
     """The repo's own short COCO-style captions (written for this project), for smoke runs and tests."""
-    with resources.as_file(resources.files("sdperf.data").joinpath(SMOKE_FILE)) as path:
+    with data.file(SMOKE_FILE) as path:
         return load_captions(path)
 
 

@@ -7,13 +7,12 @@ at this commit (sdperf.select.standalone, by catalog key). A technique not timed
 """
 from __future__ import annotations
 
-from importlib import resources
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from sdperf.reference import techniques
+from sdperf.core import data
 
 QUALITY_MODEL = "reference model (trained here, sdref)"
 NOT_TIMED = "not timed alone on this machine at this commit"
@@ -21,8 +20,7 @@ NOT_TIMED = "not timed alone on this machine at this commit"
 
 def published() -> pd.DataFrame:
     """The published quality cost of a technique, with its source, settings and hardware (by catalog key)."""
-    with resources.files("sdperf.data").joinpath("published_technique_quality.csv").open() as fh:
-        return pd.read_csv(fh)
+    return data.table("published_technique_quality.csv")
 
 
 COLUMNS = ("n_images", "steps", "adherence", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi",

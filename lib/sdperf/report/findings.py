@@ -12,6 +12,7 @@ from typing import Callable
 
 import pandas as pd
 
+from sdperf.report.numbers import fixed, value_range
 from sdperf.select import scenarios
 
 TWIN = "fp32-eager"  # the fp32 twin: the noise floor's row, not a configuration to rank
@@ -41,16 +42,8 @@ def _esc(text) -> str:
     return html.escape(str(text), quote=False)
 
 
-def _num(value, digits: int = 2) -> str:
-    return f"{float(value):.{digits}f}"
-
-
 def _range(row, digits: int = 2, unit: str = "x") -> str:
-    text = f"{_num(row['value'], digits)}{unit}"
-    lo, hi = row.get("lo"), row.get("hi")
-    if pd.notna(lo) and pd.notna(hi):
-        text += f" [{_num(lo, digits)}-{_num(hi, digits)}]"
-    return text
+    return value_range(row["value"], row.get("lo"), row.get("hi"), digits, unit)
 
 
 def _band(row, rows: pd.DataFrame) -> str:
@@ -109,7 +102,7 @@ def baseline_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | 
     if "unet_step" in one.index:
         text += f", {_range(one.loc['unet_step'], 3, ' s')} per UNet step"
     if "percent_of_peak" in one.index:
-        text += f", {_num(one.loc['percent_of_peak']['value'], 0)}% {_esc(one.loc['percent_of_peak']['note'])}"
+        text += f", {fixed(one.loc['percent_of_peak']['value'], 0)}% {_esc(one.loc['percent_of_peak']['note'])}"
     return text
 
 
@@ -130,8 +123,8 @@ def quality_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | N
     if len(seeds):
         r = seeds.iloc[0]
         text += (f"fp32 PLMS-50 (the seeds' sampler) is {_esc(r.quality_verdict)} against the converged fp32 solve "
-                 f"(adherence {_num(r.adherence_delta, 3)} [{_num(r.adherence_delta_lo, 3)}-"
-                 f"{_num(r.adherence_delta_hi, 3)}], n={int(r.n_images)}); ")
+                 f"(adherence {value_range(r.adherence_delta, r.adherence_delta_lo, r.adherence_delta_hi, 3, '')}, "
+                 f"n={int(r.n_images)}); ")
     if len(ctrl):
         fails = [f"{k} {v}" for k, v in zip(ctrl.key, ctrl.quality_verdict) if v != controls.expected(k)]
         text += ("controls as required (twin within, harms over); " if not fails else
@@ -141,8 +134,8 @@ def quality_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | N
     over = judged[judged.quality_verdict == techniques.OVER]
     if len(over):
         worst = over.loc[over.adherence_delta.astype(float).idxmin()]
-        text += (f"; the largest adherence loss: <b>{_esc(worst.key)}</b> {_num(worst.adherence_delta, 3)} "
-                 f"[{_num(worst.adherence_delta_lo, 3)}-{_num(worst.adherence_delta_hi, 3)}]")
+        text += (f"; the largest adherence loss: <b>{_esc(worst.key)}</b> "
+                 f"{value_range(worst.adherence_delta, worst.adherence_delta_lo, worst.adherence_delta_hi, 3, '')}")
     return text
 
 
@@ -162,7 +155,7 @@ def scaling_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | N
     eff = rows[(rows["metric"] == "scaling_efficiency") & (rows["status"] == "ok")]
     if eff.empty:
         return None
-    items = [f"{_esc(r['scenario'])}: {_num(r['value'])}" for _, r in eff.iterrows()]
+    items = [f"{_esc(r['scenario'])}: {fixed(r['value'])}" for _, r in eff.iterrows()]
     return "scaling efficiency (1.0 = linear) " + "; ".join(items)
 
 
@@ -171,7 +164,7 @@ def serving_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | N
     if tput.empty:
         return None
     best = tput.loc[tput["value"].astype(float).idxmax()]
-    return (f"highest throughput <b>{_esc(best['scenario'])}</b>, {_num(best['value'], 3)} images/s "
+    return (f"highest throughput <b>{_esc(best['scenario'])}</b>, {fixed(best['value'], 3)} images/s "
             f"({_esc(str(best['note']).split(';')[0])}) over {len(tput)} LoadGen runs")
 
 

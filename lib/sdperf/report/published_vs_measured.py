@@ -11,11 +11,11 @@ or not applicable reads "not measured here: <the row's own reason>".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 
 import pandas as pd
 
 from sdperf.store.results import with_verdicts
+from sdperf.core import data
 
 CLAIMS_FILE = "published_claims.csv"
 CPU_LADDERS_FILE = "published_cpu_ladders.csv"
@@ -32,8 +32,7 @@ CPU_LADDER_WHAT = {True: "the technique alone over fp32 eager, per image at 50 P
 
 
 def _read(name: str) -> pd.DataFrame:
-    with resources.files("sdperf.data").joinpath(name).open() as fh:
-        return pd.read_csv(fh, dtype=str, keep_default_na=False)
+    return data.table(name, dtype=str, keep_default_na=False)
 
 
 def cpu_ladder_claims() -> pd.DataFrame:

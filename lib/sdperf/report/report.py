@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from sdperf.core import paths
 from sdperf.config.profiles import load_profile
+from sdperf.report.numbers import value_range
 from sdperf.select import scenarios
 
 RESULT_COLUMNS = ["scenario", "metric", "value", "unit", "p10", "p90", "n", "dtype", "note"]
@@ -356,13 +357,7 @@ def _ladder_section(profile: str, results) -> str:
 
 def _range(v: dict, metric: str, digits: int = 2, unit: str = "x") -> str:
     r = v.get(metric)
-    if r is None:
-        return "not measured"
-    text = f"{r['value']:+.{digits}f}" if unit == "" else f"{r['value']:.{digits}f}{unit}"
-    if r.get("lo") is not None and r.get("hi") is not None and r["lo"] == r["lo"]:
-        text += (f" [{r['lo']:+.{digits}f}, {r['hi']:+.{digits}f}]" if unit == ""
-                 else f" [{r['lo']:.{digits}f}-{r['hi']:.{digits}f}]")
-    return text
+    return "not measured" if r is None else value_range(r["value"], r.get("lo"), r.get("hi"), digits, unit)
 
 
 def headline_sentences(results) -> list[str]:

@@ -74,8 +74,8 @@ def check_outputs(profile: str) -> None:
         if folder.exists() and not folder.is_dir():
             raise ConfigError(f"{str(folder)!r} is not a folder, but the run writes its reports there; remove it or "
                               f"set SDPERF_REPORTS_DIR to another folder")
-        existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-        if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        existing = paths.blocking(folder)
+        if existing is not None:
             raise ConfigError(f"{str(folder)!r} cannot be written ({str(existing)!r} is not a writable folder); "
                               "make it writable or set SDPERF_REPORTS_DIR to another folder")
 

@@ -16,6 +16,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -51,20 +52,28 @@ class DamagedTable(ConfigError):
     """results.csv (or a staged rows file) that is not whole: named with its file and line, never half-read."""
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """`path` written whole or not at all, the study's one way to replace a file a reader may open meanwhile:
+    `write(tmp)` fills a temp file beside it (same folder, so the rename is atomic), which is synced and renamed
+    over `path`; on any failure the temp file goes and `path` stays as it was. A read-modify-write of a file two
+    processes share also holds `locked(path)` around it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = sibling_tempfile(path, suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
+        write(tmp)
+        with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def atomic_write_text(path: Path, text: str) -> None:
