@@ -219,7 +219,8 @@ def test_10_compares_the_whole_ladder_only_when_every_rung_ran_and_it_s_per_step
 
 
 def test_13_takes_the_busy_fraction_from_00s_batch_rows_when_it_timed_batch_1_only():
-    from sdperf.serving import experiment, sharing
+    from sdperf.experiments import serving as experiment
+    from sdperf.serving import sharing
 
     base = dict(notebook="00_baseline", metric="latency", status="ok", key="fp32-eager")
     rows = pd.DataFrame([dict(base, scenario="fp32 eager, batch 1", value=9.0, batch_size=1),

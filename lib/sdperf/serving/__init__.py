@@ -7,5 +7,6 @@ of the device-to-host syncs in the denoising loop (the Google Cloud pipeline see
 - loadgen_run: the LoadGen SUT and one test run, its figures read from LoadGen's own log
 - sync_audit: a torch function mode counting read-backs per denoising step, and the loop with host values
 - sharing: the GPU-sharing (MIG, time-sharing, MPS) paper estimate, labelled as such
-- experiment: what the notebook calls
+
+What the notebook calls is sdperf.experiments.serving.
 """
