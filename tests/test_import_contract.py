@@ -212,3 +212,16 @@ def test_library_code_importing_an_experiment_or_the_runner_is_named(tmp_path):
            "sdperf.experiments.ladder; only notebooks import experiments/" in bad
     assert "sdperf/reference/store.py:1: store/report code sdperf.reference.store imports run code " \
            "sdperf.run.runner" in bad
+
+
+def test_every_notebook_calls_its_own_module_in_experiments():
+    """One home per notebook's glue: each notebook imports a module of sdperf.experiments, the place that passes
+    state between the library's parts, so no notebook does that itself."""
+    import nbformat
+
+    missing = []
+    for path in sorted((LIB.parents[1] / "notebooks").glob("*.ipynb")):
+        code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+        if "from sdperf.experiments" not in code:
+            missing.append(path.stem)
+    assert not missing, f"notebooks without a module in lib/sdperf/experiments: {missing}"
