@@ -7,7 +7,10 @@ import moved into a function to dodge a circle still counts as an edge, so the c
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+import pytest
 
 LIB = Path(__file__).resolve().parents[1] / "lib" / "sdperf"
 
@@ -225,3 +228,24 @@ def test_every_notebook_calls_its_own_module_in_experiments():
         if "from sdperf.experiments" not in code:
             missing.append(path.stem)
     assert not missing, f"notebooks without a module in lib/sdperf/experiments: {missing}"
+
+
+@pytest.mark.parametrize("package", LAYERS[1:] + SUBJECTS)
+def test_every_package_says_what_it_holds_and_may_import(package):
+    doc = ast.get_docstring(ast.parse((LIB / package / "__init__.py").read_text())) or ""
+    assert doc, f"sdperf/{package}/__init__.py has no docstring"
+    if package in LAYERS:
+        assert "May import:" in doc, f"sdperf/{package}/__init__.py does not say what it may import"
+    listed = set(re.findall(r"\w+", doc))
+    missing = sorted(p.stem for p in (LIB / package).glob("*.py") if p.stem != "__init__" and p.stem not in listed)
+    assert not missing, f"sdperf/{package}/__init__.py does not name its modules {missing}"
+
+
+def test_the_readme_layout_lists_every_subpackage():
+    readme = (LIB.parents[1] / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    layout = layout[:layout.index("\n## ", 1)]
+    listed = set(re.findall(r"^\| `lib/sdperf/(\w+)/` \|", layout, re.M))
+    packages = {p.parent.name for p in LIB.glob("*/__init__.py")}
+    assert packages - listed == set(), f"README's layout table lacks {sorted(packages - listed)}"
+    assert listed - packages == set(), f"README's layout table names folders that are gone: {sorted(listed - packages)}"

@@ -1,4 +1,4 @@
-"""11_training_scaling: what the notebook calls, in order. All computation lives in the modules beside this one."""
+"""11_training_scaling: what the notebook calls, in order. All computation lives in sdperf.training."""
 from __future__ import annotations
 
 import tempfile

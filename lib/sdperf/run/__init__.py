@@ -1,4 +1,5 @@
-"""`sdperf run`: the notebooks executed by papermill, each skipped when already run for the same clean commit, its
+"""`sdperf run`: what the run will do, checked before anything runs (`plan`: notebooks, their parameters, the profile's
+sections), the notebooks executed by papermill, each skipped when already run for the same clean commit, its
 outputs promoted only when it completes (`runner`), with the run's stand-alone comparisons measured up front in
 one schedule (`prefetch`).
 
