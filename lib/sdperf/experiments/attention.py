@@ -94,8 +94,10 @@ def sdpa_share(study: Study) -> pd.DataFrame:
     note = (f"{sum(e.count for e in events)} {SDPA_OP} calls in one profiled UNet call ({wall:.3f} s under the "
             f"profiler, {'GPU' if device == 'cuda' else 'CPU'} time of the op and its children)")
     study.recorder.add_many([
-        dict(scenario=scenario, metric="sdpa_seconds", value=seconds, unit="s", n=1, dtype=dtype, note=note),
-        dict(scenario=scenario, metric="sdpa_share", value=share, unit="%", n=1, dtype=dtype, note=note)])
+        dict(scenario=scenario, metric="sdpa_seconds", value=seconds, unit="s", n=1, dtype=dtype, batch_size=1,
+             note=note),
+        dict(scenario=scenario, metric="sdpa_share", value=share, unit="%", n=1, dtype=dtype, batch_size=1,
+             note=note)])
     return pd.DataFrame([{"sdpa_calls": sum(e.count for e in events), "sdpa_s": seconds, "unet_step_s": wall,
                           "sdpa_share_percent": share,
                           "best_case_speedup_if_attention_were_free": 100.0 / (100.0 - share)}])

@@ -124,7 +124,7 @@ def compare(study: Study, say: Callable[[str], None] = print, **run_kw) -> Compa
         n = counts[name] = facts["replaced_modules"]
         note = PASS_THROUGH_NOTE if n == 0 else f"{facts['kernel_modules']} fused-kernel modules"
         study.recorder.add(f"{name}, batch 1", "replaced_modules", n, "modules", n=1, method=cmp.method,
-                           note=f"{note}; new classes: {facts['new_classes'] or 'none'}")
+                           batch_size=1, note=f"{note}; new classes: {facts['new_classes'] or 'none'}")
         row = cmp.table.variant == name
         cmp.table.loc[row, "note"] = (PASS_THROUGH_NOTE if n == 0 else
                                       f"{n} modules replaced; {cmp.table.loc[row, 'note'].iloc[0]}")

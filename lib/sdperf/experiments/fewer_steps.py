@@ -93,7 +93,7 @@ def drift_from_reference(study: Study, reference: str, keys: list[str]) -> pd.Da
         rows.append({"variant": key, "unet_calls": opt.unet_calls(pipe, steps), "latent_rel_error":
                      d["latent_rel_error"], "image_psnr_db": d["image_psnr_db"], "verdict": verdict})
         scenario = f"{key}, drift from {reference}, batch 1"
-        rec += [dict(scenario=scenario, metric=m, value=d[m], unit=u, n=1, key=key, note=verdict)
+        rec += [dict(scenario=scenario, metric=m, value=d[m], unit=u, n=1, key=key, batch_size=1, note=verdict)
                 for m, u in (("latent_rel_error", ""), ("image_psnr_db", "dB"))]
     pipe = None
     release()
@@ -203,7 +203,7 @@ def schedules(study: Study, cmp: Comparison, keys: list[str]) -> pd.DataFrame:
     t = pd.DataFrame(rows)
     study.recorder.add_many([dict(scenario=f"{r.variant} composed, batch 1", metric="seed_speedup_vs_fp32",
                                   value=r.speedup_vs_plms50, lo=r.lo, hi=r.hi, unit="x", n=r.rounds, key=r.variant,
-                                  method=SCHEDULE_METHOD, note=f"{r.unet_calls} UNet calls vs PLMS-50's 51")
+                                  batch_size=1, method=SCHEDULE_METHOD, note=f"{r.unet_calls} UNet calls vs PLMS-50's 51")
                              for r in t.itertuples()])
     return t
 

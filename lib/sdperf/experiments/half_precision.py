@@ -36,15 +36,17 @@ def _block_only(study: Study, probe: half_budget.Probe, reason: str) -> dict:
     dtype, block = probe.dtype, probe.block
     scenario = f"{dtype}, UNet {block} only (real shapes), batch 1"
     fp32_timing, half_timing = probe.timings()
-    study.recorder.timing(f"float32, UNet {block} only (real shapes), batch 1", fp32_timing, dtype="float32")
-    study.recorder.timing(scenario, half_timing, dtype=dtype)
+    study.recorder.timing(f"float32, UNet {block} only (real shapes), batch 1", fp32_timing, dtype="float32",
+                          batch_size=1)
+    study.recorder.timing(scenario, half_timing, dtype=dtype, batch_size=1)
     note = "one block in this process, in turn; ratio of medians, range from p10/p90 of both"
     study.recorder.add_many([
         dict(scenario=scenario, metric="speedup_vs_fp32", value=probe.speedup, unit="x", lo=probe.speedup_lo,
-             hi=probe.speedup_hi, n=len(probe.block_times), dtype=dtype, method=note),
-        dict(scenario=scenario, metric="block_rel_error", value=probe.block_rel_error, unit="", dtype=dtype)])
+             hi=probe.speedup_hi, n=len(probe.block_times), dtype=dtype, method=note, batch_size=1),
+        dict(scenario=scenario, metric="block_rel_error", value=probe.block_rel_error, unit="", dtype=dtype,
+             batch_size=1)])
     reason = f"{reason}; the block-level ratio is recorded under '{scenario}'"
-    study.recorder.skipped(f"{name(dtype)}, batch 1", reason)
+    study.recorder.skipped(f"{name(dtype)}, batch 1", reason, batch_size=1)
     return {"variant": name(dtype), "key": f"precision:{dtype}", "status": BLOCK_ONLY, "note": reason,
             "speedup": probe.speedup, "speedup_lo": probe.speedup_lo, "speedup_hi": probe.speedup_hi,
             "block_rel_error": probe.block_rel_error, "method": note, "block_calls": len(probe.block_times)}
@@ -107,9 +109,10 @@ def roofline(study: Study, table: pd.DataFrame, roofs: pd.DataFrame) -> pd.DataF
         scenario = f"{r.variant}, batch 1"
         study.recorder.add_many([
             dict(scenario=scenario, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s",
-                 dtype=r.dtype, method=r.method, note=f"UNet forward {flops:,} FLOPs / median UNet call over rounds"),
+                 dtype=r.dtype, method=r.method, batch_size=1,
+                 note=f"UNet forward {flops:,} FLOPs / median UNet call over rounds"),
             dict(scenario=scenario, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", dtype=r.dtype,
-                 note=f"of the measured {r.dtype} matmul roof {roof[r.dtype]:.1f} GFLOP/s")])
+                 batch_size=1, note=f"of the measured {r.dtype} matmul roof {roof[r.dtype]:.1f} GFLOP/s")])
     return pd.DataFrame(rows)
 
 

@@ -119,7 +119,7 @@ def saved_activations(study: Study, cases: list[tuple[str, str]] | None = None) 
         out = saved_for_backward(opt.apply(pipe, parameters), workload, mode)
         rows.append({"parameters": parameters, "grad_mode": mode, **out})
         study.recorder.add(f"{mode}, parameters {parameters}, batch 1", "saved_for_backward",
-                           out["saved_for_backward_mib"], "MiB", n=1, dtype=dtype,
+                           out["saved_for_backward_mib"], "MiB", n=1, dtype=dtype, batch_size=1,
                            note=f"{out['saved_storages']} tensors autograd keeps for backward during one "
                                 "generation, parameters excluded (saved_tensors_hooks)")
     pipe = None

@@ -103,7 +103,7 @@ def linear_share(study: Study) -> dict:
            "unet_calls_per_generation": unet_calls(pipe, workload.steps)}
     pipe = None
     release()
-    study.recorder.add("UNet forward, batch 1", "linear_flop_share", out["linear_share_percent"], "%", n=1,
+    study.recorder.add("UNet forward, batch 1", "linear_flop_share", out["linear_share_percent"], "%", n=1, batch_size=1,
                        note=f"{linear:,} of {total:,} FLOPs in {n_linear} nn.Linear layers (forward hooks / "
                             "torch.utils.flop_counter): the part Linear-only int8 schemes quantize")
     return out
@@ -238,7 +238,7 @@ def compare_schemes(study: Study, keys: list[str], share: dict, roofs: pd.DataFr
         reason = _torchao_too_slow(study, share, roofs) if scheme(k) == "torchao-int8-dynamic" else None
         if reason and opt.availability(study.device, scheme(k))[0]:
             print(f"{k}: skipped: {reason}")
-            study.recorder.skipped(f"{k}, batch 1", reason)
+            study.recorder.skipped(f"{k}, batch 1", reason, batch_size=1)
             skipped.append({"variant": k, "key": k, "status": "skipped", "note": f"skipped: {reason}"})
         else:
             runnable.append(k)
@@ -301,12 +301,12 @@ def _record_goal(study: Study, r, row: dict, roofs: pd.DataFrame) -> None:
            f"{_gops(roofs, FP32_ROOF):.1f} GOP/s, blocked_autorange medians)")
     scenario, g = f"{r.variant}, batch 1", row["goal_x"]
     study.recorder.add_many([
-        dict(scenario=scenario, metric="unet_step_speedup_goal", value=g, unit="x", dtype="int8", key=r.key,
+        dict(scenario=scenario, metric="unet_step_speedup_goal", value=g, unit="x", dtype="int8", key=r.key, batch_size=1,
              note=f"{how}; measured {r.unet_step_speedup:.2f}x [{r.unet_step_speedup_lo:.2f}-"
                   f"{r.unet_step_speedup_hi:.2f}] over rounds: {met}"),
         dict(scenario=scenario, metric="percent_of_unet_step_goal", value=100 * r.unet_step_speedup / g, unit="%",
              lo=100 * r.unet_step_speedup_lo / g, hi=100 * r.unet_step_speedup_hi / g, n=int(r.rounds),
-             dtype="int8", method=r.method, key=r.key,
+             dtype="int8", method=r.method, key=r.key, batch_size=1,
              note=f"per-step speed-up over fp32 eager (median [min-max] over rounds) of the goal {g:.2f}x; {met}")])
 
 

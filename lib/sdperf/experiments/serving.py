@@ -114,14 +114,15 @@ def _record_run(study: Study, r: dict) -> None:
              f"600 s and their own minimum query count, and a run below them is not an MLPerf-valid result; "
              f"{r['requests']} requests; {r['threads']} torch threads per worker")
     if r["failed_requests"]:
-        study.recorder.failed(scen, f"{r['failed_requests']} of {r['requests']} requests failed", metric="throughput")
+        study.recorder.failed(scen, f"{r['failed_requests']} of {r['requests']} requests failed", metric="throughput",
+                              batch_size=int(r["batch_size"]))
         return
     figure = "samples per second" if r["scenario"] == "Offline" else "completed samples per second"
     rows = [dict(scenario=scen, metric="throughput", value=r["throughput_img_s"], unit="img/s", n=r["samples"],
-                 note=f"LoadGen {figure}; {flags}")]
+                 batch_size=int(r["batch_size"]), note=f"LoadGen {figure}; {flags}")]
     if r["scenario"] == "Server":
         rows += [dict(scenario=scen, metric=f"latency_{p}", value=r[f"latency_{p}_s"], unit="s", n=r["queries"],
-                      note=f"LoadGen, scheduled arrival to completion, {r['target_qps']:.3g} queries/s offered")
+                      batch_size=int(r["batch_size"]), note=f"LoadGen, scheduled arrival to completion, {r['target_qps']:.3g} queries/s offered")
                  for p in ("p50", "p95", "p99")]
     study.recorder.add_many(rows)
 

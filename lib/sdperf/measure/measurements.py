@@ -205,7 +205,7 @@ def record_generation(recorder, run: GenerationRun, scenario: str, dtype: str | 
     calibration), never for ratios between configurations: those go through sdperf.measure.rounds."""
     b, n = run.workload.batch_size, len(run.timing.times)
     t = run.timing
-    common = dict(n=n, dtype=dtype, method=IN_PROCESS)
+    common = dict(n=n, dtype=dtype, method=IN_PROCESS, batch_size=b)
     rows = [dict(scenario=scenario, metric="latency", value=t.median, unit="s", p10=t.p10, p90=t.p90, **common),
             dict(scenario=scenario, metric="latency_first_call", value=t.first_call, unit="s",
                  note="first call, includes warm-up", **{**common, "n": 1}),
