@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from importlib import resources
 
-import pandas as pd
-
 PACKAGE = "sdperf.data"
 
 
-def table(name: str, **read_csv) -> pd.DataFrame:
-    """sdperf/data/`name` as a DataFrame (`read_csv`: pandas.read_csv options)."""
+def table(name: str, **read_csv):
+    """sdperf/data/`name` as a pandas DataFrame (`read_csv`: pandas.read_csv options). pandas is imported here, not
+    above: `sdperf generate` reads its captions through this module and must fail on a bad file in well under a
+    second, before anything heavy is imported (tests/test_imagegen_inputs.py)."""
+    import pandas as pd
+
     with resources.files(PACKAGE).joinpath(name).open() as fh:
         return pd.read_csv(fh, **read_csv)
 
