@@ -67,22 +67,22 @@ $(GPU_STAMP): $(STAMP) requirements-gpu.lock
 	rm -f $(VENV)/.installed-gpu-*
 	touch $@
 
-# Asks the indexes (no install) whether every GPU-lock pin has a Linux x86_64 CPython 3.11 wheel (sdperf.lock_check);
+# Asks the indexes (no install) whether every GPU-lock pin has a Linux x86_64 CPython 3.11 wheel (sdperf.tooling.lock_check);
 # exits 1 naming a pin without one, 3 when the only gaps are on an index that did not answer (pypi.nvidia.com).
 check-gpu-lock: install
 	$(VENV)/bin/sdperf check-lock requirements-gpu.lock
 
 # Re-executes the notebooks on smoke and keeps only the outputs of `# NBVAL_CHECK_OUTPUT` cells.
 refresh-notebooks: install
-	$(PY) -m sdperf.notebook_hygiene refresh notebooks/*.ipynb
+	$(PY) -m sdperf.tooling.notebook_hygiene refresh notebooks/*.ipynb
 
 lint-notebooks: install
-	$(PY) -m sdperf.notebook_hygiene check notebooks/*.ipynb
+	$(PY) -m sdperf.tooling.notebook_hygiene check notebooks/*.ipynb
 
 clean-reports:
 	rm -rf reports/smoke
 
-# The report as a reader's browser shows it (sdperf.report_check): index.html is rebuilt from what is on disk, then
+# The report as a reader's browser shows it (sdperf.report.report_check): index.html is rebuilt from what is on disk, then
 # opened in headless Chromium; it fails, listing every problem, on an image that does not load, a table wider than
 # the page, a figure without a caption. Needs a Chromium (apt-get install -y chromium); without one it exits 3.
 .PHONY: check-report

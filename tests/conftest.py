@@ -5,9 +5,9 @@ import pytest
 
 
 def pytest_sessionstart(session):
-    """sdperf.quiet's warning filters in force for every test, as in a notebook or a worker: `import sdperf` during
+    """sdperf.core.quiet's warning filters in force for every test, as in a notebook or a worker: `import sdperf` during
     collection installs them inside pytest's warnings.catch_warnings, which drops them when collection ends."""
-    from sdperf import quiet
+    from sdperf.core import quiet
 
     quiet.install()
 
@@ -30,7 +30,7 @@ def scratch_reports(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def smoke():
-    from sdperf.profiles import load_profile
+    from sdperf.config.profiles import load_profile
 
     return load_profile("smoke")
 
@@ -38,7 +38,7 @@ def smoke():
 @pytest.fixture(scope="session")
 def tiny_pipe(smoke):
     """One tiny fp32 pipeline for the read-only tests (building one takes seconds)."""
-    from sdperf.pipelines import build_pipeline
+    from sdperf.model.pipelines import build_pipeline
 
     return build_pipeline(smoke)
 

@@ -1,5 +1,5 @@
 """The allocator rung: which settings can run here, the environment a fresh process gets, and the catalog keys
-that make sdperf.rounds start a configuration's processes under a setting."""
+that make sdperf.measure.rounds start a configuration's processes under a setting."""
 from __future__ import annotations
 
 import pytest

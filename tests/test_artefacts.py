@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdperf import environment
+from sdperf.core import environment
 from sdperf.optimizations import artefacts
 
 

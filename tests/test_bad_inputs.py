@@ -17,7 +17,7 @@ from typing import Callable
 import pytest
 import yaml
 
-from sdperf import paths
+from sdperf.core import paths
 from sdperf.cli import main
 
 DELETE = object()  # a profile key to remove
@@ -236,7 +236,8 @@ CASES = [
 def guarded(tmp_path, monkeypatch):
     """A params folder of this test's own, and every way past validation turned into a failure."""
     import sdperf.imagegen.folder as folder
-    from sdperf import pipelines, runner
+    from sdperf.model import pipelines
+    from sdperf.run import runner
 
     (tmp_path / "params").mkdir()
     for name in ("smoke", "cpu"):

@@ -7,11 +7,11 @@ import importlib.util
 import pytest
 import torch
 
-from sdperf.errors import ConfigError
-from sdperf.generation import generate, initial_latents
+from sdperf.core.errors import ConfigError
+from sdperf.model.generation import generate, initial_latents
 from sdperf.optimizations import catalog, feature_reuse, token_merging
 from sdperf.optimizations.catalog import Context, Stack
-from sdperf.pipelines import build_pipeline
+from sdperf.model.pipelines import build_pipeline
 
 
 @pytest.mark.parametrize("key, package", [("deepcache:3", "DeepCache"), ("tome:0.5", "tomesd")])

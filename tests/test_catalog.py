@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Context, Stack
 
@@ -80,11 +80,11 @@ def test_training_launch_and_train_do_not_import_each_other():
                                  "scheduler:dpmpp-2m@20", "attention:classic", "attention:sliced:auto",
                                  "grad:no_grad", "deepspeed:unet-fp32"])
 def test_a_loop_only_technique_leaves_the_text_encoder_and_vae_as_they_were(smoke, key):
-    """Its worker skips the VAE decode and borrows the baseline's (sdperf.rounds.with_baseline_decode): that is only
+    """Its worker skips the VAE decode and borrows the baseline's (sdperf.measure.rounds.with_baseline_decode): that is only
     sound when apply() touches nothing but the denoising loop (pipe.unet, pipe.scheduler)."""
     import torch
 
-    from sdperf.pipelines import build_pipeline
+    from sdperf.model.pipelines import build_pipeline
 
     pipe = build_pipeline(smoke)
     vae, text = pipe.vae, pipe.text_encoder

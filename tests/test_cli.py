@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sdperf.cli import main
-from sdperf.profiles import available_profiles
+from sdperf.config.profiles import available_profiles
 
 
 def test_unknown_profile_is_one_line_exit_2(capsys):
@@ -77,7 +77,7 @@ def test_report_writes_index_into_the_reports_dir(capsys, monkeypatch, tmp_path)
 def test_profiles_shows_a_broken_profile_and_lists_the_others(capsys, monkeypatch, tmp_path):
     import shutil
 
-    from sdperf import paths
+    from sdperf.core import paths
 
     params = tmp_path / "params"
     shutil.copytree(paths.REPO_ROOT / "params", params)

@@ -11,9 +11,9 @@ import math
 
 import pytest
 
-from sdperf import rounds
-from sdperf.comparison import BASELINE, COLUMNS, TWIN, run_variants
-from sdperf.study import open_study
+from sdperf.measure import rounds
+from sdperf.measure.comparison import BASELINE, COLUMNS, TWIN, run_variants
+from sdperf.measure.study import open_study
 
 ROUNDS = 5
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from sdperf import doctor
+from sdperf.measure import doctor
 from sdperf.cli import main
 from sdperf.optimizations import catalog
-from sdperf.profiles import load_profile
+from sdperf.config.profiles import load_profile
 
 
 def test_every_rung_has_a_verdict_and_a_reason_for_a_gpu_profile_here(capsys):
@@ -41,8 +41,9 @@ def test_the_verdict_follows_the_techniques_own_check(monkeypatch):
 def test_the_record_is_written_and_shown_at_the_top_of_the_report(scratch_reports, capsys):
     import json
 
-    from sdperf import environment, report
-    from sdperf.results import Recorder
+    from sdperf.core import environment
+    from sdperf.report import report
+    from sdperf.store.results import Recorder
 
     assert main(["doctor", "--profile", "smoke", "--record"]) == 0
     found = json.loads((scratch_reports / "smoke" / doctor.RECORD_NAME).read_text())
@@ -63,7 +64,7 @@ def test_the_record_is_written_and_shown_at_the_top_of_the_report(scratch_report
 
 
 def test_the_report_says_when_there_is_no_record(scratch_reports):
-    from sdperf import report
+    from sdperf.report import report
 
     (scratch_reports / "smoke").mkdir(parents=True)
     page = report.write_index("smoke").read_text()
@@ -71,13 +72,13 @@ def test_the_report_says_when_there_is_no_record(scratch_reports):
 
 
 def test_a_gpu_profile_nobody_ran_says_not_yet_measured_on_a_gpu(scratch_reports):
-    from sdperf import report
-    from sdperf.results import Recorder
+    from sdperf.report import report
+    from sdperf.store.results import Recorder
 
     page = report.write_index("sd15-a10g").read_text()
     assert "Not yet measured on a GPU." in page and "make study PROFILE=sd15-a10g" in page
     assert "id='published'" in page  # the published figures its rows will be set against
-    from sdperf import environment
+    from sdperf.core import environment
 
     Recorder("00_x", "sd15-a10g", environment.record("sd15-a10g", "cpu")).add("unet", "latency", 1.0, "s", n=1)
     assert "Not yet measured" not in report.write_index("sd15-a10g").read_text()

@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-from sdperf import environment, report
+from sdperf.core import environment
+from sdperf.report import report
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from sdperf import eta
+from sdperf.run import eta
 
 
 def _stamp(path, **kw):

@@ -11,9 +11,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from sdperf import figure_captions, paths, plots, report, staging  # noqa: E402
-from sdperf.environment import RUN_ID_ENV  # noqa: E402
-from sdperf.study import Study  # noqa: E402
+from sdperf.core import paths  # noqa: E402
+from sdperf.report import report  # noqa: E402
+from sdperf.store import figure_captions, plots, staging  # noqa: E402
+from sdperf.core.environment import RUN_ID_ENV  # noqa: E402
+from sdperf.measure.study import Study  # noqa: E402
 
 CPU_ENV = {"device": "cpu", "device_name": "Test CPU 9000", "cpu_model": "Test CPU 9000",
            "cpu_family_model_stepping": "6/207/2", "threads": 2}

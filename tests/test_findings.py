@@ -7,8 +7,8 @@ import re
 import pandas as pd
 import pytest
 
-from sdperf import findings, report
-from sdperf.results import COLUMNS
+from sdperf.report import findings, report
+from sdperf.store.results import COLUMNS
 
 METHOD = "fresh process per configuration, 3 rounds"
 
@@ -21,13 +21,19 @@ def _row(**kw) -> dict:
     return base
 
 
-def _speed(scenario, key, value, lo, hi, band) -> dict:
+def _speed(scenario, key, value, lo, hi, verdict) -> dict:
+    """A compared row as comparison.record writes it: the verdict in its column (the note is for readers only, and
+    here says nothing of it, so a finding that read prose would miss it)."""
     return _row(scenario=f"{scenario}, batch 1", metric="seed_speedup_vs_fp32", key=key, value=value, lo=lo, hi=hi,
-                note=f"per image at 50 PLMS steps; {band} (noise band 0.94-1.06x)")
+                batch_size=1, verdict=verdict, note="per image at 50 PLMS steps")
 
 
 def _rows(best: float) -> pd.DataFrame:
     return pd.DataFrame([
+        _row(scenario="noise floor, batch 1", metric="seed_speedup_noise_band", key="fp32-eager", value=1.06, lo=0.94,
+             hi=1.06, batch_size=1, note="fp32 eager against its twin"),
+        _row(scenario="noise floor, batch 2", metric="seed_speedup_noise_band", key="fp32-eager", value=1.2, lo=0.8,
+             hi=1.2, batch_size=2, note="another batch's floor, not this row's"),
         _speed("fp32 eager (twin)", "fp32-eager", 1.02, 0.99, 1.07, "within noise"),
         _speed("tome:0.3", "tome:0.3", best, best - 0.05, best + 0.04, "faster"),
         _speed("SDPA math only", "attention:sdpa:math", 0.93, 0.90, 0.97, "slower"),
@@ -48,9 +54,8 @@ def test_the_speed_finding_is_written_from_the_rows(best):
 
 def test_every_finding_of_the_committed_report_is_one_short_sentence():
     """Issue 33: the first screen holds the answer and 14 findings; each cites its method by label and stays short."""
-    from sdperf import paths
-
-    from sdperf.results import read_table
+    from sdperf.core import paths
+    from sdperf.store.results import read_table
 
     rows, _ = report.one_machine(read_table(paths.REPO_ROOT / "reports" / "cpu" / "results.csv"))
     names = sorted(rows["notebook"].dropna().unique())
@@ -99,7 +104,7 @@ def test_the_quality_finding_is_recomputed_from_the_interval_columns():
     assert "fp32 PLMS-50 (the seeds' sampler) is over budget against the converged fp32 solve" in text
     assert "controls as required" in text
     assert "3 techniques alone" in text and "1 over budget" in text and "1 within budget" in text
-    assert "1 undecided" in text and "<b>tome:0.5</b> -0.040 [-0.044--0.036]" in text
+    assert "1 undecided" in text and "<b>tome:0.5</b> -0.040 [-0.044, -0.036]" in text
     flipped = table.copy()
     flipped.loc[flipped.key == controls.TWIN, ["adherence_delta_lo", "adherence_delta_hi"]] = (-0.05, -0.03)
     study = SimpleNamespace(recorder=Recorder())
@@ -122,7 +127,7 @@ def test_rows_of_another_machine_or_commit_are_refused_and_counted():
     old = _rows(7.77).assign(commit="c0")
     shown, notice = report.one_machine(pd.concat([other, rows, old], ignore_index=True))
     assert len(shown) == len(rows) and set(shown["machine"]) == {"m1"} and set(shown["commit"]) == {"c1"}
-    assert "4 row(s) at commit c1 on machine m2" in notice and "4 row(s) at commit c0 on machine m1" in notice
+    assert "6 row(s) at commit c1 on machine m2" in notice and "6 row(s) at commit c0 on machine m1" in notice
     text = findings.verdict("03_attention", shown)
     assert "9.99" not in text and "7.77" not in text and "1.31x" in text
     assert report.one_machine(rows)[1] == ""

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sdperf import environment, paths, runner
+from sdperf.core import environment, paths
+from sdperf.run import plan, runner
 from sdperf.cli import main
-from sdperf.errors import ConfigError, short
-from sdperf.profiles import available_profiles, load_profile, read_yaml
-from sdperf.results import DamagedTable, Recorder, check_results, read_results, results_path
+from sdperf.core.errors import ConfigError, short
+from sdperf.config.profiles import available_profiles, load_profile, read_yaml
+from sdperf.store.results import COLUMNS, DamagedTable, Recorder, check_results, read_results, results_path
 
 SMOKE_TEXT = (paths.REPO_ROOT / "params" / "smoke.yml").read_text()
 
@@ -76,8 +77,8 @@ def test_a_run_with_relative_folders_promotes_its_rows_and_measures_the_validate
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()
     make_notebook(nbdir / "00_rel.ipynb", [
-        "from sdperf import environment\nfrom sdperf.profiles import load_profile\n"
-        "from sdperf.results import Recorder\n"
+        "from sdperf.core import environment\nfrom sdperf.config.profiles import load_profile\n"
+        "from sdperf.store.results import Recorder\n"
         "Recorder('00_rel', profile, environment.record(profile, 'cpu')).add(load_profile(profile).prompt, "
         "'latency', 1.5, 's')"])
     monkeypatch.chdir(work)
@@ -114,7 +115,8 @@ def _short_row(lines):
 DAMAGE = {
     "torn last line": (lambda lines: "".join(lines)[:-25], 3, "torn"),
     "short row": (lambda lines: _short_row(lines)[0], 3, "has 10 field"),
-    "extra field": (lambda lines: "".join(lines[:2]) + lines[2].rstrip("\n") + ",surplus\n", 3, "has 29 field"),
+    "extra field": (lambda lines: "".join(lines[:2]) + lines[2].rstrip("\n") + ",surplus\n", 3,
+                    f"has {len(COLUMNS) + 1} field"),
     "empty": (lambda lines: "", 1, "empty"),
     "binary": (lambda lines: "".join(lines[:2]) + "\x00\x01\x02garbage\n", 3, "binary"),
     "no time_utc": (lambda lines: "".join(lines[:2]) + lines[2].rstrip("\n").rsplit(",", 1)[0] + ",\n", 3,
@@ -224,13 +226,13 @@ def test_a_hostile_notebook_parameter_fails_validation(tmp_path, monkeypatch, va
 
 
 def test_notebook_parameters_of_the_annotated_types_pass(tmp_path, monkeypatch):
-    runner.check_parameter_type("x", ["a", 1, 2.5], "list")
-    runner.check_parameter_type("x", 3, "float")
-    runner.check_parameter_type("x", True, "bool")
+    plan.check_parameter_type("x", ["a", 1, 2.5], "list")
+    plan.check_parameter_type("x", 3, "float")
+    plan.check_parameter_type("x", True, "bool")
     with pytest.raises(ConfigError, match=r"x must be float .*got bool"):
-        runner.check_parameter_type("x", True, "float")
+        plan.check_parameter_type("x", True, "float")
     with pytest.raises(ConfigError, match=r"x must be str .*got int 5"):
-        runner.check_parameter_type("x", 5, "str")
+        plan.check_parameter_type("x", 5, "str")
 
 
 def test_short_bounds_what_a_message_shows_of_a_huge_value():
@@ -272,7 +274,7 @@ def test_the_committed_model_covers_its_folder(model_copy):
 
 
 def test_an_empty_file_list_verifies_nothing_so_a_tampered_unet_never_loads(model_copy):
-    from sdperf.pipelines import build_from_weights
+    from sdperf.model.pipelines import build_from_weights
     from sdperf.reference import store
 
     unet = model_copy / "unet" / "diffusion_pytorch_model.safetensors"
@@ -344,7 +346,7 @@ LONG_CAPTION = "a red circle and a blue square on a light background, " * 8  # ~
 
 
 def test_a_caption_past_clips_77_tokens_is_named_with_its_count_before_any_model(tmp_path):
-    from sdperf import prompts
+    from sdperf.model import prompts
     from sdperf.imagegen import plan
 
     captions = [prompts.Caption("ok", "a red circle " * 20), prompts.Caption("long-one", LONG_CAPTION)]
@@ -365,7 +367,7 @@ def test_a_long_caption_file_fails_sdperf_generate(tmp_path, capsys):
 
 @pytest.mark.parametrize("seed", [str(2**64), str(2**63), "-1"])
 def test_a_seed_out_of_range_fails_before_the_pipeline_is_built(tmp_path, capsys, monkeypatch, seed):
-    from sdperf import pipelines
+    from sdperf.model import pipelines
 
     monkeypatch.setattr(pipelines, "build_pipeline", lambda *a, **k: pytest.fail("the pipeline was built"))
     (tmp_path / "captions.txt").write_text("a dog\n")
@@ -378,7 +380,7 @@ def test_the_largest_seed_is_one_torch_takes():
     import torch
 
     from sdperf.imagegen import keys
-    from sdperf.profiles import MAX_SEED
+    from sdperf.config.profiles import MAX_SEED
 
     assert keys.check_seeds([MAX_SEED]) == (MAX_SEED,)
     torch.Generator().manual_seed(MAX_SEED)
@@ -413,7 +415,8 @@ def test_captions_that_a_spreadsheet_would_run_are_neutralised_and_read_back_as_
 
 INTERRUPTED_DRIVER = """import sys
 from pathlib import Path
-from sdperf import doctor, environment, paths
+from sdperf.core import environment, paths
+from sdperf.measure import doctor
 from sdperf.cli import main
 environment.git_commit = lambda *a, **k: "0123456789ab"
 paths.notebooks_dir = lambda: Path({nbdir!r})
@@ -455,10 +458,10 @@ def test_ctrl_c_during_a_notebook_prints_one_clean_line(tmp_path, monkeypatch):
 
 
 def test_an_unannotated_notebook_parameter_takes_a_scalar_or_a_flat_list():
-    runner.check_parameter_type("x", ["a", 2], "None")
-    runner.check_parameter_type("x", "a", None)
+    plan.check_parameter_type("x", ["a", 2], "None")
+    plan.check_parameter_type("x", "a", None)
     with pytest.raises(ConfigError, match=r"x must be a str, int, float, bool or list .*got dict"):
-        runner.check_parameter_type("x", {"a": 1}, "None")
+        plan.check_parameter_type("x", {"a": 1}, "None")
 
 
 def test_a_profiles_weights_folder_is_verified_before_the_first_notebook(model_copy, tmp_path, monkeypatch):

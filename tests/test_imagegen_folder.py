@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdperf.errors import ConfigError
-from sdperf.generation import generate
+from sdperf.core.errors import ConfigError
+from sdperf.model.generation import generate
 from sdperf.imagegen import generate_folder, plan_keys, read_manifest
 from sdperf.imagegen import store
 from sdperf.imagegen.render import render, to_uint8, workload
-from sdperf.prompts import Caption
+from sdperf.model.prompts import Caption
 
 CAPTIONS = [Caption("7", "a red bicycle against a wall"), Caption("12", "two dogs on a beach"),
             Caption("3", "a bowl of oranges")]

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from sdperf.cli import main
-from sdperf.profiles import available_profiles
+from sdperf.config.profiles import available_profiles
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.imagegen import keys as K
 from sdperf.imagegen import ranks as R
 

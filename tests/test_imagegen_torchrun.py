@@ -9,7 +9,7 @@ import sys
 import torch
 
 from sdperf.imagegen import generate_folder, read_manifest
-from sdperf.prompts import load_captions
+from sdperf.model.prompts import load_captions
 
 GUIDANCE = ["1", "7.5"]
 

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdperf import environment, roofline
+from sdperf.core import environment
+from sdperf.measure import roofline
 from sdperf.experiments import quantization as qx
 
 SIZE = 256
@@ -116,8 +117,8 @@ def _cmp(rows: list[tuple]) -> SimpleNamespace:
 
 
 def test_roofline_shares_and_the_issue_15_goal(scratch_reports):
-    from sdperf.results import read_results
-    from sdperf.study import open_study
+    from sdperf.store.results import read_results
+    from sdperf.measure.study import open_study
 
     study = open_study("smoke", notebook="test_int8_roof")
     cmp = _cmp([("fp32 eager", "fp32-eager", 2.0, 1.0, 1.0, 1.0),

@@ -13,13 +13,29 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 EXPERIMENTS = sorted((REPO / "lib" / "sdperf" / "experiments").glob("*.py"))
-# what starts workers: comparison.run_variants and sdperf.rounds' run/alone
+# what starts workers: comparison.run_variants and sdperf.measure.rounds' run/alone
 SEEDS = {"run_variants"}
 ROUNDS_CALLS = {"alone", "run"}
 
 
-def _called(node: ast.AST) -> set[str]:
-    """The names a function body calls: f(...) as 'f', mod.f(...) as 'f' (and rounds.run as 'rounds.run')."""
+STEMS = {p.stem for p in EXPERIMENTS}
+
+
+def _aliases(tree: ast.AST) -> dict[str, str]:
+    """Name -> experiments module it stands for: each module by its own name, and `from sdperf.experiments import
+    serving as experiment` as written."""
+    out = {stem: stem for stem in STEMS}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "sdperf.experiments":
+            out.update({a.asname or a.name: a.name for a in node.names})
+    return out
+
+
+def _called(node: ast.AST, aliases: dict[str, str] | None = None) -> set[str]:
+    """What a body calls: f(...) as 'f'; experiment.f(...) on an experiments module as '<module>.f'; rounds.run(...)
+    as 'rounds.run'; another module's function only when it is a seed (comparison.run_variants): a same-named
+    function elsewhere (loadgen_run.run) is not an experiment's."""
+    aliases = _aliases(node) if aliases is None else aliases
     out = set()
     for n in ast.walk(node):
         if isinstance(n, ast.Call):
@@ -27,41 +43,56 @@ def _called(node: ast.AST) -> set[str]:
             if isinstance(f, ast.Name):
                 out.add(f.id)
             elif isinstance(f, ast.Attribute):
-                out.add(f.attr)
-                if isinstance(f.value, ast.Name) and f.value.id == "rounds" and f.attr in ROUNDS_CALLS:
+                recv = f.value.id if isinstance(f.value, ast.Name) else None
+                if recv in aliases:
+                    out.add(f"{aliases[recv]}.{f.attr}")
+                elif recv == "rounds" and f.attr in ROUNDS_CALLS:
                     out.add("rounds." + f.attr)
+                elif f.attr in SEEDS:
+                    out.add(f.attr)
     return out
 
 
-def launching_functions(sources: list[str]) -> set[str]:
-    """Functions of the experiment modules that start workers, directly or through another such function (a
-    fixed point over their call graph by name)."""
-    bodies = {}
-    for src in sources:
-        for node in ast.parse(src).body:
+def launching_functions(sources: dict[str, str]) -> set[str]:
+    """Functions of the experiment modules (stem -> source) that start workers, directly or through another such
+    function (a fixed point over their call graph), each as '<module>.<name>' and as its bare name."""
+    bodies, defined = {}, {}
+    for stem, src in sources.items():
+        tree = ast.parse(src)
+        aliases = _aliases(tree)
+        for node in tree.body:
             if isinstance(node, ast.FunctionDef):
-                bodies.setdefault(node.name, set()).update(_called(node))
-    launching = set(SEEDS)
+                bodies[f"{stem}.{node.name}"] = _called(node, aliases)
+                defined.setdefault(stem, set()).add(node.name)
+    launching = set(SEEDS) | {"rounds.alone", "rounds.run"}
     changed = True
     while changed:
         changed = False
-        for name, calls in bodies.items():
-            if name not in launching and (calls & launching or calls & {"rounds.alone", "rounds.run"}):
-                launching.add(name)
+        names = {q.split(".", 1)[1] for q in launching if "." in q and q.split(".")[0] in sources}
+        for qual, calls in bodies.items():
+            stem = qual.split(".")[0]
+            mine = {c for c in calls if "." not in c and c in defined.get(stem, ())}
+            bare = {c for c in calls if "." not in c} - mine
+            if qual not in launching and (calls & launching or {f"{stem}.{c}" for c in mine} & launching
+                                          or bare & names):
+                launching.add(qual)
                 changed = True
-    return launching
+    return launching | {q.split(".", 1)[1] for q in launching if q.split(".")[0] in sources}
 
 
 def held_pipelines(cells: list[str], launching: set[str]) -> list[str]:
     """Each cell that launches workers while an earlier top-level cell's `X = study.pipeline(...)` still holds its
     pipeline (not dropped by `del X` or `X = None`)."""
-    held, found = {}, []
+    held, found, aliases = {}, [], {stem: stem for stem in STEMS}
+    trees = {}
     for i, src in enumerate(cells):
         try:
-            tree = ast.parse(src)
+            trees[i] = ast.parse(src)
         except SyntaxError:  # IPython magics: not Python, and none of them builds a pipeline
             continue
-        calls = _called(tree) & launching
+        aliases.update(_aliases(trees[i]))  # the notebook's imports, wherever its import cell is
+    for i, tree in trees.items():
+        calls = _called(tree, aliases) & launching
         if calls and held:
             found.append(f"cell {i} calls {', '.join(sorted(calls))} while {', '.join(sorted(held))} "
                          f"(built in cell {', '.join(str(c) for c in sorted(held.values()))}) holds a pipeline")
@@ -83,7 +114,7 @@ def held_pipelines(cells: list[str], launching: set[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def launching():
-    return launching_functions([p.read_text() for p in EXPERIMENTS])
+    return launching_functions({p.stem: p.read_text() for p in EXPERIMENTS})
 
 
 def test_audit_knows_the_launchers(launching):
@@ -95,7 +126,7 @@ def test_audit_catches_a_pipeline_held_across_workers(launching):
     """The order of 00 before issue 32: the pipeline built, then the batch sweep's workers launched."""
     cells = ['pipe = study.pipeline("float32")', "runs = baseline.measure_batches(study)"]
     assert held_pipelines(cells, launching) == [
-        "cell 1 calls measure_batches while pipe (built in cell 0) holds a pipeline"]
+        "cell 1 calls baseline.measure_batches while pipe (built in cell 0) holds a pipeline"]
     assert held_pipelines(cells[:1] + ["del pipe"] + cells[1:], launching) == []
     assert held_pipelines(cells[::-1], launching) == []
 

@@ -8,13 +8,14 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from sdperf import rounds, standalone
-from sdperf.comparison import BASELINE
-from sdperf.errors import ConfigError
+from sdperf.measure import rounds
+from sdperf.select import standalone
+from sdperf.measure.comparison import BASELINE
+from sdperf.core.errors import ConfigError
 from sdperf.experiments import ladder
 from sdperf.optimizations import catalog
-from sdperf.results import Recorder
-from sdperf.study import open_study
+from sdperf.store.results import Recorder
+from sdperf.measure.study import open_study
 
 
 def _env(machine="this-cpu", commit="abc123", time_utc="2025-01-01T00:00:00"):
@@ -26,14 +27,14 @@ def _env(machine="this-cpu", commit="abc123", time_utc="2025-01-01T00:00:00"):
 def _store(rec: Recorder, key: str, speedup: float, verdict: str, *, name: str | None = None, psnr=None):
     """The rows comparison.record writes for one stand-alone configuration (display name free, key exact)."""
     scenario = f"{name or 'anything ' + key}, batch 1"
-    rows = [dict(scenario=scenario, metric="latency", value=1.0 / speedup, unit="s", key=key, method="m"),
+    common = dict(key=key, method="m", batch_size=1)
+    rows = [dict(scenario=scenario, metric="latency", value=1.0 / speedup, unit="s", **common),
             dict(scenario=scenario, metric="speedup_vs_fp32", value=speedup, unit="x", lo=speedup * 0.98,
-                 hi=speedup * 1.02, key=key, method="m",
-                 note=f"per image at the profile's steps; {verdict} (noise band 0.970-1.030x)"),
+                 hi=speedup * 1.02, verdict=verdict, note="per image at the profile's steps", **common),
             dict(scenario=scenario, metric="unet_step_speedup_vs_fp32", value=speedup, unit="x", lo=speedup,
-                 hi=speedup, key=key, method="m", note=f"per UNet step; {verdict} (noise band 0.970-1.030x)")]
+                 hi=speedup, verdict=verdict, note="per UNet step", **common)]
     if psnr is not None:
-        rows.append(dict(scenario=scenario, metric="image_psnr_db", value=psnr, unit="dB", key=key, method="m"))
+        rows.append(dict(scenario=scenario, metric="image_psnr_db", value=psnr, unit="dB", **common))
     rec.add_many(rows)
 
 
@@ -64,7 +65,7 @@ def test_standalone_finds_every_catalog_technique_by_key_on_this_machine_and_com
 def test_standalone_says_not_measured_and_keeps_a_failed_rows_reason(scratch_reports):
     rec = Recorder("05_cuda_graphs", "smoke", _env())
     rec.add("CUDA graph, batch 1", "latency", None, "", status="not_applicable", note="not applicable: no GPU",
-            key="cuda_graphs")
+            key="cuda_graphs", batch_size=1)
     study = SimpleNamespace(recorder=rec)
     t = standalone.standalone(study, ["cuda_graphs", "grad:no_grad"]).set_index("key")
     assert t.loc["cuda_graphs", "status"] == "not_applicable" and "no GPU" in t.loc["cuda_graphs", "note"]
@@ -187,7 +188,7 @@ def test_allocator_rung_takes_allocator_keys_only(study):
 
 
 def test_measure_runs_every_rung_in_one_call_and_stores_rows_the_report_shows(study, monkeypatch):
-    from sdperf import report
+    from sdperf.report import report
 
     cere = ladder.plan(study, ladder.CEREBRIUM, ["grad:no_grad", "attention:sdpa:math", "cuda_graphs"])
     best = ladder.plan(study, ladder.BEST, ["attention:sdpa:math"])

@@ -1,4 +1,4 @@
-"""No worker outlives its run (sdperf.lifeline, issue 32): a launcher killed with SIGKILL takes its worker (and the
+"""No worker outlives its run (sdperf.measure.lifeline, issue 32): a launcher killed with SIGKILL takes its worker (and the
 fork server it came from) with it; a survivor a killed run left is named, with its RSS, before the next run
 measures; a death names its signal and, when the system says so, memory."""
 from __future__ import annotations
@@ -14,17 +14,18 @@ from pathlib import Path
 import pytest
 
 import sdperf
-from sdperf import lifeline, rounds, runner
-from sdperf.errors import ConfigError
-from sdperf.rounds import Config
+from sdperf.measure import lifeline, rounds
+from sdperf.run import runner
+from sdperf.core.errors import ConfigError
+from sdperf.measure.rounds import Config
 
-# Starts one worker the way sdperf.rounds does (rounds.launch), on the smoke profile, with repeats enough to keep
+# Starts one worker the way sdperf.measure.rounds does (rounds.launch), on the smoke profile, with repeats enough to keep
 # it measuring for minutes, then waits for it: the test kills this process while the worker runs.
 LAUNCHER = r"""
 import sys
-from sdperf import rounds
-from sdperf.profiles import load_profile
-from sdperf.rounds import Config
+from sdperf.measure import rounds
+from sdperf.config.profiles import load_profile
+from sdperf.measure.rounds import Config
 spec = rounds._spec(load_profile("smoke", check_runtime=False), Config(rounds.BASELINE), 0, None,
                     {"warmup": 1, "repeats": 1000000})
 rounds.launch(spec, fresh_interpreter=sys.argv[1] == "fresh")

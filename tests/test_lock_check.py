@@ -1,4 +1,4 @@
-"""sdperf.lock_check, offline: the indexes are fake pages (PEP 691 JSON and PEP 503 HTML) handed to the checker, so
+"""sdperf.tooling.lock_check, offline: the indexes are fake pages (PEP 691 JSON and PEP 503 HTML) handed to the checker, so
 these tests check the tag logic and the verdicts, not the network. `make check-gpu-lock` asks the real indexes."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import pytest
 from packaging.tags import Tag
 
-from sdperf import lock_check
+from sdperf.tooling import lock_check
 from sdperf.cli import main
-from sdperf.lock_check import IndexUnreachable, ProjectMissing, check_lock, summary, supported_tags
-from sdperf.locks import read_lock
+from sdperf.tooling.lock_check import IndexUnreachable, ProjectMissing, check_lock, summary, supported_tags
+from sdperf.tooling.locks import read_lock
 
 SHA = "ab" * 32
 NVIDIA = "https://pypi.nvidia.com/"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sdperf.errors import ConfigError
-from sdperf.locks import PYPI_SIMPLE, disagreements, read_lock
-from sdperf.paths import REPO_ROOT
+from sdperf.core.errors import ConfigError
+from sdperf.tooling.locks import PYPI_SIMPLE, disagreements, read_lock
+from sdperf.core.paths import REPO_ROOT
 
 MAIN = REPO_ROOT / "requirements.lock"
 GPU = REPO_ROOT / "requirements-gpu.lock"

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdperf.generation import STAGES, Workload
-from sdperf.measurements import block_comparison, compare_runs, timed_generation, unet_flops
+from sdperf.model.generation import STAGES, Workload
+from sdperf.measure.measurements import block_comparison, compare_runs, timed_generation, unet_flops
 from sdperf.optimizations import half_precision
-from sdperf.pipelines import build_pipeline
+from sdperf.model.pipelines import build_pipeline
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The memory preflight (sdperf.memory, issue 32): a configuration whose estimated peak exceeds the memory available
+"""The memory preflight (sdperf.measure.memory, issue 32): a configuration whose estimated peak exceeds the memory available
 is a skipped row naming both, decided before any worker starts; estimates come without building anything."""
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sdperf import doctor, environment, memory, rounds
-from sdperf.architectures import PUBLISHED_PARAMETERS
-from sdperf.errors import ConfigError
+from sdperf.core import environment
+from sdperf.measure import doctor, memory, rounds
+from sdperf.config.architectures import PUBLISHED_PARAMETERS
+from sdperf.core.errors import ConfigError
 from sdperf.optimizations.catalog import BASELINE_KEY
-from sdperf.results import COLUMNS, results_path, upsert_rows
-from sdperf.rounds import Config
+from sdperf.store.results import COLUMNS, results_path, upsert_rows
+from sdperf.measure.rounds import Config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,7 +71,7 @@ def test_a_configuration_over_the_cap_is_skipped_while_the_baseline_runs(smoke, 
 
 
 def test_sdxl_estimate_at_a_tiny_resolution_without_building(smoke, monkeypatch):
-    from sdperf import pipelines
+    from sdperf.model import pipelines
 
     def refuse(*_a, **_k):
         raise AssertionError("the estimate built a pipeline")
@@ -87,7 +88,7 @@ def test_sdxl_estimate_at_a_tiny_resolution_without_building(smoke, monkeypatch)
 
 
 def test_meta_device_count_equals_the_built_tiny_networks(tiny_pipe):
-    from sdperf.pipelines import component_parameters
+    from sdperf.model.pipelines import component_parameters
 
     assert memory.parameter_counts("tiny") == component_parameters(tiny_pipe)
 
@@ -95,7 +96,7 @@ def test_meta_device_count_equals_the_built_tiny_networks(tiny_pipe):
 def test_formula_is_near_the_committed_cpu_baselines_measured_peak():
     """The cpu report's fp32 eager workers (SD 1.5, 256 px) measured their process peak: the formula must land
     within 15% of it, or the preflight refuses what runs (or passes what dies)."""
-    from sdperf.profiles import load_profile
+    from sdperf.config.profiles import load_profile
 
     df = pd.read_csv(REPO / "reports" / "cpu" / "results.csv")
     rows = df[(df.metric == "process_peak_memory") & (df.key == BASELINE_KEY)
@@ -109,7 +110,7 @@ def test_formula_is_near_the_committed_cpu_baselines_measured_peak():
 def test_earlier_rows_on_this_machine_replace_the_formula(smoke, scratch_reports):
     machine = environment.fingerprint(smoke.device)
     row = dict.fromkeys(COLUMNS)
-    row.update(notebook="00_baseline", scenario="fp32 eager, batch 1", metric="process_peak_memory", value=1234.5,
+    row.update(notebook="00_baseline", scenario="fp32 eager, batch 1", batch_size=1, metric="process_peak_memory", value=1234.5,
                unit="MiB", key=BASELINE_KEY, machine=machine, profile=smoke.name, status="ok", device=smoke.device,
                commit="c1", time_utc="2026-11-26T00:00:00Z")  # every field a row must carry (results.REQUIRED)
     other = dict(row, value=99999.0, machine="another-machine")
@@ -152,7 +153,7 @@ def test_doctor_shows_each_rungs_estimate_and_refuses_over_the_cap(smoke, monkey
 
 
 def test_a_bad_cap_fails_sdperf_run_before_any_notebook(monkeypatch):
-    from sdperf import runner
+    from sdperf.run import runner
 
     monkeypatch.setenv(memory.CAP_ENV, "-5")
     with pytest.raises(ConfigError, match=r"SDPERF_MEMORY_CAP_MIB='-5' is not valid"):
@@ -160,7 +161,7 @@ def test_a_bad_cap_fails_sdperf_run_before_any_notebook(monkeypatch):
 
 
 def test_a_kernels_own_pipeline_over_the_cap_is_refused_before_it_is_built(smoke, monkeypatch):
-    from sdperf import study as studies
+    from sdperf.measure import study as studies
 
     def refuse(*_a, **_k):
         raise AssertionError("the pipeline was built")

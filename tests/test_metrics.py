@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from sdperf import drift
-from sdperf.generation import Output
-from sdperf.roofline import achieved, count_flops, matmul_peak
+from sdperf.measure import drift
+from sdperf.model.generation import Output
+from sdperf.measure.roofline import achieved, count_flops, matmul_peak
 
 
 def test_conv_flops_match_hand_count():

@@ -7,11 +7,11 @@ import collections
 import pytest
 import torch
 
-from sdperf import drift
-from sdperf.generation import Workload, generate
+from sdperf.measure import drift
+from sdperf.model.generation import Workload, generate
 from sdperf.optimizations import catalog
 from sdperf.optimizations import quantization as opt
-from sdperf.pipelines import build_pipeline
+from sdperf.model.pipelines import build_pipeline
 
 HYBRID = "int8:openvino-nncf-hybrid"
 CAPTIONS = ("a red square on a white background", "two blue circles", "a green triangle above a yellow line")

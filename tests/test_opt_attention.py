@@ -8,13 +8,13 @@ import pytest
 import torch
 from diffusers.models.attention_processor import AttnProcessor, SlicedAttnProcessor
 
-from sdperf.architectures import get as get_arch
-from sdperf.drift import relative_error
-from sdperf.errors import ConfigError
+from sdperf.config.architectures import get as get_arch
+from sdperf.measure.drift import relative_error
+from sdperf.core.errors import ConfigError
 from sdperf.experiments import attention as ex
-from sdperf.generation import Workload, generate
+from sdperf.model.generation import Workload, generate
 from sdperf.optimizations import attention as opt
-from sdperf.pipelines import build_pipeline
+from sdperf.model.pipelines import build_pipeline
 
 # Different kernels sum in different orders: float32 rounding, compounded over the denoising steps.
 TOLERANCE = 1e-5

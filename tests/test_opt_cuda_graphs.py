@@ -9,10 +9,10 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from sdperf.experiments import cuda_graphs as exp
-from sdperf.generation import Workload
+from sdperf.model.generation import Workload
 from sdperf.optimizations import cuda_graphs
-from sdperf.results import read_results
-from sdperf.study import open_study
+from sdperf.store.results import read_results
+from sdperf.measure.study import open_study
 
 
 def test_availability_says_why_without_cuda(monkeypatch):
@@ -85,7 +85,7 @@ def test_the_unet_share_comes_from_the_baseline_row():
 
     import pandas as pd
 
-    from sdperf.rounds import BASELINE
+    from sdperf.measure.rounds import BASELINE
 
     summary = pd.DataFrame([{"config": BASELINE, "latency_s": 2.0, "unet_step_s": 0.3, "iterations": 5}])
     measured = SimpleNamespace(row=lambda c: summary.set_index("config").loc[c].to_dict())

@@ -12,9 +12,9 @@ import torch
 from sdperf.experiments import deepspeed as exp
 from sdperf.optimizations import deepspeed_inference as ds
 from sdperf.optimizations import deepspeed_policies as dp
-from sdperf.pipelines import build_pipeline
-from sdperf.results import read_results
-from sdperf.study import open_study
+from sdperf.model.pipelines import build_pipeline
+from sdperf.store.results import read_results
+from sdperf.measure.study import open_study
 
 
 def _plant(pipe, n: int):
@@ -104,7 +104,7 @@ def _meta_classes(arch_name: str) -> dict[str, set]:
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from sdperf import architectures
+    from sdperf.config import architectures
 
     arch = architectures.get(arch_name)
     with torch.device("meta"):  # shapes only: SD 1.5's tree in a fraction of a second
@@ -225,7 +225,7 @@ def test_doctor_names_the_policy_mismatch_on_a_gpu_profile():
     """sdperf doctor reads the catalog's availability: on a CUDA profile, also without CUDA here, the seed's
     call is refused with the missing attribute, and the adapted rung only for the missing CUDA device."""
     from sdperf.optimizations import catalog
-    from sdperf.profiles import load_profile
+    from sdperf.config.profiles import load_profile
 
     ctx = catalog.Context(load_profile("sd15-a10g", check_runtime=False))
     ok, reason = catalog.get("deepspeed:inject").availability(ctx)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from sdperf import drift
-from sdperf.generation import Workload, generate
+from sdperf.measure import drift
+from sdperf.model.generation import Workload, generate
 from sdperf.optimizations import engine_export, openvino_engine, tensorrt_engine
 from sdperf.optimizations.unet_graph import EngineUNet, example_inputs
 
@@ -28,7 +28,7 @@ def _eager(unet, x, t, ctx) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def ort_pipe(smoke, tmp_path_factory):
     """A fresh tiny pipeline whose UNet is ONNX Runtime (dynamo export), built once for the module."""
-    from sdperf.pipelines import build_pipeline
+    from sdperf.model.pipelines import build_pipeline
 
     scratch = tmp_path_factory.mktemp("scratch")
     pipe = engine_export.apply(build_pipeline(smoke), "onnxruntime-fp32", batch=2, latent_size=smoke.latent_size,
@@ -58,7 +58,7 @@ def test_onnxruntime_generation_matches_eager_and_cleans_up(ort_pipe, tiny_pipe,
 
 
 def test_a_later_worker_loads_the_cached_engine_instead_of_exporting(ort_pipe, smoke):
-    from sdperf.pipelines import build_pipeline
+    from sdperf.model.pipelines import build_pipeline
 
     pipe, scratch = ort_pipe
     again = engine_export.apply(build_pipeline(smoke), "onnxruntime-fp32", batch=2, latent_size=smoke.latent_size,
@@ -183,7 +183,7 @@ def test_an_engine_stacks_on_a_half_precision_pipeline(smoke, tmp_path):
     of the bf16 UNet and hands its output back in the loop's dtype, so the bf16 VAE decodes it; the images stay
     close to the bf16 pipeline's own."""
     from sdperf.optimizations.catalog import Context, Stack
-    from sdperf.pipelines import build_pipeline
+    from sdperf.model.pipelines import build_pipeline
 
     stack = Stack.of("precision:bfloat16+engine:openvino-f32")  # f32 execution: the drift is the weights' alone
     ctx = Context(smoke, artefacts=tmp_path)

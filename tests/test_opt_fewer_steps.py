@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 import torch
 
-from sdperf.comparison import run_variants
-from sdperf.errors import ConfigError
+from sdperf.measure.comparison import run_variants
+from sdperf.core.errors import ConfigError
 from sdperf.experiments import fewer_steps as fx
-from sdperf.generation import Workload, generate, initial_latents
+from sdperf.model.generation import Workload, generate, initial_latents
 from sdperf.optimizations import fewer_steps as opt
-from sdperf.pipelines import build_pipeline, build_random
-from sdperf.results import read_results
+from sdperf.model.pipelines import build_pipeline, build_random
+from sdperf.store.results import read_results
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def test_bad_scheduler_or_steps_name_the_choices(pipe):
 
 
 def test_compare_times_each_scheduler_against_plms_50_composed(smoke, scratch_reports):
-    from sdperf.study import open_study
+    from sdperf.measure.study import open_study
 
     study = open_study("smoke", notebook="test_fewer_steps")
     cmp = run_variants(study, ["scheduler:dpmpp-2m@2"], rounds_=1, overrides={"warmup": 1, "repeats": 1},
@@ -119,7 +119,7 @@ def test_compare_times_each_scheduler_against_plms_50_composed(smoke, scratch_re
 
 
 def test_drift_is_measured_from_the_reference_generation(smoke, scratch_reports):
-    from sdperf.study import open_study
+    from sdperf.measure.study import open_study
 
     study = open_study("smoke", notebook="test_fewer_steps")
     d = fx.drift_from_reference(study, "scheduler:plms@4", ["scheduler:plms@4", "scheduler:dpmpp-2m@2"])
@@ -134,7 +134,7 @@ def test_a_profile_without_scheduler_drift_generates_nothing_and_says_why(smoke,
                                                                           capsys):
     import dataclasses
 
-    from sdperf.study import open_study
+    from sdperf.measure.study import open_study
 
     study = open_study("smoke", notebook="test_fewer_steps")
     study.profile = dataclasses.replace(study.profile, scheduler_drift=False)

@@ -1,14 +1,14 @@
-"""The half-precision budget rule (sdperf.half_budget): a half precision whose generations would overrun the budget
+"""The half-precision budget rule (sdperf.measure.half_budget): a half precision whose generations would overrun the budget
 is recorded as skipped, with the block-level ratio that predicted it, instead of being run; the block is timed
 once per run, whichever of 01, 10 and 12 asks first."""
 from __future__ import annotations
 
 import pytest
 
-from sdperf import half_budget, measurements
+from sdperf.measure import half_budget, measurements
 from sdperf.experiments import half_precision as ex
-from sdperf.results import read_results
-from sdperf.study import open_study
+from sdperf.store.results import read_results
+from sdperf.measure.study import open_study
 
 
 def _probe(speedup: float, fp32_s: float = 0.5) -> half_budget.Probe:

@@ -7,12 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
-from sdperf.drift import relative_error
-from sdperf.errors import ConfigError
+from sdperf.measure.drift import relative_error
+from sdperf.core.errors import ConfigError
 from sdperf.experiments import inference_mode as ex
-from sdperf.generation import GRAD_MODES, Workload, generate
+from sdperf.model.generation import GRAD_MODES, Workload, generate
 from sdperf.optimizations import inference_mode as opt
-from sdperf.pipelines import build_pipeline
+from sdperf.model.pipelines import build_pipeline
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-from sdperf import drift
-from sdperf.errors import ConfigError
+from sdperf.measure import drift
+from sdperf.core.errors import ConfigError
 from sdperf.experiments import quantization as qx
-from sdperf.generation import Workload, generate, initial_latents
+from sdperf.model.generation import Workload, generate, initial_latents
 from sdperf.optimizations import quantization as opt
-from sdperf.pipelines import build_pipeline
-from sdperf.roofline import fit_size
+from sdperf.model.pipelines import build_pipeline
+from sdperf.measure.roofline import fit_size
 
 # Measured on the tiny network with random weights (4 PLMS steps): latent error about 8e-3, PSNR about 56 dB.
 # The bounds leave room for other int8 kernels (VNNI, AMX) rounding differently, and fail on a broken scheme.
@@ -89,9 +89,9 @@ def test_torchao_over_budget_is_a_skipped_row_not_a_run(monkeypatch, scratch_rep
 
     import pandas as pd
 
-    from sdperf.comparison import COLUMNS
-    from sdperf.results import read_results
-    from sdperf.study import open_study
+    from sdperf.measure.comparison import COLUMNS
+    from sdperf.store.results import read_results
+    from sdperf.measure.study import open_study
 
     study = open_study("smoke", notebook="test_quantization")
     ran = []

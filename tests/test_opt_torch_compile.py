@@ -9,11 +9,11 @@ import os
 import pytest
 import torch
 
-from sdperf.drift import relative_error
-from sdperf.generation import Workload
-from sdperf.measurements import capture_block_inputs
+from sdperf.measure.drift import relative_error
+from sdperf.model.generation import Workload
+from sdperf.measure.measurements import capture_block_inputs
 from sdperf.optimizations import torch_compile as tc
-from sdperf.pipelines import build_pipeline
+from sdperf.model.pipelines import build_pipeline
 
 # Inductor reorders reductions and fuses pointwise ops; in fp32 that moves the output by ~1e-6 relative.
 # 1e-4 leaves room for that and still catches wrong weights (a frozen graph reused for another block: ~1).
@@ -156,7 +156,7 @@ def test_compile_technique_puts_the_inductor_cache_in_scratch_and_its_log_in_fac
 
 def test_run_accepts_only_compile_keys(scratch_reports):
     from sdperf.experiments import torch_compile as experiment
-    from sdperf.study import open_study
+    from sdperf.measure.study import open_study
 
     study = open_study("smoke", notebook="04_torch_compile")
     with pytest.raises(ValueError, match="compile:<spec>"):

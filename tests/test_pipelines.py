@@ -8,11 +8,12 @@ import pytest
 import torch
 import yaml
 
-from sdperf import architectures, paths
-from sdperf.generation import Workload, generate, initial_latents
-from sdperf.pipelines import build_pipeline, build_random, component_parameters
-from sdperf.profiles import load_profile
-from sdperf.tokenizer import clip_tokenizer
+from sdperf.config import architectures
+from sdperf.core import paths
+from sdperf.model.generation import Workload, generate, initial_latents
+from sdperf.model.pipelines import build_pipeline, build_random, component_parameters
+from sdperf.config.profiles import load_profile
+from sdperf.model.tokenizer import clip_tokenizer
 
 PROMPT = "a photograph of an astronaut riding a horse"
 
@@ -108,7 +109,7 @@ def test_every_scheduler_runs_the_loop(name):
 def test_weights_cache_gives_the_same_networks_as_building_them(smoke, tmp_path):
     """The first process saves the seeded UNet, VAE and text encoder, a later one reads them back: bit-identical
     to a fresh build, non-persistent buffers (CLIP's position ids) included, and the same images."""
-    from sdperf.pipelines import build_pipeline
+    from sdperf.model.pipelines import build_pipeline
 
     parts = ("unet", "vae", "text_encoder")
     fresh_pipe = build_pipeline(smoke)

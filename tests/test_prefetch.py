@@ -8,12 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sdperf import ledger as ledgers
-from sdperf import prefetch, rounds
+from sdperf.measure import ledger as ledgers
+from sdperf.measure import rounds
+from sdperf.run import prefetch
 from sdperf.experiments import baseline, engine_export
-from sdperf.paths import scratch_dir
-from sdperf.rounds import BASELINE, TWIN, Config
-from sdperf.study import open_study
+from sdperf.core.paths import scratch_dir
+from sdperf.measure.rounds import BASELINE, TWIN, Config
+from sdperf.measure.study import open_study
 from test_rounds import SlowingMachine
 
 COSTS = {"fp32-eager": 1.0, "grad:inference_mode": 1.0, "grad:no_grad": 0.5, "grad:grad": 2.0,

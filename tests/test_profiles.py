@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sdperf import paths
-from sdperf.errors import ConfigError
-from sdperf.profiles import (ARCHITECTURES, DEVICES, DTYPES, SCHEDULERS, available_profiles, load_profile,
+from sdperf.core import paths
+from sdperf.core.errors import ConfigError
+from sdperf.config.profiles import (ARCHITECTURES, DEVICES, DTYPES, SCHEDULERS, available_profiles, load_profile,
                              resolve_name)
 
 REQUIRED_PROFILES = {"smoke", "cpu", "sd15-a10g", "sd15-a100", "sdxl-1024", "sd2-base"}
@@ -111,7 +111,7 @@ def test_missing_weights_folder_fails(params_dir, tmp_path):
 
 
 def test_a_hub_id_is_accepted_only_when_written_explicitly(params_dir, tmp_path, monkeypatch):
-    from sdperf.profiles import weights_source
+    from sdperf.config.profiles import weights_source
 
     hub = "hub:runwayml/stable-diffusion-v1-5"
     assert load_profile(params_dir(weights=hub)).weights == hub
@@ -145,7 +145,7 @@ def test_auto_resolves_env_then_hardware(monkeypatch):
 
 
 def test_bad_profile_fails_fast_without_building_anything():
-    code = ("import sys\nfrom sdperf.profiles import load_profile\n"
+    code = ("import sys\nfrom sdperf.config.profiles import load_profile\n"
             "try:\n    load_profile('nope')\nexcept ValueError as e:\n    print('ERR', e)\n"
             "print('diffusers' in sys.modules, 'torch' in sys.modules)")
     t0 = time.perf_counter()
@@ -227,7 +227,7 @@ def test_a_binary_profile_is_an_error_not_a_traceback(params_dir):
     ("training", "steps", 0, "steps"), ("quality", "n_images", "many", "n_images"),
     ("serving", "scenarios", ["Offline", "Burst"], "Burst")])
 def test_the_runner_checks_every_section_before_any_notebook(params_dir, section, key, value, expect):
-    from sdperf import runner
+    from sdperf.run import runner
 
     base = yaml.safe_load((paths.REPO_ROOT / "params" / "smoke.yml").read_text())
     name = params_dir(**{section: dict(base[section], **{key: value})})

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from sdperf.errors import ConfigError
-from sdperf.prompts import Caption, load_captions, select, smoke_captions
+from sdperf.core.errors import ConfigError
+from sdperf.model.prompts import Caption, load_captions, select, smoke_captions
 
 
 def _coco(tmp_path, annotations, name="captions_val2014.json"):

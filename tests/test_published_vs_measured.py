@@ -3,14 +3,14 @@ the rows given (a changed row changes the table; a missing or not-applicable one
 from __future__ import annotations
 
 import re
-from importlib import resources
 
 import pandas as pd
 import pytest
 
-from sdperf import published_vs_measured as pvm
-from sdperf.errors import ConfigError
-from sdperf.paths import REPO_ROOT
+from sdperf.core import data
+from sdperf.report import published_vs_measured as pvm
+from sdperf.core.errors import ConfigError
+from sdperf.core.paths import REPO_ROOT
 
 SHARED = REPO_ROOT.parent / "shared"
 DATA_FILES = ("published_inference.csv", "published_training.csv", "published_quality.csv",
@@ -28,8 +28,7 @@ CLAIM = "fp32 -> fp16 (torch.float16)"
 
 
 def _data(name: str) -> pd.DataFrame:
-    with resources.files("sdperf.data").joinpath(name).open() as fh:
-        return pd.read_csv(fh, dtype=str, keep_default_na=False)
+    return data.table(name, dtype=str, keep_default_na=False)
 
 
 def _row(table: pd.DataFrame, claim: str, source: str = "Cerebrium SD ladder") -> pd.Series:
@@ -145,12 +144,13 @@ def test_every_measured_key_and_notebook_is_the_catalogs():
 
 
 def test_the_report_shows_the_table_after_the_findings_with_a_link_per_source(scratch_reports):
-    from sdperf import environment, report
-    from sdperf.results import Recorder
+    from sdperf.core import environment
+    from sdperf.report import report
+    from sdperf.store.results import Recorder
 
     rec = Recorder("01_half_precision", "smoke", environment.record("smoke", "cpu"))
     rec.add("float16 weights+activations, batch 1", "seed_speedup_vs_fp32", 0.912345, "x", lo=0.9, hi=0.95,
-            key="precision:float16", method="fresh process per configuration")
+            key="precision:float16", method="fresh process per configuration", batch_size=1)
     rec.not_applicable("CUDA graph (UNet step), batch 1", "needs <CUDA> & a GPU")
     page = report.write_index("smoke").read_text()
     section = page[page.index("<h2 id='published'>"):]
@@ -219,13 +219,14 @@ def test_10_compares_the_whole_ladder_only_when_every_rung_ran_and_it_s_per_step
 
 
 def test_13_takes_the_busy_fraction_from_00s_batch_rows_when_it_timed_batch_1_only():
-    from sdperf.serving import experiment, sharing
+    from sdperf.experiments import serving as experiment
+    from sdperf.serving import sharing
 
-    base = dict(notebook="00_baseline", metric="latency", status="ok")
-    rows = _results(dict(base, scenario="fp32 eager, batch 1", value=9.0),
-                    dict(base, scenario="fp32 eager, batch 2", value=15.0),
-                    dict(base, scenario="fp32 eager (twin), batch 4", value=99.0),
-                    dict(base, scenario="fp32 eager, batch 4", value=None, status="skipped"))
+    base = dict(notebook="00_baseline", metric="latency", status="ok", key="fp32-eager")
+    rows = pd.DataFrame([dict(base, scenario="fp32 eager, batch 1", value=9.0, batch_size=1),
+                         dict(base, scenario="fp32 eager, batch 2", value=15.0, batch_size=2),
+                         dict(base, scenario="fp32 eager (twin), batch 4", value=99.0, batch_size=4),
+                         dict(base, scenario="fp32 eager, batch 4", value=None, status="skipped", batch_size=4)])
     assert experiment.baseline_batches(rows) == (9.0, 15.0, 2)
     assert experiment.baseline_batches(rows[rows.scenario != "fp32 eager, batch 2"]) is None
     busy = sharing.busy_fraction(*experiment.baseline_batches(rows))

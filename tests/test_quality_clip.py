@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.quality import clip
 
 COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}

@@ -7,7 +7,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.quality import fid
 
 

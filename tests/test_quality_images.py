@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.imagegen import read_manifest
-from sdperf.prompts import smoke_captions
+from sdperf.model.prompts import smoke_captions
 from sdperf.quality import fid, images, rungs, score
 from sdperf.quality.settings import settings
 
@@ -97,14 +97,14 @@ def test_reference_npz_path(scorers, smoke, tmp_path):
 
 
 def test_rungs_compare_with_the_fp32_images(smoke, scorers, scratch_reports):
-    from sdperf.results import Recorder
-    from sdperf.study import open_study
+    from sdperf.store.results import Recorder
+    from sdperf.measure.study import open_study
 
     study = open_study("smoke", notebook="12_fid_clip")
     # the stand-alone row 02_inference_mode stored on this machine at this commit, found by key
     Recorder("02_inference_mode", "smoke", study.env).add(
         "whatever label, batch 1", "speedup_vs_fp32", 1.07, "x", lo=1.05, hi=1.09, key="grad:inference_mode",
-        method="fresh process per configuration", note="per image; faster (noise band 0.98-1.02x)")
+        method="fresh process per configuration", batch_size=1, verdict="faster", note="per image")
     s = dataclasses.replace(settings(smoke), ladder_n_images=2, steps=2)
     out = rungs.generate(study, s, ["grad:inference_mode", "cuda_graphs"], say=lambda _: None)
     assert [r.status for r in out] == ["ok", "ok", "not_applicable"]

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from sdperf.environment import record
-from sdperf.errors import ConfigError
-from sdperf.profiles import available_profiles, load_profile
+from sdperf.core.environment import record
+from sdperf.core.errors import ConfigError
+from sdperf.config.profiles import available_profiles, load_profile
 from sdperf.quality import gate
 from sdperf.quality.settings import CLIP_ARCHS, FID_FEATURES, KEYS, settings
-from sdperf.results import Recorder
+from sdperf.store.results import Recorder
 
 
 def _with(profile, **changes):

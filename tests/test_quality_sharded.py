@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.imagegen import generate_folder
 from sdperf.quality.sharded import merge_scores, score_folder, score_shard
-from sdperf.prompts import smoke_captions
+from sdperf.model.prompts import smoke_captions
 from sdperf.quality import clip, fid
 from sdperf.quality.images import read_manifest
 from sdperf.quality.score import Scorers, score_manifest

@@ -1,4 +1,4 @@
-"""sdperf.quiet: each known warning and log line is filtered, an unknown one of the same category (or logger)
+"""sdperf.core.quiet: each known warning and log line is filtered, an unknown one of the same category (or logger)
 still shows, torch's guard-creation failure is one line, and `import sdperf` leaves the real noise off stderr."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from sdperf import quiet
+from sdperf.core import quiet
 from sdperf.optimizations import torch_compile as tc
 
 # A message each known warning really printed (executed notebooks, worker logs), as (filter, message, module).

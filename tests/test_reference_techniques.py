@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.reference import controls, paired, quality, store, techniques
 
 STEPS = 10
@@ -22,7 +22,7 @@ KEYS = [controls.TWIN, f"control:dpmpp-2m@{controls.FEW_STEPS}", controls.noise_
 
 @pytest.fixture(scope="module")
 def smoke_profile():
-    from sdperf.profiles import load_profile
+    from sdperf.config.profiles import load_profile
 
     return load_profile("smoke")
 
@@ -178,7 +178,7 @@ def test_token_merging_patches_the_highest_resolution_blocks_and_changes_the_pic
 
 
 def test_rows_round_trip_and_for_study_measures_only_what_is_missing(measured, scratch_reports, monkeypatch):
-    from sdperf.study import open_study
+    from sdperf.measure.study import open_study
 
     study = open_study("smoke", notebook="12_fid_clip")
     techniques.record(study, measured)

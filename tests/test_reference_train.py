@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.reference import first_stage, loop, model, quality, store, train, unet_stage
 from sdperf.reference.recipe import QUICK, Recipe
 

@@ -7,8 +7,9 @@ import nbformat
 import pytest
 import yaml
 
-from sdperf import notebook_hygiene, published
-from sdperf.paths import REPO_ROOT
+from sdperf.config import published
+from sdperf.tooling import notebook_hygiene
+from sdperf.core.paths import REPO_ROOT
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
 

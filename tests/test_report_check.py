@@ -1,11 +1,12 @@
-"""sdperf.report_check in a real headless Chromium: a synthetic page with one problem of each kind beside clean
+"""sdperf.report.report_check in a real headless Chromium: a synthetic page with one problem of each kind beside clean
 elements, and the report's own table markup; plus the no-browser path, which needs no browser."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from sdperf import cli, report, report_check
+from sdperf import cli
+from sdperf.report import report, report_check
 
 try:
     BROWSER = report_check.find_chromium()

@@ -12,9 +12,10 @@ import time
 import pandas as pd
 import pytest
 
-from sdperf import environment, results
-from sdperf.results import COLUMNS, Recorder, read_results, results_path
-from sdperf.timing import Timing
+from sdperf.core import environment
+from sdperf.store import results
+from sdperf.store.results import COLUMNS, Recorder, read_results, results_path
+from sdperf.measure.timing import Timing
 
 pytestmark = pytest.mark.usefixtures("scratch_reports")
 
@@ -51,7 +52,7 @@ def test_timing_rows_and_replace_on_rerun(env):
 def test_a_staged_run_replaces_all_its_rows_only_when_promoted(env, monkeypatch):
     """Under `sdperf run` a notebook's rows wait in staging: results.csv keeps its previous rows (a killed run
     changes nothing), the notebook reads its own new rows, and promotion drops scenarios it no longer produces."""
-    from sdperf import staging
+    from sdperf.store import staging
 
     old = Recorder("00_prune", "smoke", env)
     old.add("engine A, batch 1", "latency", 1.0, "s")
@@ -83,6 +84,46 @@ def test_non_measured_rows_carry_reason_not_number(env):
     assert df.loc["skipped", "note"].startswith("skipped:")
 
 
+def test_verdict_and_batch_size_are_columns(env):
+    """A compared row stores its speed verdict and batch as data; a row not measured carries its status as its
+    verdict; a word outside the vocabulary is refused before anything is written."""
+    rec = Recorder("03_test", "smoke", env)
+    rec.add("tome:0.3, batch 2", "speedup_vs_fp32", 1.3, "x", key="tome:0.3", batch_size=2, verdict=results.FASTER)
+    rec.not_applicable("SDPA cudnn only, batch 1", "no cuDNN kernel on a CPU", batch_size=1)
+    with pytest.raises(ValueError, match="verdict 'quick' is not valid"):
+        rec.add("x", "speedup_vs_fp32", 1.3, "x", verdict="quick")
+    df = read_results("smoke").set_index("status")
+    assert df.loc["ok", "verdict"] == "faster" and df.loc["ok", "batch_size"] == 2
+    assert df.loc["not_applicable", "verdict"] == "not applicable" and df.loc["not_applicable", "batch_size"] == 1
+    assert results_path("smoke").read_text().splitlines()[1].count(",2,faster,") == 1  # written whole, not 2.0
+
+
+def test_rows_written_before_the_columns_get_them_on_read(env):
+    """The committed reports/cpu rows have no verdict or batch_size column: both are derived when such a table is
+    read (from the note and the scenario, in that one place), and the next write stores them."""
+    old = [c for c in COLUMNS if c not in ("verdict", "batch_size")]
+    row = Recorder("03_test", "smoke", env)._row("x", "latency", 1.0, "s")
+    rows = [dict(row, scenario="tome:0.3, batch 4", metric="seed_speedup_vs_fp32", unit="x", value=1.3,
+                 note="per image at 50 PLMS steps; faster (noise band 0.943-1.061x)"),
+            dict(row, scenario="best admissible stack: tome:0.3", metric="seed_speedup_vs_fp32", unit="x", value=1.3,
+                 note="per image at the stack's steps over fp32 eager PLMS 50; within noise"),
+            dict(row, scenario="math is faster there, batch 1", metric="host_share", unit="", value=0.1,
+                 note="on a GPU the same seconds are a larger share (math is faster there)"),
+            dict(row, scenario="fp16, batch 1", metric="latency", status="skipped", value=None, unit="",
+                 note="skipped: over budget")]
+    path = results_path("smoke")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(pd.DataFrame(rows, columns=old).to_csv(index=False))
+    df = read_results("smoke")
+    assert list(df.columns) == COLUMNS
+    assert df["verdict"].tolist()[:2] == ["faster", "within noise"] and pd.isna(df["verdict"].iloc[2])
+    assert df["verdict"].iloc[3] == "skipped"
+    assert df["batch_size"].tolist()[0] == 4 and pd.isna(df["batch_size"].iloc[1])
+    Recorder("03_test", "smoke", env).add("y", "latency", 2.0, "s")
+    header = path.read_text().splitlines()[0].split(",")
+    assert "verdict" in header and read_results("smoke")["verdict"].tolist()[0] == "faster"
+
+
 def test_ok_row_needs_a_value(env):
     with pytest.raises(ValueError, match="needs a measured value"):
         Recorder("x", "smoke", env).add("s", "latency", None, "s")
@@ -107,7 +148,7 @@ def test_failed_replace_leaves_old_file_and_no_temp(env, monkeypatch):
 def test_killed_writer_never_leaves_a_broken_table(scratch_reports):
     """SIGKILL a process in the middle of a stream of writes: the table always parses with whole rows."""
     code = textwrap.dedent("""
-        from sdperf.results import upsert_rows, results_path, COLUMNS
+        from sdperf.store.results import upsert_rows, results_path, COLUMNS
         i = 0
         while True:
             upsert_rows(results_path("smoke"), [dict({c: "x" * 50 for c in COLUMNS}, scenario=f"s{i}", value=i)])

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sdperf import rounds, worker
-from sdperf.rounds import BASELINE, TWIN, Config
+from sdperf.measure import rounds, worker
+from sdperf.measure.rounds import BASELINE, TWIN, Config
 
 
 def test_schedule_brackets_every_round_with_baselines_and_rotates_the_order():
@@ -161,7 +161,7 @@ def test_comparisons_of_one_run_share_its_baselines_twin_and_measured_configurat
 def test_a_ledger_skips_a_line_cut_short_and_keeps_concurrent_writers_rows(tmp_path):
     import multiprocessing
 
-    from sdperf.ledger import Ledger
+    from sdperf.measure.ledger import Ledger
 
     book = Ledger(tmp_path)
     ctx = multiprocessing.get_context("fork")
@@ -179,7 +179,7 @@ def test_a_ledger_skips_a_line_cut_short_and_keeps_concurrent_writers_rows(tmp_p
 
 
 def _append_many(root, writer: int) -> None:
-    from sdperf.ledger import Ledger
+    from sdperf.measure.ledger import Ledger
 
     book = Ledger(root)
     for i in range(200):
@@ -245,7 +245,7 @@ def test_a_worker_takes_the_launchers_sdperf_settings_not_the_fork_servers(smoke
     variables from its spec (a stale params folder made every later worker fail to find its profile)."""
     import os
 
-    from sdperf import worker
+    from sdperf.measure import worker
 
     monkeypatch.setenv("SDPERF_PARAMS_DIR", "/launcher/params")
     monkeypatch.delenv("SDPERF_PROFILE", raising=False)
@@ -337,7 +337,7 @@ def test_a_killed_run_resumes_at_its_first_unfinished_round_with_each_rounds_own
 
 
 def test_a_ledger_counts_an_earlier_sittings_records_only_up_to_its_last_whole_round(tmp_path):
-    from sdperf.ledger import Ledger
+    from sdperf.measure.ledger import Ledger
 
     first = Ledger(tmp_path, sitting="s1")
     for role, r in (("baseline", 0), ("config", 0), ("baseline", 1)):

@@ -13,9 +13,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sdperf import environment, paths, report, runner
-from sdperf.errors import ConfigError
-from sdperf.results import Recorder
+from sdperf.core import environment, paths
+from sdperf.report import report
+from sdperf.run import plan, runner
+from sdperf.core.errors import ConfigError
+from sdperf.store import stamps
+from sdperf.store.results import Recorder
 
 CLEAN_SHA = "0123456789ab"
 # A 1x1 PNG: the report only has to embed it, not decode it.
@@ -73,7 +76,7 @@ def test_good_notebook_runs_with_profile_parameter(study):
     assert json.loads((study["reports"] / "environment.json").read_text())["profile"] == "smoke"
     stamp = json.loads((study["reports"] / "notebooks" / "00_good.run.json").read_text())
     assert stamp["status"] == "ok" and stamp["commit"] == CLEAN_SHA and stamp["duration_s"] > 0
-    assert stamp["notebook_sha256"] == runner.sha256_file(study["nbdir"] / "00_good.ipynb")
+    assert stamp["notebook_sha256"] == stamps.sha256_file(study["nbdir"] / "00_good.ipynb")
     assert not list((study["reports"] / "notebooks").glob(".*")), "a temp notebook was left behind"
 
 
@@ -132,16 +135,16 @@ def test_dirty_tree_never_skips(study):
 def test_should_skip_needs_everything_unchanged(change, expected):
     stamp = {"commit": CLEAN_SHA, "profile": "smoke", "notebook_sha256": "a", "profile_sha256": "b", "status": "ok"}
     current = {k: stamp[k] for k in ("commit", "profile", "notebook_sha256", "profile_sha256")} | change
-    assert runner.should_skip(stamp, current) is expected
-    assert runner.should_skip(stamp | {"status": "failed"}, current) is False
+    assert stamps.should_skip(stamp, current) is expected
+    assert stamps.should_skip(stamp | {"status": "failed"}, current) is False
 
 
 def test_only_accepts_full_name_number_or_topic():
     names = ["00_baseline", "01_half_precision", "02_compile"]
-    assert runner.select(["half_precision", "00", "02_compile", "00_baseline"], names) == names
-    assert runner.select(None, names) == names
+    assert plan.select(["half_precision", "00", "02_compile", "00_baseline"], names) == names
+    assert plan.select(None, names) == names
     with pytest.raises(ConfigError, match="valid notebooks: 00_baseline, 01_half_precision, 02_compile"):
-        runner.select(["nope"], names)
+        plan.select(["nope"], names)
 
 
 def test_unknown_profile_fails_fast_naming_valid_ones(tmp_path, monkeypatch):
@@ -188,7 +191,7 @@ def test_a_killed_kernel_says_which_signal_ended_it_in_the_failure_and_the_summa
     assert "cell 2 (DeadKernelError:" in line and "ended by signal 9 (SIGKILL); out of memory" in line
     summary = out[out.index("notebook"):]
     assert "failed" in summary and "signal 9 (SIGKILL)" in summary
-    stamp = runner.read_stamp("smoke", "00_killed")
+    stamp = stamps.read_stamp("smoke", "00_killed")
     assert stamp["error"]["kernel_exit"].startswith("signal 9 (SIGKILL)")
 
 
@@ -269,8 +272,9 @@ from pathlib import Path
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from sdperf import environment, figure_captions, plots
-from sdperf.results import Recorder
+from sdperf.core import environment
+from sdperf.store import figure_captions, plots
+from sdperf.store.results import Recorder
 env = environment.record(profile, "cpu")
 rec = Recorder("00_rows", profile, env)
 rec.add("engine", "latency", float(os.environ["ROW_VALUE"]), "s")
@@ -284,7 +288,8 @@ Path(os.environ["ROW_MARKER"]).write_text("rows written")
 time.sleep(float(os.environ["ROW_SLEEP"]))"""
 
 DRIVER = """import sys
-from sdperf import environment, runner
+from sdperf.core import environment
+from sdperf.run import runner
 environment.git_commit = lambda *a, **k: {sha!r}
 sys.exit(runner.run("smoke", notebooks_dir={nbdir!r}, force=True))
 """
@@ -355,7 +360,7 @@ def test_a_killed_force_rerun_leaves_the_previous_results_and_the_next_run_redoe
 
 
 def test_a_second_run_of_one_profile_fails_at_once_naming_the_first(tmp_path, monkeypatch):
-    from sdperf import staging
+    from sdperf.store import staging
 
     monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
     make_notebook(tmp_path / "00_good.ipynb", ["pass"])
@@ -367,7 +372,7 @@ def test_a_second_run_of_one_profile_fails_at_once_naming_the_first(tmp_path, mo
 
 
 def test_leftover_temp_files_of_a_dead_run_are_removed_and_fresh_ones_kept(tmp_path, monkeypatch):
-    from sdperf import staging
+    from sdperf.store import staging
 
     monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
     folder = tmp_path / "reports" / "smoke"
@@ -391,8 +396,9 @@ def test_leftover_temp_files_of_a_dead_run_are_removed_and_fresh_ones_kept(tmp_p
 def test_a_run_keys_its_rounds_by_commit_machine_and_profile_and_clears_the_others(smoke, tmp_path, monkeypatch):
     """Two runs of one commit, machine and profile share a ledger key (the second resumes the first's rounds);
     another key's rounds are removed, and --force removes this key's too."""
-    from sdperf import ledger as ledgers
-    from sdperf import paths, runner
+    from sdperf.measure import ledger as ledgers
+    from sdperf.core import paths
+    from sdperf.run import runner
 
     monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path))
     monkeypatch.delenv(ledgers.KEY_ENV, raising=False)

@@ -7,10 +7,10 @@ import stat
 import pytest
 import torch
 
-from sdperf import paths
-from sdperf.errors import ConfigError
+from sdperf.core import paths
+from sdperf.core.errors import ConfigError
 from sdperf.quality import fid
-from sdperf.results import atomic_write_text
+from sdperf.store.results import atomic_write_text
 
 
 class _Payload:

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from sdperf.errors import ConfigError
-from sdperf.generation import Workload, generate
-from sdperf.profiles import available_profiles, load_profile
+from sdperf.core.errors import ConfigError
+from sdperf.model.generation import Workload, generate
+from sdperf.config.profiles import available_profiles, load_profile
 from sdperf.serving import settings
 from sdperf.serving.stages import Request, SDStages, build_design
 
@@ -93,7 +93,7 @@ def test_unknown_and_missing_serving_keys_are_named(smoke):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams between stages need a GPU")
 def test_staged_on_cuda_streams_gives_the_stacked_images(smoke):
-    from sdperf.pipelines import build_pipeline
+    from sdperf.model.pipelines import build_pipeline
 
     stages = SDStages(build_pipeline(smoke, device="cuda"), Workload.from_profile(smoke, 1))
     requests = [Request((s,)) for s in range(4)]

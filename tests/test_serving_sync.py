@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdperf.generation import Workload
+from sdperf.model.generation import Workload
 from sdperf.serving import sync_audit
 from sdperf.serving.sync_audit import SyncCounter
 

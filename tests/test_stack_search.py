@@ -4,10 +4,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from sdperf import stack_search as ss
+from sdperf.select import stack_search as ss
 from sdperf.optimizations import feature_reuse
 from sdperf.reference.techniques import OVER, UNDECIDED, WITHIN
-from sdperf.rounds import BASELINE
+from sdperf.measure.rounds import BASELINE
 
 
 def _stages(te=0.5, unet=2.0, sched=0.001):
@@ -160,7 +160,7 @@ def test_the_pareto_front_keeps_only_undominated_points():
 
 
 def test_the_reports_answer_is_written_from_the_headline_rows():
-    from sdperf.report import headline_sentences
+    from sdperf.report.report import headline_sentences
 
     sc = "best admissible stack: int8:openvino-nncf-ptq+scheduler:euler@25"
     rows = pd.DataFrame([
@@ -180,7 +180,7 @@ def test_the_reports_answer_is_written_from_the_headline_rows():
 
 
 def test_the_answer_says_when_no_stack_met_the_budget():
-    from sdperf.report import no_admissible_sentence
+    from sdperf.report.report import no_admissible_sentence
 
     rows = pd.DataFrame([
         dict(notebook="10_ladder", scenario="stack search: a+b", metric="composed_seed_speedup_vs_fp32", value=15.06,
@@ -198,9 +198,9 @@ def test_the_cpu_profile_judges_every_lossy_part_of_its_search_in_12s_table():
     """10's search and 12's table share quality rows by key: every lossy part the search combines is one of 12's
     keys, and 12's keys are the library's default list (nothing judged twice, nothing missing)."""
     from sdperf.optimizations import catalog
-    from sdperf.profiles import load_profile
+    from sdperf.config.profiles import load_profile
     from sdperf.reference.techniques import DEFAULT_KEYS
-    from sdperf.runner import notebook_parameters
+    from sdperf.run.runner import notebook_parameters
 
     cpu = load_profile("cpu", check_runtime=False)
     search, table = notebook_parameters(cpu, "10_ladder"), notebook_parameters(cpu, "12_fid_clip")

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sdperf.errors import ConfigError
-from sdperf.generation import Workload, generate, initial_latents
+from sdperf.core.errors import ConfigError
+from sdperf.model.generation import Workload, generate, initial_latents
 from sdperf.optimizations import catalog, stage_engines
 from sdperf.optimizations.catalog import Context, Stack
 from sdperf.optimizations.stage_engines import EngineTextEncoder, EngineVAEDecoder
@@ -44,7 +44,7 @@ def artefacts(tmp_path_factory):
 
 
 def _applied(smoke, key: str, artefacts, batch_size: int = 1):
-    from sdperf.pipelines import build_pipeline
+    from sdperf.model.pipelines import build_pipeline
 
     ctx = Context(smoke, batch_size=batch_size, artefacts=artefacts)
     return Stack.of(key).apply(build_pipeline(smoke), ctx), ctx
@@ -190,7 +190,7 @@ def test_07_reads_each_stage_against_fp32_at_the_same_moment():
     import pandas as pd
 
     from sdperf.experiments import engine_export as experiment
-    from sdperf.rounds import BASELINE
+    from sdperf.measure.rounds import BASELINE
 
     def stages(vae, text):
         return [{"stage": "vae_decode", "seconds_per_image_call": vae},

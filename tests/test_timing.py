@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sdperf.timing import (StageClock, Timing, interleaved, measure, peak_memory, peak_of, ratio,
+from sdperf.measure.timing import (StageClock, Timing, interleaved, measure, peak_memory, peak_of, ratio,
                            reset_peak_memory)
 
 

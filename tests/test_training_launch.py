@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.training import launch, settings
 
 

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from sdperf.paths import REPO_ROOT
+from sdperf.core.paths import REPO_ROOT
 from sdperf.training import published
 
 SHARED = REPO_ROOT.parent / "shared"

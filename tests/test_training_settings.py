@@ -6,9 +6,9 @@ import time
 import pytest
 import yaml
 
-from sdperf import paths
-from sdperf.errors import ConfigError
-from sdperf.profiles import available_profiles, load_profile
+from sdperf.core import paths
+from sdperf.core.errors import ConfigError
+from sdperf.config.profiles import available_profiles, load_profile
 from sdperf.training import settings
 
 
@@ -26,7 +26,7 @@ def test_every_profile_has_a_valid_training_section(name):
 def test_cpu_profile_trains_something_two_ranks_can_hold():
     """The real SD 1.5 UNet needs ~14 GB of fp32 weights + gradients + AdamW moments per rank: the cpu profile
     must train a narrower one so that two ranks fit beside each other in 24 GiB."""
-    from sdperf.training.experiment import unet_parameters
+    from sdperf.experiments.training_scaling import unet_parameters
 
     s = settings.from_profile(load_profile("cpu", check_runtime=False))
     state_gib = unet_parameters("sd15", s.unet_width) * 16 / 2**30

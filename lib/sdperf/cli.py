@@ -11,15 +11,16 @@ import json
 import os
 import sys
 
-from sdperf.errors import ConfigError, short
-from sdperf.profiles import AUTO, PROFILE_ENV, available_profiles, check_sections, load_profile
+from sdperf.core.errors import ConfigError, short
+from sdperf.config.profiles import AUTO, PROFILE_ENV, available_profiles, load_profile
+from sdperf.run.plan import check_sections
 
 PROFILE_COLUMNS = ["arch", "resolution", "steps", "scheduler", "batch_sizes", "dtype", "device", "repeats",
                    "weights"]
 
 
 def _run(args) -> int:
-    from sdperf import runner
+    from sdperf.run import runner
 
     with _terminate_as_interrupt():
         return runner.run(args.profile, only=args.only, force=args.force, beside_survivors=args.beside_survivors)
@@ -28,7 +29,7 @@ def _run(args) -> int:
 @contextlib.contextmanager
 def _terminate_as_interrupt():
     """SIGTERM (a scheduler's stop, `kill`) unwinds like Ctrl-C, so the notebook in flight puts back its previous
-    stamp and drops its staged rows instead of dying mid-write (sdperf.runner.run_one). Either signal silences
+    stamp and drops its staged rows instead of dying mid-write (sdperf.run.runner.run_one). Either signal silences
     stderr at once (_silence_stderr): what unwinds after it is cleanup, not news."""
     import signal
 
@@ -54,7 +55,7 @@ _REAL_STDERR: int | None = None  # a copy of fd 2 kept once stderr is silenced, 
 def _silence_stderr() -> None:
     """Point fd 2 (so sys.stderr too) at /dev/null, keeping a copy of the real one. After Ctrl-C the unwinding
     papermill client, its closing kernel connection and asyncio's abandoned tasks printed ~230 lines of tracebacks
-    around "sdperf: interrupted"; the files on disk are already right (sdperf.runner.run_one), so nothing of that is
+    around "sdperf: interrupted"; the files on disk are already right (sdperf.run.runner.run_one), so nothing of that is
     news. Idempotent; the process ends right after."""
     global _REAL_STDERR
     if _REAL_STDERR is not None:
@@ -76,7 +77,7 @@ def _say_interrupted() -> None:
 
 def _auto_line() -> str:
     """Say why 'auto' picks what it picks here, so a surprise is explained rather than discovered."""
-    from sdperf.profiles import gpu_available, resolve_name
+    from sdperf.config.profiles import gpu_available, resolve_name
 
     if os.environ.get(PROFILE_ENV):
         why = f"${PROFILE_ENV} is set"
@@ -110,7 +111,7 @@ def _profiles(args) -> int:
 
 
 def _env(args) -> int:
-    from sdperf import environment
+    from sdperf.core import environment
 
     profile = load_profile(args.profile, check_runtime=False)
     print(json.dumps(environment.record(profile.name, profile.device), indent=2))
@@ -119,7 +120,7 @@ def _env(args) -> int:
 
 def _doctor(args) -> int:
     """The profile is validated without its device probe, so a GPU profile can be examined on any machine."""
-    from sdperf import doctor
+    from sdperf.measure import doctor
 
     profile = load_profile(args.profile, check_runtime=False)
     found = doctor.record(profile)
@@ -130,7 +131,7 @@ def _doctor(args) -> int:
 
 
 def _report(args) -> int:
-    from sdperf import report
+    from sdperf.report import report
 
     profile = load_profile(args.profile, check_runtime=False)
     print(report.write_index(profile.name))
@@ -139,7 +140,7 @@ def _report(args) -> int:
 
 def _check_report(args) -> int:
     """Exit 0 when the page passes, 1 with every problem listed, 3 (not 1) when no browser is here to check it."""
-    from sdperf import report_check
+    from sdperf.report import report_check
 
     profile = load_profile(args.profile, check_runtime=False)
     try:
@@ -154,8 +155,8 @@ def _check_report(args) -> int:
 def _check_lock(args) -> int:
     """Exit 0 when every pin has an installable file for the target, 1 naming each pin that has none, 3 when the only
     gaps are pins on an index that could not be reached."""
-    from sdperf import lock_check
-    from sdperf.locks import read_lock
+    from sdperf.tooling import lock_check
+    from sdperf.tooling.locks import read_lock
 
     glibc = _glibc(args.glibc)
     lock = read_lock(args.lock)
@@ -173,7 +174,7 @@ def _glibc(text: str) -> tuple[int, int]:
 
 def _generate(args) -> int:
     """Validate everything first (profile, prompts file, guidance, seeds, out dir), then generate this rank's share."""
-    from sdperf import prompts
+    from sdperf.model import prompts
 
     load_profile(args.profile, check_runtime=False)  # a bad name or prompts file fails before torch is imported
     captions = prompts.load_captions(args.prompts)
@@ -272,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from sdperf import paths
+        from sdperf.core import paths
 
         paths.resolve_env()  # relative or empty SDPERF_*_DIR: made absolute (or refused) before anything runs
         return args.func(args)

@@ -12,17 +12,17 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sdperf import published
-from sdperf.architectures import get as get_arch
-from sdperf.comparison import BASELINE, Comparison, published_row, release, run_variants
+from sdperf.config import published
+from sdperf.config.architectures import get as get_arch
+from sdperf.measure.comparison import BASELINE, Comparison, published_row, release, run_variants
 from sdperf.experiments.common import (at_dtype, baseline_runs, facts_table,  # noqa: F401  (notebook API)
                                        speedup_and_memory)
-from sdperf.measurements import unet_call_inputs
+from sdperf.measure.measurements import unet_call_inputs
 from sdperf.optimizations import attention as opt
 from sdperf.optimizations import half_precision
 from sdperf.optimizations.catalog import Stack
-from sdperf.study import Study
-from sdperf.timing import synchronize
+from sdperf.measure.study import Study
+from sdperf.measure.timing import synchronize
 
 SDPA_OP = "aten::scaled_dot_product_attention"
 
@@ -94,8 +94,10 @@ def sdpa_share(study: Study) -> pd.DataFrame:
     note = (f"{sum(e.count for e in events)} {SDPA_OP} calls in one profiled UNet call ({wall:.3f} s under the "
             f"profiler, {'GPU' if device == 'cuda' else 'CPU'} time of the op and its children)")
     study.recorder.add_many([
-        dict(scenario=scenario, metric="sdpa_seconds", value=seconds, unit="s", n=1, dtype=dtype, note=note),
-        dict(scenario=scenario, metric="sdpa_share", value=share, unit="%", n=1, dtype=dtype, note=note)])
+        dict(scenario=scenario, metric="sdpa_seconds", value=seconds, unit="s", n=1, dtype=dtype, batch_size=1,
+             note=note),
+        dict(scenario=scenario, metric="sdpa_share", value=share, unit="%", n=1, dtype=dtype, batch_size=1,
+             note=note)])
     return pd.DataFrame([{"sdpa_calls": sum(e.count for e in events), "sdpa_s": seconds, "unet_step_s": wall,
                           "sdpa_share_percent": share,
                           "best_case_speedup_if_attention_were_free": 100.0 / (100.0 - share)}])
@@ -149,7 +151,7 @@ def check_merging(keys: list[str]) -> list[str]:
 def merging(study: Study, keys: list[str]) -> pd.DataFrame:
     """Token merging at each ratio in fresh processes against fp32 eager (attention's cost falls with the tokens
     merged away in the highest-resolution blocks; at 256px they hold a quarter of 512px's tokens)."""
-    from sdperf.comparison import TWIN
+    from sdperf.measure.comparison import TWIN
 
     cmp = run_variants(study, check_merging(keys), batch_size=1)
     t = cmp.table[~cmp.table.variant.isin([BASELINE, TWIN])]

@@ -7,15 +7,18 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import architectures, environment, figure_captions, published, rounds
-from sdperf import ledger as ledgers
-from sdperf.measurements import unet_flops
+from sdperf.config import architectures, published
+from sdperf.core import environment
+from sdperf.measure import rounds
+from sdperf.store import figure_captions
+from sdperf.measure import ledger as ledgers
+from sdperf.measure.measurements import unet_flops
 from sdperf.optimizations.catalog import BASELINE_KEY
-from sdperf.paths import scratch_dir
-from sdperf.pipelines import component_parameters
-from sdperf.roofline import achieved, matmul_peak
-from sdperf.rounds import Config
-from sdperf.study import Study
+from sdperf.core.paths import scratch_dir
+from sdperf.model.pipelines import component_parameters
+from sdperf.measure.roofline import achieved, matmul_peak
+from sdperf.measure.rounds import Config
+from sdperf.measure.study import Study
 
 LABEL = "fp32 eager"
 
@@ -84,7 +87,8 @@ def _record_not_run(study: Study, raw: pd.DataFrame) -> None:
     ran = set(raw.loc[raw.status == "ok", "batch_size"])
     bad = raw[(raw.status != "ok") & ~raw.batch_size.isin(ran)].drop_duplicates("batch_size")
     study.recorder.add_many([dict(scenario=f"{LABEL}, batch {int(r.batch_size)}", metric="latency", value=None,
-                                  unit="", status=r.status, note=r.note, key=BASELINE_KEY)
+                                  unit="", status=r.status, note=r.note, key=BASELINE_KEY,
+                                  batch_size=int(r.batch_size))
                              for r in bad.itertuples()])
 
 
@@ -104,7 +108,7 @@ def measure_batches(study: Study, say=print) -> BaselineRuns:
     fresh = (f"fresh process per batch size, {p.rounds} rounds in turn; median [min-max] over the processes' "
              "medians")
     reused = ("the run's fp32 eager processes at this batch size (baselines and twin of the rounds measured up "
-              "front, sdperf.prefetch: the same worker); median [min-max] over the processes' medians")
+              "front, sdperf.run.prefetch: the same worker); median [min-max] over the processes' medians")
     methods = {b: reused if not known[b].empty else fresh for b in p.batch_sizes}
     method = "; ".join(f"batch {b}: {m}" for b, m in methods.items())
     rows, recs = [], []
@@ -115,13 +119,13 @@ def measure_batches(study: Study, say=print) -> BaselineRuns:
             row[col], row[col + "_lo"], row[col + "_hi"] = g[col].median(), g[col].min(), g[col].max()
             recs.append(dict(scenario=f"{LABEL}, batch {int(b)}", metric=metric, value=row[col], unit=unit,
                              lo=row[col + "_lo"], hi=row[col + "_hi"], n=len(g), method=methods[int(b)],
-                             key=BASELINE_KEY, note=note))
+                             key=BASELINE_KEY, batch_size=int(b), note=note))
         rows.append(row)
     one = ok[ok.batch_size == min(ok.batch_size)]
     stages = _stages(one)
     recs += [dict(scenario=f"{LABEL}, batch {int(one.batch_size.iloc[0])}", metric=f"stage:{r.stage}",
                   value=r.seconds_per_image_call, unit="s", lo=r.lo, hi=r.hi, n=len(one),
-                  method=methods[int(one.batch_size.iloc[0])],
+                  method=methods[int(one.batch_size.iloc[0])], batch_size=int(one.batch_size.iloc[0]),
                   key=BASELINE_KEY, note=f"{r.calls_per_generation} call(s) per generation, "
                   f"{r.share_percent:.1f}% of the generation") for r in stages.itertuples()]
     study.recorder.add_many(recs)
@@ -154,10 +158,11 @@ def roofline(study: Study, pipe, sweep: pd.DataFrame) -> pd.DataFrame:
         rows.append({"batch_size": int(b), "unet_forward_gflop": flops / 1e9, "unet_step_s": step, **a})
         scen = f"{LABEL}, batch {int(b)}"
         study.recorder.add_many([
-            dict(scenario=scen, metric="unet_forward_flops", value=flops, unit="FLOP", n=1,
+            dict(scenario=scen, metric="unet_forward_flops", value=flops, unit="FLOP", n=1, batch_size=int(b),
                  note="torch.utils.flop_counter, CFG batch"),
-            dict(scenario=scen, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s"),
-            dict(scenario=scen, metric="percent_of_peak", value=a["percent_of_peak"], unit="%",
+            dict(scenario=scen, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s",
+                 batch_size=int(b)),
+            dict(scenario=scen, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", batch_size=int(b),
                  note=f"of the measured float32 matmul roof {peak / 1e9:.1f} GFLOP/s"),
         ])
     return pd.DataFrame(rows)

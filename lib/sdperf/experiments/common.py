@@ -5,9 +5,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from sdperf.comparison import BASELINE, Comparison
-from sdperf.plots import speedup_bars
-from sdperf.study import Study
+from sdperf.measure.comparison import BASELINE, Comparison
+from sdperf.store.plots import speedup_bars
+from sdperf.measure.study import Study
 
 
 def at_dtype(study: Study, key: str) -> str:

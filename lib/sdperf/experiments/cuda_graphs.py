@@ -24,11 +24,12 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from sdperf import figure_captions, published
-from sdperf.comparison import BASELINE, Comparison, published_row, release, run_variants
-from sdperf.measurements import capture_block_inputs
-from sdperf.study import Study
-from sdperf.timing import Timing, measure, synchronize
+from sdperf.config import published
+from sdperf.store import figure_captions
+from sdperf.measure.comparison import BASELINE, Comparison, published_row, release, run_variants
+from sdperf.measure.measurements import capture_block_inputs
+from sdperf.measure.study import Study
+from sdperf.measure.timing import Timing, measure, synchronize
 
 STEP = "sdperf::unet_step"
 # Operators that carry the UNet's FLOPs: torch.utils.flop_counter's registry, plus the CPU attention kernel it
@@ -112,7 +113,7 @@ def _outermost_math(e) -> bool:
 def profile_steps(unet, args, kwargs, device: str, steps: int) -> HostSplit:
     """Profile `steps` UNet calls (warm already) with CPU activities and split each step's time."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    # kineto's GPU-count error and trace markers on a machine without a GPU: quietened once, in sdperf.quiet
+    # kineto's GPU-count error and trace markers on a machine without a GPU: quietened once, in sdperf.core.quiet
     with profile(activities=acts) as prof:
         for _ in range(steps):
             with record_function(STEP):

@@ -7,19 +7,19 @@ classes before and after), and a ratio is only ever reported beside that count.
 from __future__ import annotations
 
 from collections import Counter
-from importlib import resources
 from typing import Callable
 
 import deepspeed  # noqa: F401  imported first so its accelerator log line prints at import, not mid-notebook
 import pandas as pd
 
-from sdperf import published
-from sdperf.comparison import Comparison, published_row, release, run_variants
+from sdperf.config import published
+from sdperf.measure.comparison import Comparison, published_row, release, run_variants
 from sdperf.experiments.common import interpolated, rounds_method, rounds_n
 from sdperf.optimizations import deepspeed_inference as ds
 from sdperf.optimizations import deepspeed_policies
-from sdperf.plots import speedup_bars
-from sdperf.study import Study
+from sdperf.store.plots import speedup_bars
+from sdperf.measure.study import Study
+from sdperf.core import data
 
 KERNELS = "DeepSpeed kernel injection, fp16 pipeline"
 KERNELS_ADAPTED = "DeepSpeed kernel injection + CLIP layout adapter"
@@ -30,8 +30,7 @@ PASS_THROUGH_NOTE = "pass-through: 0 modules replaced, so any ratio is run-to-ru
 
 def compat_table() -> pd.DataFrame:
     """The version findings (with their issue / PR references) the module docstring summarises."""
-    with resources.files("sdperf.data").joinpath("deepspeed_sd_compat.csv").open() as fh:
-        return pd.read_csv(fh)
+    return data.table("deepspeed_sd_compat.csv")
 
 
 def targets(study: Study) -> pd.DataFrame:
@@ -125,7 +124,7 @@ def compare(study: Study, say: Callable[[str], None] = print, **run_kw) -> Compa
         n = counts[name] = facts["replaced_modules"]
         note = PASS_THROUGH_NOTE if n == 0 else f"{facts['kernel_modules']} fused-kernel modules"
         study.recorder.add(f"{name}, batch 1", "replaced_modules", n, "modules", n=1, method=cmp.method,
-                           note=f"{note}; new classes: {facts['new_classes'] or 'none'}")
+                           batch_size=1, note=f"{note}; new classes: {facts['new_classes'] or 'none'}")
         row = cmp.table.variant == name
         cmp.table.loc[row, "note"] = (PASS_THROUGH_NOTE if n == 0 else
                                       f"{n} modules replaced; {cmp.table.loc[row, 'note'].iloc[0]}")

@@ -11,11 +11,14 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from sdperf import engine_sweep, plots, published, rounds
-from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
+from sdperf.config import published
+from sdperf.measure import rounds
+from sdperf.select import engine_sweep
+from sdperf.store import plots
+from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
 from sdperf.experiments.common import interpolated, rounds_method, rounds_n
 from sdperf.optimizations import catalog, engine_export, openvino_engine
-from sdperf.plots import speedup_bars
+from sdperf.store.plots import speedup_bars
 
 DTYPES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "f16": "float16", "fp16": "float16"}
 STAGE_COLUMNS = ["variant", "key", "status", "speedup", "speedup_lo", "speedup_hi", "speedup_verdict", "seed_speedup",
@@ -61,7 +64,7 @@ def plan(study, keys: list[str]) -> tuple[list, list[dict]]:
             continue
         reason = (f"OpenVINO's default INFERENCE_PRECISION_HINT on this CPU is {used}: the same compiled "
                   f"configuration as the '{twin}' row, not timed twice")
-        study.recorder.skipped(f"{display}, batch 1", reason)
+        study.recorder.skipped(f"{display}, batch 1", reason, batch_size=1)
         skipped.append({"variant": display, "key": k, "status": "skipped", "note": f"skipped: {reason}"})
     return items, skipped
 
@@ -82,13 +85,13 @@ def _record_setup(study, cmp: Comparison) -> None:
         scenario, dtype = f"{label}, batch 1", DTYPES.get(f.get("precision"), "float32")
         key = cmp.row(label)["key"]
         rows += [dict(scenario=scenario, metric="export", value=f["export_s"], unit="s", n=1, dtype=dtype, key=key,
-                      note=f"{f['exporter']}; dynamic batch axis: {f['dynamic_batch']}; last round"
+                      batch_size=1, note=f"{f['exporter']}; dynamic batch axis: {f['dynamic_batch']}; last round"
                       + (f"; exported graph {f['export_mib']:.0f} MiB (deleted after loading)" if "export_mib" in f
                          else "")),
                  dict(scenario=scenario, metric="engine_build", value=f["build_s"], unit="s", n=1, dtype=dtype,
-                      key=key, note=f"{f['engine']}; precision actually used: {f['precision']}; last round"),
+                      key=key, batch_size=1, note=f"{f['engine']}; precision actually used: {f['precision']}; last round"),
                  dict(scenario=scenario, metric="setup_peak_memory", value=f["setup_peak_mib"], unit="MiB", n=1,
-                      dtype=dtype, key=key, note="peak RSS (or CUDA allocated) while exporting and building, in "
+                      dtype=dtype, key=key, batch_size=1, note="peak RSS (or CUDA allocated) while exporting and building, in "
                       "the worker (fp32 pipeline included)")]
     if rows:
         study.recorder.add_many(rows)
@@ -183,7 +186,7 @@ def setup_table(cmp: Comparison) -> pd.DataFrame:
 
 
 def best_engine(cmp: Comparison) -> str | None:
-    """The key of the engine with the fastest UNet step among those that keep the latents (sdperf.engine_sweep:
+    """The key of the engine with the fastest UNet step among those that keep the latents (sdperf.select.engine_sweep:
     the rule `sdperf run` also applies to measure the sweep's larger batches up front)."""
     return engine_sweep.best_engine(cmp)
 
@@ -200,13 +203,13 @@ def batch_sweep(study, cmp: Comparison, key: str, batch_sizes: list[int], budget
             if est > budget_s:
                 reason = (f"estimated {est:.0f} s for batch {b} (scaled from batch 1) exceeds sweep_budget_s="
                           f"{budget_s:.0f}")
-                study.recorder.skipped(f"{key}, batch {b}", reason)
+                study.recorder.skipped(f"{key}, batch {b}", reason, batch_size=b)
                 rows.append({"batch_size": b, "status": "skipped", "note": reason})
                 continue
             try:
                 c = run_variants(study, [key], batch_size=b)
             except Exception as exc:  # recorded; the other batch sizes go on
-                study.recorder.failed(f"{key}, batch {b}", exc, metric="latency")
+                study.recorder.failed(f"{key}, batch {b}", exc, metric="latency", batch_size=b)
                 rows.append({"batch_size": b, "status": "failed", "note": f"{type(exc).__name__}: {exc}"[:300]})
                 continue
         r, base = c.row(key), c.row(BASELINE)

@@ -16,13 +16,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sdperf import drift, figure_captions, published
-from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
+from sdperf.config import published
+from sdperf.measure import drift
+from sdperf.store import figure_captions
+from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
 from sdperf.experiments.common import methods_text, rounds_n
-from sdperf.generation import generate, initial_latents
+from sdperf.model.generation import generate, initial_latents
 from sdperf.optimizations import catalog
 from sdperf.optimizations import fewer_steps as opt
-from sdperf.study import Study
+from sdperf.measure.study import Study
 
 # With random weights the drift measures how far each solver's trajectory lands from the reference's, not quality.
 DRIFT_MEANING = "trajectory difference from the reference; random weights: not a quality figure"
@@ -91,7 +93,7 @@ def drift_from_reference(study: Study, reference: str, keys: list[str]) -> pd.Da
         rows.append({"variant": key, "unet_calls": opt.unet_calls(pipe, steps), "latent_rel_error":
                      d["latent_rel_error"], "image_psnr_db": d["image_psnr_db"], "verdict": verdict})
         scenario = f"{key}, drift from {reference}, batch 1"
-        rec += [dict(scenario=scenario, metric=m, value=d[m], unit=u, n=1, key=key, note=verdict)
+        rec += [dict(scenario=scenario, metric=m, value=d[m], unit=u, n=1, key=key, batch_size=1, note=verdict)
                 for m, u in (("latent_rel_error", ""), ("image_psnr_db", "dB"))]
     pipe = None
     release()
@@ -184,7 +186,7 @@ SCHEDULE_METHOD = ("composed per round from the fp32 baseline worker's measured 
 def schedules(study: Study, cmp: Comparison, keys: list[str]) -> pd.DataFrame:
     """Every scheduler of `keys` at its step count against PLMS-50, composed from the baseline workers of `cmp`
     (one per round): how 10's search prices schedulers, without a process per step count."""
-    from sdperf import stack_search
+    from sdperf.select import stack_search
 
     check(keys)
     base = cmp.measured.raw
@@ -201,7 +203,7 @@ def schedules(study: Study, cmp: Comparison, keys: list[str]) -> pd.DataFrame:
     t = pd.DataFrame(rows)
     study.recorder.add_many([dict(scenario=f"{r.variant} composed, batch 1", metric="seed_speedup_vs_fp32",
                                   value=r.speedup_vs_plms50, lo=r.lo, hi=r.hi, unit="x", n=r.rounds, key=r.variant,
-                                  method=SCHEDULE_METHOD, note=f"{r.unet_calls} UNet calls vs PLMS-50's 51")
+                                  batch_size=1, method=SCHEDULE_METHOD, note=f"{r.unet_calls} UNet calls vs PLMS-50's 51")
                              for r in t.itertuples()])
     return t
 

@@ -2,7 +2,7 @@
 
 A half precision this device runs far slower than fp32 (no half-precision matrix instructions) could spend the
 whole budget of the notebook in its repeats; so each one is first compared with fp32 on one real UNet block
-(cheap; sdperf.half_budget, shared with 10 and 12 in a run), and when that ratio predicts its whole generations
+(cheap; sdperf.measure.half_budget, shared with 10 and 12 in a run), and when that ratio predicts its whole generations
 would overrun the profile's variant_budget_s, it is recorded as skipped with the block-level ratio instead of run.
 """
 from __future__ import annotations
@@ -11,15 +11,17 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import half_budget, plots, published
-from sdperf.comparison import TWIN, Comparison, release, run_variants
-from sdperf.environment import cpu_isa
+from sdperf.config import published
+from sdperf.measure import half_budget
+from sdperf.store import plots
+from sdperf.measure.comparison import TWIN, Comparison, release, run_variants
+from sdperf.core.environment import cpu_isa
 from sdperf.experiments.common import interpolated, methods_text, rounds_n
-from sdperf.measurements import unet_flops
+from sdperf.measure.measurements import unet_flops
 from sdperf.optimizations import half_precision
 from sdperf.optimizations.catalog import Stack
-from sdperf.roofline import achieved, fit_size, matmul_call, matmul_peak
-from sdperf.study import Study
+from sdperf.measure.roofline import achieved, fit_size, matmul_call, matmul_peak
+from sdperf.measure.study import Study
 
 VARIANTS = ("float16", "bfloat16")
 BLOCK_ONLY = "skipped (one UNet block measured)"
@@ -34,15 +36,17 @@ def _block_only(study: Study, probe: half_budget.Probe, reason: str) -> dict:
     dtype, block = probe.dtype, probe.block
     scenario = f"{dtype}, UNet {block} only (real shapes), batch 1"
     fp32_timing, half_timing = probe.timings()
-    study.recorder.timing(f"float32, UNet {block} only (real shapes), batch 1", fp32_timing, dtype="float32")
-    study.recorder.timing(scenario, half_timing, dtype=dtype)
+    study.recorder.timing(f"float32, UNet {block} only (real shapes), batch 1", fp32_timing, dtype="float32",
+                          batch_size=1)
+    study.recorder.timing(scenario, half_timing, dtype=dtype, batch_size=1)
     note = "one block in this process, in turn; ratio of medians, range from p10/p90 of both"
     study.recorder.add_many([
         dict(scenario=scenario, metric="speedup_vs_fp32", value=probe.speedup, unit="x", lo=probe.speedup_lo,
-             hi=probe.speedup_hi, n=len(probe.block_times), dtype=dtype, method=note),
-        dict(scenario=scenario, metric="block_rel_error", value=probe.block_rel_error, unit="", dtype=dtype)])
+             hi=probe.speedup_hi, n=len(probe.block_times), dtype=dtype, method=note, batch_size=1),
+        dict(scenario=scenario, metric="block_rel_error", value=probe.block_rel_error, unit="", dtype=dtype,
+             batch_size=1)])
     reason = f"{reason}; the block-level ratio is recorded under '{scenario}'"
-    study.recorder.skipped(f"{name(dtype)}, batch 1", reason)
+    study.recorder.skipped(f"{name(dtype)}, batch 1", reason, batch_size=1)
     return {"variant": name(dtype), "key": f"precision:{dtype}", "status": BLOCK_ONLY, "note": reason,
             "speedup": probe.speedup, "speedup_lo": probe.speedup_lo, "speedup_hi": probe.speedup_hi,
             "block_rel_error": probe.block_rel_error, "method": note, "block_calls": len(probe.block_times)}
@@ -50,7 +54,7 @@ def _block_only(study: Study, probe: half_budget.Probe, reason: str) -> dict:
 
 def compare_precisions(study: Study) -> tuple[pd.DataFrame, Comparison]:
     """Each half precision against fp32 (run_variants), unless one UNet block says its generations would overrun
-    the budget (sdperf.half_budget): then the block's ratio is recorded and the precision skipped. The table has
+    the budget (sdperf.measure.half_budget): then the block's ratio is recorded and the precision skipped. The table has
     a `dtype` column."""
     p = study.profile
     generations = p.warmup + p.repeats  # one round's worker process; the budget bounds each process
@@ -105,9 +109,10 @@ def roofline(study: Study, table: pd.DataFrame, roofs: pd.DataFrame) -> pd.DataF
         scenario = f"{r.variant}, batch 1"
         study.recorder.add_many([
             dict(scenario=scenario, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s",
-                 dtype=r.dtype, method=r.method, note=f"UNet forward {flops:,} FLOPs / median UNet call over rounds"),
+                 dtype=r.dtype, method=r.method, batch_size=1,
+                 note=f"UNet forward {flops:,} FLOPs / median UNet call over rounds"),
             dict(scenario=scenario, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", dtype=r.dtype,
-                 note=f"of the measured {r.dtype} matmul roof {roof[r.dtype]:.1f} GFLOP/s")])
+                 batch_size=1, note=f"of the measured {r.dtype} matmul roof {roof[r.dtype]:.1f} GFLOP/s")])
     return pd.DataFrame(rows)
 
 

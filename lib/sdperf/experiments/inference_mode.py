@@ -10,14 +10,16 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from sdperf import published, rounds
-from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
+from sdperf.config import published
+from sdperf.measure import rounds
+from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
 from sdperf.experiments.common import at_dtype, facts_table, speedup_and_memory  # noqa: F401  (notebook API)
-from sdperf.generation import Workload, generate
+from sdperf.model.generation import Workload, generate
 from sdperf.optimizations import half_precision
 from sdperf.optimizations import inference_mode as opt
 from sdperf.optimizations.catalog import Stack
-from sdperf.study import Study
+from sdperf.store.results import VERDICTS
+from sdperf.measure.study import Study
 
 # stack key (without the profile's precision) -> display name
 NAMES = {
@@ -77,7 +79,9 @@ def cerebrium_ratio(study: Study, cmp: Comparison) -> pd.DataFrame:
         rows.append(row)
     for r in rows:
         study.recorder.add(f"{r['comparison']}, batch 1", "speedup", r["speedup"], "x", lo=r["speedup_lo"],
-                           hi=r["speedup_hi"], n=r["rounds"], method=cmp.method, note=f"{r['note']}; {r['verdict']}")
+                           hi=r["speedup_hi"], n=r["rounds"], method=cmp.method, batch_size=1,
+                           verdict=r["verdict"] if r["verdict"] in VERDICTS else None,
+                           note=f"{r['note']}; {r['verdict']}")
     return pd.DataFrame(rows)
 
 
@@ -115,7 +119,7 @@ def saved_activations(study: Study, cases: list[tuple[str, str]] | None = None) 
         out = saved_for_backward(opt.apply(pipe, parameters), workload, mode)
         rows.append({"parameters": parameters, "grad_mode": mode, **out})
         study.recorder.add(f"{mode}, parameters {parameters}, batch 1", "saved_for_backward",
-                           out["saved_for_backward_mib"], "MiB", n=1, dtype=dtype,
+                           out["saved_for_backward_mib"], "MiB", n=1, dtype=dtype, batch_size=1,
                            note=f"{out['saved_storages']} tensors autograd keeps for backward during one "
                                 "generation, parameters excluded (saved_tensors_hooks)")
     pipe = None

@@ -13,7 +13,7 @@ Rules (stated in the notebook too):
   first) is recorded as skipped with the measured block ratio. The next rung builds on the last that is stacked.
 - A technique of a family already in the stack replaces it (Cerebrium's inference_mode replaces no_grad).
 - The best order comes from the stand-alone rows of notebooks 01-09 on this machine at this commit
-  (sdperf.standalone, by catalog key): the candidates are the techniques "faster" than fp32 eager alone (their
+  (sdperf.select.standalone, by catalog key): the candidates are the techniques "faster" than fp32 eager alone (their
   range over rounds clears the noise band) that keep the picture unless lossy rungs are allowed: lossless by
   declaration, or a quality cost on the trained reference model within the budget (sdperf.reference.techniques:
   adherence interval above -1 point, the domain-FID change within its interval plus 10% of fp32's FID); one per
@@ -29,17 +29,19 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sdperf import half_budget, plots, published, rounds
-from sdperf.comparison import BASELINE, Comparison, published_row, run_variants
-from sdperf.errors import ConfigError
+from sdperf.config import published
+from sdperf.measure import half_budget, rounds
+from sdperf.store import plots
+from sdperf.measure.comparison import BASELINE, Comparison, published_row, run_variants
+from sdperf.core.errors import ConfigError
 from sdperf.experiments.common import interpolated, rounds_method, rounds_n
 from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Context, Stack
-from sdperf.standalone import keeps_picture, standalone
-from sdperf.study import Study
+from sdperf.select import scenarios
+from sdperf.select.standalone import keeps_picture, standalone
+from sdperf.measure.study import Study
 
-CEREBRIUM = "Cerebrium order"
-BEST = "best order here"
+CEREBRIUM, BEST = scenarios.CEREBRIUM_LADDER, scenarios.BEST_LADDER
 CEREBRIUM_ORDER = ("grad:no_grad", "precision:float16", "grad:inference_mode", "deepspeed:inject", "cuda_graphs")
 METHOD_CHECK = "calibration:unet-twice"  # known answer: 0.5x per UNet step
 CHECK_NAME = "check of the method: UNet twice"
@@ -92,7 +94,7 @@ def plan(study: Study, name: str, keys, skips: dict[str, str] | None = None) -> 
     for i, key in enumerate(keys, start=1):
         tech = catalog.get(key)
         new, note = stacked(stack, key)
-        rung = Rung(name, i, key, catalog.join(new), f"{name} {i}: {tech.label}", below, note=note)
+        rung = Rung(name, i, key, catalog.join(new), scenarios.rung(name, i, tech.label), below, note=note)
         ok, reason = tech.availability(ctx)
         if not ok:
             rung.status, rung.note = "not_applicable", f"not applicable: {reason}"
@@ -105,7 +107,7 @@ def plan(study: Study, name: str, keys, skips: dict[str, str] | None = None) -> 
 
 
 def half_budget_skips(study: Study, keys, say: Callable[[str], None] = print) -> dict[str, str]:
-    """For each half-precision key: when one real UNet block in it (sdperf.half_budget, measured once per run)
+    """For each half-precision key: when one real UNet block in it (sdperf.measure.half_budget, measured once per run)
     predicts that the configuration's whole generations over the rounds would overrun `variant_budget_s`, the
     reason to skip it."""
     p, out = study.profile, {}
@@ -212,12 +214,12 @@ def measure(study: Study, ladders: list[Ladder], *, check: bool = True,
         for r in lad.rungs:
             if r.status != "ok":
                 rows.append(dict(scenario=r.name + ", batch 1", metric="latency", value=None, unit="",
-                                 status=r.status, note=r.note, method=cmp.method, key=r.stack))
+                                 status=r.status, note=r.note, method=cmp.method, key=r.stack, batch_size=1))
         lad.table = ladder_table(cmp, lad)
         for row in lad.table[(lad.table.rung > 0) & lad.table.vs_rung_below.notna()].itertuples():
             rows.append(dict(scenario=row.name + ", batch 1", metric="speedup_vs_rung_below",
                              value=row.vs_rung_below, unit="x", lo=row.vs_lo, hi=row.vs_hi, n=int(row.rounds),
-                             method=cmp.method, key=row.stack,
+                             method=cmp.method, key=row.stack, batch_size=1, verdict=row.vs_verdict,
                              note=f"vs {row.below}: per round, this rung's speed-up over fp32 / the rung below's; "
                                   f"{row.vs_verdict} (noise band {cmp.noise['speedup'][0]:.3f}-"
                                   f"{cmp.noise['speedup'][1]:.3f}x)"))
@@ -360,11 +362,12 @@ def record_best(study: Study, best: dict) -> None:
     """The headline: the best recipe's speed-ups over fp32 eager, per image and per UNet step."""
     if best["per_image_speedup"] is None:
         return
-    scenario = f"best recipe: {best['recipe']}"
-    common = dict(unit="x", method=best["method"], key=best["key"])
+    scenario = scenarios.named(scenarios.BEST_RECIPE, best["recipe"])
+    common = dict(unit="x", method=best["method"], key=best["key"], batch_size=1)
     study.recorder.add_many([
         dict(scenario=scenario, metric="speedup_vs_fp32", value=best["per_image_speedup"], lo=best["per_image_lo"],
-             hi=best["per_image_hi"], note=f"per image (whole generation, batch 1); {best['verdict']}", **common),
+             hi=best["per_image_hi"], verdict=best["verdict"],
+             note=f"per image (whole generation, batch 1); {best['verdict']}", **common),
         dict(scenario=scenario, metric="unet_step_speedup_vs_fp32", value=best["per_unet_step_speedup"],
              note="per UNet step (median UNet call)", **common),
     ])

@@ -9,22 +9,22 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from sdperf import published
-from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
+from sdperf.config import published
+from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
 from sdperf.experiments.common import interpolated, rounds_method, rounds_n
-from sdperf.measurements import unet_call_inputs, unet_flops
+from sdperf.measure.measurements import unet_call_inputs, unet_flops
 from sdperf.optimizations import catalog
 from sdperf.optimizations import quantization as opt
 from sdperf.optimizations.catalog import EXECUTOR, Stack
 from sdperf.optimizations.fewer_steps import unet_calls
-from sdperf.plots import speedup_bars
-from sdperf.roofline import fit_size, matmul_peak, openvino_availability, openvino_matmul_peak
-from sdperf.study import Study
-from sdperf.timing import blocked
+from sdperf.store.plots import speedup_bars
+from sdperf.measure.roofline import fit_size, matmul_peak, openvino_availability, openvino_matmul_peak
+from sdperf.measure.study import Study
+from sdperf.measure.timing import blocked
 
 LINEAR_ONLY = ("torch-ao-dynamic", "torchao-int8-dynamic")
 FP32_ROOF = "torch.mm"
-# OpenVINO's own CPU-plugin GEMMs (sdperf.roofline.openvino_matmul_peak): roof row name and dtype per precision
+# OpenVINO's own CPU-plugin GEMMs (sdperf.measure.roofline.openvino_matmul_peak): roof row name and dtype per precision
 OPENVINO_ROOFS = {"f32": ("openvino MatMul f32", "float32"), "int8": ("openvino MatMul int8 (u8s8)", "int8"),
                   "bf16": ("openvino MatMul bf16", "bfloat16")}
 OV_F32, OV_INT8 = OPENVINO_ROOFS["f32"][0], OPENVINO_ROOFS["int8"][0]
@@ -103,7 +103,7 @@ def linear_share(study: Study) -> dict:
            "unet_calls_per_generation": unet_calls(pipe, workload.steps)}
     pipe = None
     release()
-    study.recorder.add("UNet forward, batch 1", "linear_flop_share", out["linear_share_percent"], "%", n=1,
+    study.recorder.add("UNet forward, batch 1", "linear_flop_share", out["linear_share_percent"], "%", n=1, batch_size=1,
                        note=f"{linear:,} of {total:,} FLOPs in {n_linear} nn.Linear layers (forward hooks / "
                             "torch.utils.flop_counter): the part Linear-only int8 schemes quantize")
     return out
@@ -238,7 +238,7 @@ def compare_schemes(study: Study, keys: list[str], share: dict, roofs: pd.DataFr
         reason = _torchao_too_slow(study, share, roofs) if scheme(k) == "torchao-int8-dynamic" else None
         if reason and opt.availability(study.device, scheme(k))[0]:
             print(f"{k}: skipped: {reason}")
-            study.recorder.skipped(f"{k}, batch 1", reason)
+            study.recorder.skipped(f"{k}, batch 1", reason, batch_size=1)
             skipped.append({"variant": k, "key": k, "status": "skipped", "note": f"skipped: {reason}"})
         else:
             runnable.append(k)
@@ -301,12 +301,12 @@ def _record_goal(study: Study, r, row: dict, roofs: pd.DataFrame) -> None:
            f"{_gops(roofs, FP32_ROOF):.1f} GOP/s, blocked_autorange medians)")
     scenario, g = f"{r.variant}, batch 1", row["goal_x"]
     study.recorder.add_many([
-        dict(scenario=scenario, metric="unet_step_speedup_goal", value=g, unit="x", dtype="int8", key=r.key,
+        dict(scenario=scenario, metric="unet_step_speedup_goal", value=g, unit="x", dtype="int8", key=r.key, batch_size=1,
              note=f"{how}; measured {r.unet_step_speedup:.2f}x [{r.unet_step_speedup_lo:.2f}-"
                   f"{r.unet_step_speedup_hi:.2f}] over rounds: {met}"),
         dict(scenario=scenario, metric="percent_of_unet_step_goal", value=100 * r.unet_step_speedup / g, unit="%",
              lo=100 * r.unet_step_speedup_lo / g, hi=100 * r.unet_step_speedup_hi / g, n=int(r.rounds),
-             dtype="int8", method=r.method, key=r.key,
+             dtype="int8", method=r.method, key=r.key, batch_size=1,
              note=f"per-step speed-up over fp32 eager (median [min-max] over rounds) of the goal {g:.2f}x; {met}")])
 
 
@@ -380,7 +380,7 @@ LIKE_FOR_LIKE = (
 
 def _published_int8() -> list[dict]:
     """The two published int8 figures: the diffusers tutorial's dynamic rung and the NNCF blog's 8-bit model."""
-    from sdperf.published_vs_measured import cpu_ladder_claims
+    from sdperf.report.published_vs_measured import cpu_ladder_claims
 
     out = []
     try:

@@ -1,28 +1,29 @@
 """10_ladder, second half: the fastest stack this CPU can run at a measured quality cost, and the lossless one.
 
-The search itself (candidates, composed speed, the budget, the Pareto front) is sdperf.stack_search; this module
+The search itself (candidates, composed speed, the budget, the Pareto front) is sdperf.select.stack_search; this module
 runs it for a study: the parts read back from the run's stand-alone rounds, each part's and each tried stack's
 quality on the trained reference model (shared with 12 by key), the chosen stacks measured whole in rounds of
 their own (the only figures the headline uses), and the published CPU ladders beside them.
 """
 from __future__ import annotations
 
-from importlib import resources
 from typing import Callable
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sdperf import plots
-from sdperf import stack_search as ss
-from sdperf.comparison import Comparison, run_variants
-from sdperf.errors import ConfigError
+from sdperf.store import plots
+from sdperf.select import scenarios
+from sdperf.select import stack_search as ss
+from sdperf.measure.comparison import Comparison, run_variants
+from sdperf.core.errors import ConfigError
 from sdperf.optimizations import catalog
-from sdperf.rounds import BASELINE
-from sdperf.study import Study
+from sdperf.measure.rounds import BASELINE
+from sdperf.measure.study import Study
+from sdperf.core import data
 
-BEST, LOSSLESS = "best admissible stack", "best lossless stack"
+BEST, LOSSLESS = scenarios.BEST_STACK, scenarios.LOSSLESS_STACK
 ROOF_GOAL_SHARE = 0.8  # issue 15: the int8 executor's per-step gain should reach 80% of the int8-vs-fp32 roof ratio
 TABLE_COLUMNS = ["key", "speedup", "speedup_lo", "speedup_hi", "speed_verdict", "s_per_image", "unet_calls",
                  "admissible", "why", "judged_as", "quality_verdict", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi",
@@ -169,10 +170,10 @@ def record(study: Study, heads: list[dict], found: pd.DataFrame, verdicts: pd.Da
     lossy part's own verdict (`verdicts`: 10's part table) beside the stack's."""
     rows = []
     for h in heads:
-        sc, common = f"{h['name']}: {h['key']}", dict(method=h["method"], key=h["key"])
+        sc, common = scenarios.named(h["name"], h["key"]), dict(method=h["method"], key=h["key"], batch_size=1)
         rows += [dict(scenario=sc, metric="seed_speedup_vs_fp32", value=h["per_image_speedup"], lo=h["per_image_lo"],
-                      hi=h["per_image_hi"], unit="x", note=f"per image at the stack's steps over fp32 eager PLMS 50; "
-                      f"{h['per_image_verdict']}", **common),
+                      hi=h["per_image_hi"], unit="x", verdict=h["per_image_verdict"],
+                      note=f"per image at the stack's steps over fp32 eager PLMS 50; {h['per_image_verdict']}", **common),
                  dict(scenario=sc, metric="unet_step_speedup_vs_fp32", value=h["unet_step_speedup"],
                       lo=h["unet_step_lo"], hi=h["unet_step_hi"], unit="x", note="per UNet call", **common),
                  dict(scenario=sc, metric="s_per_image_seed", value=h["s_per_image"], unit="s", **common),
@@ -191,7 +192,7 @@ def record(study: Study, heads: list[dict], found: pd.DataFrame, verdicts: pd.Da
                              note=f"{ROOF_GOAL_SHARE:.0%} of the int8/fp32 roof ratio {h['roof_ratio']:.2f}x; "
                                   f"per-step range {'reaches' if h['roof_goal_met'] else 'misses'} it", **common))
     judged = found[found.admissible != ss.NOT_JUDGED]
-    rows += [dict(scenario=f"stack search: {r.key}", metric="composed_seed_speedup_vs_fp32", value=r.speedup,
+    rows += [dict(scenario=scenarios.named(scenarios.SEARCH, r.key), metric="composed_seed_speedup_vs_fp32", value=r.speedup,
                   lo=r.speedup_lo, hi=r.speedup_hi, unit="x", key=r.key, method=ss.COMPOSED,
                   note=f"{r.admissible}: {r.why}" + (f"; {judged_text(pd.Series(r._asdict()), verdicts)}"
                                                       if verdicts is not None else ""))
@@ -249,8 +250,7 @@ def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
 
 
 def published_ladders() -> pd.DataFrame:
-    with resources.files("sdperf.data").joinpath("published_cpu_ladders.csv").open() as fh:
-        return pd.read_csv(fh)
+    return data.table("published_cpu_ladders.csv")
 
 
 def published_vs_measured(alone: pd.DataFrame, heads: list[dict]) -> pd.DataFrame:

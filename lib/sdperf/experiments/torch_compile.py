@@ -10,18 +10,18 @@ import pandas as pd
 import torch
 from torch._inductor.utils import clear_caches
 
-from sdperf import published
-from sdperf.architectures import get as get_arch
-from sdperf.architectures import vae_scale_factor
-from sdperf.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
+from sdperf.config import published
+from sdperf.config.architectures import get as get_arch
+from sdperf.config.architectures import vae_scale_factor
+from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
 from sdperf.experiments.common import interpolated, rounds_method, rounds_n
-from sdperf.drift import relative_error
-from sdperf.generation import Workload, encode
+from sdperf.measure.drift import relative_error
+from sdperf.model.generation import Workload, encode
 from sdperf.optimizations import torch_compile as tc
 from sdperf.optimizations.catalog import Context, Stack
-from sdperf.paths import scratch_dir
-from sdperf.plots import speedup_bars
-from sdperf.study import Study
+from sdperf.core.paths import scratch_dir
+from sdperf.store.plots import speedup_bars
+from sdperf.measure.study import Study
 
 
 

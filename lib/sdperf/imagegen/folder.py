@@ -11,11 +11,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.imagegen import keys as K
 from sdperf.imagegen import ranks as R
 from sdperf.imagegen import store
-from sdperf.profiles import DTYPES, Profile, load_profile
+from sdperf.config.profiles import DTYPES, Profile, load_profile
 
 OVERALL_REFRESH_S = 1.0
 ROW_AFTER_IMAGE_SLACK_S = 1.0  # a row is written just after its image's rename, its time rounded to milliseconds
@@ -100,7 +100,7 @@ class Summary:
 
 def _captions(captions) -> dict[str, str]:
     """id -> text from a list of prompts.Caption, or from a captions file path."""
-    from sdperf import prompts
+    from sdperf.model import prompts
 
     if isinstance(captions, (str, os.PathLike)):
         captions = prompts.load_captions(captions)
@@ -131,7 +131,7 @@ def _settings(p: "Plan") -> dict:
 
 
 def _pipe_dtype(pipe) -> str:
-    from sdperf.generation import module_dtype
+    from sdperf.model.generation import module_dtype
 
     return str(module_dtype(pipe.unet)).removeprefix("torch.")
 
@@ -156,11 +156,11 @@ def plan(profile, captions, out_dir, guidance_scales=None, seeds=None, rank=None
          batch_size: int = 1, dtype: str | None = None, pipe=None, steps: int | None = None,
          grad_mode: str = "inference_mode", technique: str | None = None) -> Plan:
     """Validate every input (fast, no model): bad values fail naming the value and the valid choices."""
-    from sdperf.generation import GRAD_MODES
+    from sdperf.model.generation import GRAD_MODES
 
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     texts = _captions(captions)
-    from sdperf import prompts
+    from sdperf.model import prompts
 
     prompts.check_token_lengths(texts)
     guidance = K.check_guidance([prof.guidance_scale] if guidance_scales is None else guidance_scales)
@@ -216,7 +216,7 @@ def generate_folder(profile, captions, out_dir, guidance_scales=None, seeds=None
 
 
 def _run_share(p: Plan, pipe, progress: bool) -> RankStats:
-    from sdperf import environment
+    from sdperf.core import environment
 
     mine = [k for unit in K.shard(p.units, p.ranks.rank, p.ranks.world_size) for k in unit]
     commit = environment.git_commit()
@@ -264,7 +264,7 @@ def _build(p: Plan):
     """The profile's pipeline (Study.pipeline's build), on this rank's own GPU when there are several."""
     import torch
 
-    from sdperf.pipelines import build_pipeline
+    from sdperf.model.pipelines import build_pipeline
 
     device = p.profile.device
     if device == "cuda" and p.ranks.world_size > 1:

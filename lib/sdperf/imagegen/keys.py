@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from sdperf.errors import ConfigError, short
-from sdperf.profiles import MAX_SEED
+from sdperf.core.errors import ConfigError, short
+from sdperf.config.profiles import MAX_SEED
 
 # Guidance 1 turns classifier-free guidance off (the UNet runs once per step); below 1 would extrapolate away from
 # the prompt, which no evaluation protocol asks for. NeMo's FID-CLIP curve uses these eight scales.

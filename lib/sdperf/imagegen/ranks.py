@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 
 # The slowest rank may finish long after the fastest (other GPU, resumed shard): the end gather must not time out.
 GATHER_TIMEOUT = dt.timedelta(hours=48)

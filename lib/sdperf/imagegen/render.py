@@ -1,4 +1,4 @@
-"""Images for a batch of keys through sdperf.generation's loop: each image's noise from its own seed.
+"""Images for a batch of keys through sdperf.model.generation's loop: each image's noise from its own seed.
 
 generation.generate() takes one prompt per call; evaluation batches different prompts of one guidance scale, so
 the prompts are encoded one by one with generation.encode() and stacked (all unconditional rows first, as the
@@ -11,9 +11,9 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from sdperf import generation
-from sdperf.generation import Workload
-from sdperf.profiles import Profile
+from sdperf.model import generation
+from sdperf.model.generation import Workload
+from sdperf.config.profiles import Profile
 
 
 def workload(profile: Profile, caption: str, guidance: float, seed: int, steps: int | None = None) -> Workload:

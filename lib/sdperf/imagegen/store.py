@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.imagegen.keys import ImageKey
-from sdperf.paths import sibling_tempfile
-from sdperf.results import atomic_write_bytes, atomic_write_text, locked
+from sdperf.core.paths import blocking, sibling_tempfile
+from sdperf.store.results import atomic_write_bytes, atomic_write_text, locked
 
 RUN_FILE = "run.json"
 PARTS_DIR = "parts"
@@ -55,8 +55,8 @@ def check_out_dir(out_dir) -> Path:
     path = Path(out_dir).expanduser()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"out dir {str(path)!r} is a file, not a folder; give a new or existing folder")
-    parent = next((p for p in (path, *path.parents) if p.exists()), None)
-    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+    parent = blocking(path)
+    if parent is not None:
         raise ConfigError(f"out dir {str(path)!r} cannot be created: {str(parent)!r} is not a writable folder")
     if path.is_dir():
         for sub in sorted(path.iterdir()):
@@ -65,7 +65,7 @@ def check_out_dir(out_dir) -> Path:
             if not sub.is_dir():
                 raise ConfigError(f"out dir {str(path)!r}: {str(sub)!r} is not a folder, but images or manifest "
                                   "rows go there: remove it or give a new --out")
-            if not os.access(sub, os.W_OK | os.X_OK):
+            if blocking(sub) is not None:
                 raise ConfigError(f"out dir {str(path)!r}: its folder {str(sub)!r} is not writable; images and "
                                   "manifest rows are written there: make it writable or give a new --out")
     return path

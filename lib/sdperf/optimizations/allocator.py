@@ -4,7 +4,7 @@ kind of machine). Tuning glibc's thresholds, or preloading jemalloc / tcmalloc (
 CPU), removes them.
 
 An allocator is chosen before Python starts (environment variables, LD_PRELOAD), so it cannot be switched inside
-a running notebook: a configuration with an `allocator:<setting>` key runs in worker processes that sdperf.rounds
+a running notebook: a configuration with an `allocator:<setting>` key runs in worker processes that sdperf.measure.rounds
 starts as fresh interpreters under that setting. On a GPU the UNet's memory comes from the CUDA caching
 allocator instead and this rung is about host-side work only.
 """

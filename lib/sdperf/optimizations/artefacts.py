@@ -1,6 +1,6 @@
 """Exported engine artefacts kept on disk between the worker processes of a run, and across runs.
 
-Every configuration runs in a fresh process in every round (sdperf.rounds), so without a cache each round would
+Every configuration runs in a fresh process in every round (sdperf.measure.rounds), so without a cache each round would
 export SD 1.5's UNet again (tens of seconds, 3.4 GB of ONNX). Each comparison gets a folder of its own
 (Context.artefacts, made and removed by comparison.run_variants); the first worker builds an artefact into a
 folder named by what determines it (engine, exporter, input shapes, the library versions and a digest of the
@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from sdperf.environment import package_versions
+from sdperf.core.environment import package_versions
 
 DONE = "artefact.json"
 PACKAGES = ("torch", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf")
@@ -39,7 +39,7 @@ DEFAULT_CACHE_GIB = 24.0  # the cpu study's engines of SD 1.5 (fp32 IR and ONNX 
 
 def cache_gib() -> float:
     """The cross-run cache's size cap in GiB (CACHE_ENV; 0: no cache across runs)."""
-    from sdperf.errors import ConfigError
+    from sdperf.core.errors import ConfigError
 
     raw = os.environ.get(CACHE_ENV, "")
     try:
@@ -103,7 +103,7 @@ def trim(root: Path, cap_bytes: int) -> list[str]:
 def origin(facts: dict, hit: bool, made: str = "converted") -> str:
     """What a row's note says of its artefact: built now, loaded from this run's cache, or from an earlier run's
     (with that run and its build time: the set-up a fresh machine pays)."""
-    from sdperf import environment
+    from sdperf.core import environment
 
     if not hit:
         return f"{made} into the run's cache"
@@ -136,7 +136,7 @@ def cache_key(kind: str, module: torch.nn.Module, **what) -> str:
 def cached(root: Path | str, key: str, build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
     """(folder, facts, hit): the complete artefact `key` under `root`, built by `build(folder) -> facts` when
     absent. A build that raises leaves nothing behind."""
-    from sdperf import environment
+    from sdperf.core import environment
 
     root = Path(root)
     final = root / key

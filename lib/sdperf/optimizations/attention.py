@@ -182,7 +182,7 @@ KEY_PREFIXES = ("attention",)
 
 
 def _skeleton(ctx) -> torch.nn.Module:
-    from sdperf.architectures import get as get_arch
+    from sdperf.config.architectures import get as get_arch
 
     return unet_skeleton(get_arch(ctx.profile.arch).unet)
 

@@ -4,7 +4,7 @@ A technique is declared by the optimization module that implements it (`techniqu
 `technique(arg)` builds a parametric one such as `compile:<spec>` or `scheduler:<name>@<steps>`). Notebooks, the
 ladder and the quality rungs name techniques by key only, never by a display label, so a renamed label cannot
 make a measured technique "not measured". A configuration is a stack of keys applied in order to a freshly built
-fp32 pipeline inside a worker process of its own (sdperf.worker); the key of a stack is its keys joined by '+'.
+fp32 pipeline inside a worker process of its own (sdperf.measure.worker); the key of a stack is its keys joined by '+'.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 
 # Families: what part of a generation a technique changes. Only one UNet executor can be stacked (each one
 # compiles, exports or quantizes the UNet as the rungs below left it), and likewise one of every other family.
@@ -42,7 +42,7 @@ class Context:
     `facts`, where apply() leaves what it found (modules replaced, precision used, ...). `prompts`: the captions
     a calibrating technique (post-training int8) collects its activations from; empty = the profile's prompt."""
 
-    profile: Any  # sdperf.profiles.Profile
+    profile: Any  # sdperf.config.profiles.Profile
     batch_size: int = 1
     scratch: Path | None = None
     artefacts: Path | None = None
@@ -54,7 +54,7 @@ class Context:
         return self.profile.device
 
     def workload(self, steps: int | None = None):
-        from sdperf.generation import Workload
+        from sdperf.model.generation import Workload
 
         return Workload.from_profile(self.profile, batch_size=self.batch_size, steps=steps)
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from sdperf.optimizations.catalog import EXECUTOR, Technique
+from sdperf.optimizations.deepspeed_clip import adapt_clip_layout
 
 # Classes defined under these packages are DeepSpeed's replacements; the engine itself wraps without replacing.
 DEEPSPEED_PACKAGE = "deepspeed."
@@ -96,23 +97,6 @@ def _dtype(dtype: str) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not valid; choose one of: {', '.join(DTYPES)}")
     return DTYPES[dtype]
-
-
-def adapt_clip_layout(text_encoder):
-    """sdperf's CLIP layout adapter, applied only by the deepspeed:inject-clip-adapter rung.
-
-    transformers >= 5.6 flattened CLIPTextModel (transformers #46285, which reports 5.5.4 unaffected; the lock's
-    5.23.0 has no `text_model`), and DeepSpeed's DSClipEncoder, which generic_injection wraps around
-    `pipe.text_encoder` (DeepSpeed 0.19.8, read here), reads `enc.text_model` to replace its
-    `_build_causal_attention_mask`: an AttributeError before anything is injected. The adapter points
-    `text_model` at the model itself, which since 5.6 holds the embeddings / encoder / final_layer_norm that the
-    inner CLIPTextTransformer held. A plain attribute, not a submodule, so state_dict(), .to() and named_modules()
-    see no cycle. The method DSClipEncoder then sets is one transformers 5.23 never calls (CLIP builds its causal
-    mask itself), so the text encoder computes what it computes without the adapter. A no-op where `text_model`
-    exists. Checked on the CPU by deepspeed_policies.policy_table (tests/test_opt_deepspeed.py)."""
-    if not hasattr(text_encoder, "text_model"):
-        object.__setattr__(text_encoder, "text_model", text_encoder)
-    return text_encoder
 
 
 def apply(pipe, dtype: str = INJECTION_DTYPE, enable_cuda_graph: bool = False, clip_adapter: bool = False):

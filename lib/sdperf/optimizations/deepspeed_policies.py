@@ -33,7 +33,7 @@ import warnings
 import pandas as pd
 import torch
 
-from sdperf.optimizations.deepspeed_inference import adapt_clip_layout
+from sdperf.optimizations.deepspeed_clip import adapt_clip_layout
 
 COLUMNS = ("policy", "expected_class", "matched", "replaced", "missing", "error", "applied_by_generic_injection",
            "note")
@@ -254,7 +254,7 @@ def tiny_twin() -> _Holder:
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from sdperf import architectures
+    from sdperf.config import architectures
 
     arch = architectures.get("tiny")
     with torch.random.fork_rng(devices=[]):

@@ -99,7 +99,7 @@ def unet_batch(profile, batch_size: int) -> int:
 
 def _built(name: str, exporter: str = "dynamo"):
     def run(pipe, ctx):
-        from sdperf.timing import peak_memory, reset_peak_memory
+        from sdperf.measure.timing import peak_memory, reset_peak_memory
 
         p = ctx.profile
         reset_peak_memory(p.device)

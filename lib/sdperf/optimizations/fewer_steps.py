@@ -14,7 +14,7 @@ a pipeline built with the new scheduler from the start, whatever was switched be
 """
 from __future__ import annotations
 
-from sdperf.pipelines import SCHEDULER_CLASSES, make_scheduler
+from sdperf.model.pipelines import SCHEDULER_CLASSES, make_scheduler
 from sdperf.optimizations.catalog import SCHEDULER, Technique
 
 SCHEDULERS = tuple(SCHEDULER_CLASSES)

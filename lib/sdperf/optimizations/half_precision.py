@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from sdperf.environment import cpu_isa
+from sdperf.core.environment import cpu_isa
 from sdperf.optimizations.catalog import PRECISION, Technique
 
 HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}

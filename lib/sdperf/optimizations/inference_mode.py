@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from sdperf.generation import GRAD_MODES
+from sdperf.model.generation import GRAD_MODES
 from sdperf.optimizations.catalog import GRAD_MODE, Technique
 from sdperf.optimizations.catalog import PARAMETERS as PARAMETERS_FAMILY
 

@@ -66,7 +66,7 @@ def convert(unet: torch.nn.Module, example: tuple):
     Tracing here with check_trace=False is what convert_model would do itself, minus torch.jit.trace's
     default re-run of the model to check the trace (about half of the tiny UNet's conversion time here).
     The tracer's warnings about channel-count checks frozen into the trace are expected (those are fixed) and
-    filtered in sdperf.quiet."""
+    filtered in sdperf.core.quiet."""
     import openvino as ov
 
     with torch.no_grad():

@@ -31,8 +31,8 @@ from dataclasses import replace
 
 import torch
 
-from sdperf.environment import cpu_isa
-from sdperf.generation import Workload, generate
+from sdperf.core.environment import cpu_isa
+from sdperf.model.generation import Workload, generate
 from sdperf.optimizations.catalog import EXECUTOR, Technique
 
 SCHEMES = {
@@ -61,7 +61,7 @@ CALIBRATION_SAMPLES = 300
 # falls back to a scalar loop (aten/src/ATen/native/LinearAlgebra.cpp, _int_mm_out_cpu).
 INT_MM_CPU_FLAGS = ("avx512_vnni", "amx_int8")
 # The int8 dot-product instructions OpenVINO's and fbgemm's kernels use when present (avx_vnni is reported
-# only once sdperf.environment.ISA_FLAGS lists it).
+# only once sdperf.core.environment.ISA_FLAGS lists it).
 INT8_CPU_FLAGS = ("avx512_vnni", "amx_int8", "avx_vnni")
 LABELS = {"torch-ao-dynamic": "torch.ao dynamic int8 (Linear)", "torchao-int8-dynamic": "torchao int8 dyn. (Linear)",
           "openvino-nncf-weights": "OpenVINO + NNCF int8 weights", "openvino-nncf-ptq": "OpenVINO + NNCF int8 PTQ",
@@ -282,7 +282,7 @@ def _nncf_transform(scheme: str, calibration):
     import nncf
 
     def transform(model):
-        # NNCF's progress bars ask for ipywidgets inside a notebook: filtered once, in sdperf.quiet
+        # NNCF's progress bars ask for ipywidgets inside a notebook: filtered once, in sdperf.core.quiet
         if scheme not in CALIBRATED:
             model = nncf.compress_weights(model)
             return model, {"calibration_captions": 0, "calibration_inputs": 0, **int8_census(model)}

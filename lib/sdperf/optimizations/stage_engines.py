@@ -66,7 +66,7 @@ def _family(profile) -> str | None:
     """The architecture family of a random-weights profile ('sd', 'sdxl'); None for real weights (read at apply)."""
     if getattr(profile, "weights", None):
         return None
-    from sdperf import architectures
+    from sdperf.config import architectures
 
     return architectures.get(profile.arch).family
 
@@ -128,7 +128,7 @@ def float32_copy(module: torch.nn.Module) -> torch.nn.Module:
 def convert(graph: torch.nn.Module, example: torch.Tensor):
     """openvino.convert_model on the graph traced once (no re-run to check the trace: it only costs time). The
     tracer's warnings about shape checks frozen into the trace (expected at fixed shapes) and the deprecation
-    notices (torch.jit.trace itself, a transformers attribute the tracer reads) are filtered in sdperf.quiet."""
+    notices (torch.jit.trace itself, a transformers attribute the tracer reads) are filtered in sdperf.core.quiet."""
     import openvino as ov
 
     with torch.inference_mode(False), torch.no_grad():
@@ -152,7 +152,7 @@ def compress(model) -> tuple[object, dict]:
     import nncf
 
     nncf.set_log_level(logging.WARNING)
-    # NNCF draws a progress bar on stdout: a worker's log does not keep it (its ipywidgets request: sdperf.quiet)
+    # NNCF draws a progress bar on stdout: a worker's log does not keep it (its ipywidgets request: sdperf.core.quiet)
     with contextlib.redirect_stdout(io.StringIO()):
         model = nncf.compress_weights(model)
     return model, {"nncf": nncf.__version__, "nncf_step": "compress_weights (int8_asym, per channel)",
@@ -306,7 +306,7 @@ def apply(pipe, variant: str, workload, scratch_root=None) -> tuple[object, dict
     """Replace the text encoder and the VAE's post_quant_conv + decoder by OpenVINO stand-ins; (pipe, facts)."""
     import openvino as ov
 
-    from sdperf.pipelines import is_sdxl
+    from sdperf.model.pipelines import is_sdxl
 
     check_variant(variant)
     if is_sdxl(pipe):
@@ -334,7 +334,7 @@ def apply(pipe, variant: str, workload, scratch_root=None) -> tuple[object, dict
 
 def _applied(variant: str):
     def run(pipe, ctx):
-        from sdperf.timing import peak_memory
+        from sdperf.measure.timing import peak_memory
 
         pipe, facts = apply(pipe, variant, ctx.workload(), scratch_root=ctx.artefacts)
         ctx.facts.update(facts)

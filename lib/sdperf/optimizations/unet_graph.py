@@ -146,7 +146,7 @@ def export_onnx(unet: torch.nn.Module, example: tuple, path: Path, exporter: str
 def _export(graph, example, path, exporter: str, dynamic: bool) -> None:
     kw = dict(input_names=list(INPUTS), output_names=[OUTPUT])
     # torch.onnx's note that both inputs share one batch Dim, and the tracer's warnings about channel-count checks
-    # frozen into the trace (expected: they are fixed) are filtered in sdperf.quiet
+    # frozen into the trace (expected: they are fixed) are filtered in sdperf.core.quiet
     with torch.inference_mode(False), torch.no_grad():
         if exporter == "dynamo":
             batch = torch.export.Dim("batch", min=1, max=MAX_GRAPH_BATCH)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 
 
 @dataclass

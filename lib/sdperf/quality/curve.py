@@ -18,14 +18,15 @@ from matplotlib.colors import Normalize
 from matplotlib.lines import Line2D
 import pandas as pd
 
-from sdperf import figure_captions, prompts
+from sdperf.model import prompts
+from sdperf.store import figure_captions
 from sdperf.imagegen import read_manifest
 from sdperf.quality import sharded
-from sdperf.paths import profile_reports
+from sdperf.core.paths import profile_reports
 from sdperf.quality import images, score
 from sdperf.quality.settings import QualitySettings
-from sdperf.results import read_results
-from sdperf.study import Study
+from sdperf.store.results import read_results
+from sdperf.measure.study import Study
 
 NOTEBOOK = "12_fid_clip"
 SMALL_N = 2048  # below the Inception feature count the covariance is rank-deficient: FID is biased and noisy

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torchmetrics.image.fid import FrechetInceptionDistance, NoTrainInceptionV3, _compute_fid
 
-from sdperf.errors import ConfigError
-from sdperf.results import atomic_write_bytes
+from sdperf.core.errors import ConfigError
+from sdperf.store.results import atomic_write_bytes
 
 SIDES = ("real", "fake")
 STATE = ("features_sum", "features_cov_sum", "features_num_samples")

@@ -7,12 +7,11 @@ weights; otherwise it says "not applicable" and why, never a pass or fail of a r
 """
 from __future__ import annotations
 
-from importlib import resources
-
 import pandas as pd
 
 from sdperf.quality.settings import QualitySettings
-from sdperf.study import Study
+from sdperf.measure.study import Study
+from sdperf.core import data
 
 MLPERF = "MLPerf Inference SDXL"
 MLPERF_N, MLPERF_GUIDANCE, MLPERF_STEPS, MLPERF_SCHEDULER = 5000, 8.0, 20, "euler"
@@ -22,9 +21,8 @@ RESIZE_CAVEAT = ("MLPerf's reference scores the 1024px images with pytorch-fid (
 
 
 def published() -> pd.DataFrame:
-    with resources.files("sdperf.data").joinpath("published_quality.csv").open() as fh:
-        return pd.read_csv(fh, dtype={"guidance": str, "n_images": "Int64", "steps": "Int64", "resolution": "Int64",
-                                      "scored_at": "Int64"})
+    return data.table("published_quality.csv", dtype={"guidance": str, "n_images": "Int64", "steps": "Int64",
+                                                      "resolution": "Int64", "scored_at": "Int64"})
 
 
 def bounds(metric: str) -> tuple[float, float]:

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from sdperf.imagegen import read_manifest
-from sdperf.prompts import Caption
+from sdperf.model.prompts import Caption
 
 RESIZE = Image.Resampling.BICUBIC  # PIL's bicubic filter antialiases when shrinking (clean-fid's recommendation)
 

@@ -4,10 +4,10 @@ Each rung is a catalog stack key (sdperf.optimizations.catalog) applied to a fre
 generating the same captions from the same noise as the fp32 eager baseline (generating images is not a timing
 comparison, so it needs no process of its own). Against the baseline's images: FID (does the set of pictures
 move?), CLIP score against the captions (does it still follow them?) and PSNR image by image (how far did each
-picture move?). Speed is each technique's stand-alone row, found by key (sdperf.standalone), as notebooks 01-09
+picture move?). Speed is each technique's stand-alone row, found by key (sdperf.select.standalone), as notebooks 01-09
 measured it on this machine at this commit, with its range and verdict; this notebook times nothing itself.
 
-Rule (as in 01 and 10, sdperf.half_budget): a half-precision rung is first timed on one real UNet block against
+Rule (as in 01 and 10, sdperf.measure.half_budget): a half-precision rung is first timed on one real UNet block against
 fp32 (once per run); if its images would overrun the profile's `variant_budget_s`, it is recorded as skipped with
 the measured ratio.
 """
@@ -25,16 +25,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sdperf import drift, half_budget, plots
-from sdperf.comparison import release
+from sdperf.measure import drift, half_budget
+from sdperf.store import plots
+from sdperf.measure.comparison import release
 from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Context, Stack
 from sdperf.imagegen import read_manifest
 from sdperf.quality import fid, images, score
 from sdperf.quality.curve import choose_captions, fresh_folder, images_root, metric_name
 from sdperf.quality.settings import QualitySettings
-from sdperf.standalone import standalone
-from sdperf.study import Study
+from sdperf.select.standalone import standalone
+from sdperf.measure.study import Study
 
 BASELINE = "fp32 eager"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdperf.errors import ConfigError
-from sdperf.profiles import Profile
+from sdperf.core.errors import ConfigError
+from sdperf.config.profiles import Profile
 
 # open_clip names of the two protocols' CLIP models; "-quickgelu" is how open_clip builds OpenAI's own checkpoints
 # (NeMo: OpenAI ViT-L/14; MLPerf: OpenAI ViT-B/32), which a local file of OpenAI weights needs.
@@ -187,7 +187,7 @@ def settings(profile: Profile) -> QualitySettings:
         raise _fail(profile.name, "reference_delta_step", values["reference_delta_step"], KEYS["reference_delta_step"],
                     f"exceeds reference_delta_images ({values['reference_delta_images']})")
     if values["captions"] is not None:  # a malformed captions file fails now too, naming the path
-        from sdperf.prompts import load_captions
+        from sdperf.model.prompts import load_captions
 
         load_captions(values["captions"])
     return QualitySettings(profile=profile.name, pipeline_weights=profile.weights, **values)

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.imagegen import ranks as R
 from sdperf.imagegen.keys import guidance_dir
 from sdperf.imagegen.store import KEY_COLUMNS
-from sdperf.results import atomic_write_text
+from sdperf.store.results import atomic_write_text
 
 SCORES_DIR = "scores"
 

@@ -112,7 +112,7 @@ def _store(path: Path, solve: Solve) -> None:
     """Written whole or not at all (a temp file renamed into place): a killed run leaves no torn cache entry."""
     import io
 
-    from sdperf.results import atomic_write_bytes
+    from sdperf.store.results import atomic_write_bytes
 
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()

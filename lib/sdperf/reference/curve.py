@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sdperf import figure_captions
+from sdperf.store import figure_captions
 from sdperf.reference import domain, evaluator, quality
 
 NEMO_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
@@ -134,7 +134,7 @@ def for_study(study, s, folder=None):
     from sdperf.reference import store
 
     guidance_scales, n, steps = s.reference_guidance_scales, s.reference_n_images, s.reference_steps
-    from sdperf.paths import scratch_dir
+    from sdperf.core.paths import scratch_dir
     from sdperf.reference import converged
 
     pipe, net, manifest = store.load(folder)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from sdperf.results import atomic_write_bytes, atomic_write_text
+from sdperf.store.results import atomic_write_bytes, atomic_write_text
 
 CURVE_EVERY = 10  # steps averaged into one point of the training curve
 

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 
-from sdperf.errors import ConfigError, short
+from sdperf.core.errors import ConfigError, short
 
 MANIFEST = "manifest.json"
 CHUNK = 1 << 20

@@ -28,7 +28,7 @@ class Conditioned(nn.Module):
 
 def build(seed: int, scheduler: str = "plms"):
     """The seeded random-init `sdref` pipeline (fp32, CPU, eval mode)."""
-    from sdperf.pipelines import build_random
+    from sdperf.model.pipelines import build_random
 
     return build_random(ARCH, scheduler=scheduler, seed=seed)
 

@@ -1,7 +1,7 @@
 """Judging images of the reference domain: adherence and domain FID with bootstrap intervals, paired deltas.
 
 Images come from the study's one generation path (`sdperf.imagegen.render.render_workloads`: the loop of
-`sdperf.generation`, one noise seed per image, many prompts of one guidance scale per UNet call). Prompts are
+`sdperf.model.generation`, one noise seed per image, many prompts of one guidance scale per UNet call). Prompts are
 captions of scenes drawn from PROMPT_SEED, which no training stage or held-out set uses; the FID's real side is the
 evaluator's held-out renders.
 """
@@ -34,7 +34,7 @@ def generate(pipe, captions: list[str], seeds: list[int], guidance: float, steps
 def generate_with_latents(pipe, captions: list[str], seeds: list[int], guidance: float, steps: int,
                           batch: int = 100, grad_mode: str = "inference_mode") -> tuple[torch.Tensor, np.ndarray]:
     """(final float32 latents, uint8 NHWC images) of `generate`: the same call, the latents kept."""
-    from sdperf.generation import GRAD_MODES, Workload
+    from sdperf.model.generation import GRAD_MODES, Workload
     from sdperf.imagegen.render import render_with_latents
 
     side = pipe.unet.config.sample_size * pipe.vae_scale_factor

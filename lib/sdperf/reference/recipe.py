@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 
 RESOLUTION = 32
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from sdperf.errors import ConfigError
-from sdperf.paths import REPO_ROOT
+from sdperf.core.errors import ConfigError
+from sdperf.core.paths import REPO_ROOT
 from sdperf.reference import loop
 from sdperf.reference import manifest as _manifest
 from sdperf.reference.evaluator import Evaluator
@@ -62,7 +62,7 @@ def load_evaluator(folder: Path) -> tuple[Evaluator, dict]:
 
 
 def provenance(command: str) -> dict:
-    from sdperf import environment
+    from sdperf.core import environment
 
     return {"command": command, "commit": environment.git_commit(),
             "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -99,7 +99,7 @@ def verify(folder: Path) -> dict:
 
 def load(folder: Path | None = None, scheduler: str = "plms"):
     """(pipeline, evaluator, manifest) of the verified reference model."""
-    from sdperf.pipelines import build_from_weights
+    from sdperf.model.pipelines import build_from_weights
 
     folder = Path(folder or default_dir())
     manifest = verify(folder)

@@ -3,17 +3,16 @@ stand-alone speed-up on SD 1.5 (random init) and the published quality cost wher
 
 Two models, said in every column title: quality on the study's trained reference model (sdperf.reference), speed
 on the profile's SD architecture at random init, as notebooks 01-09 measured it in fresh processes on this machine
-at this commit (sdperf.standalone, by catalog key). A technique not timed alone here says so instead of a number.
+at this commit (sdperf.select.standalone, by catalog key). A technique not timed alone here says so instead of a number.
 """
 from __future__ import annotations
-
-from importlib import resources
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from sdperf.reference import techniques
+from sdperf.core import data
 
 QUALITY_MODEL = "reference model (trained here, sdref)"
 NOT_TIMED = "not timed alone on this machine at this commit"
@@ -21,8 +20,7 @@ NOT_TIMED = "not timed alone on this machine at this commit"
 
 def published() -> pd.DataFrame:
     """The published quality cost of a technique, with its source, settings and hardware (by catalog key)."""
-    with resources.files("sdperf.data").joinpath("published_technique_quality.csv").open() as fh:
-        return pd.read_csv(fh)
+    return data.table("published_technique_quality.csv")
 
 
 COLUMNS = ("n_images", "steps", "adherence", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi",
@@ -35,7 +33,7 @@ def table(study, quality: pd.DataFrame) -> pd.DataFrame:
     """One row per key (the converged reference, the controls, fp32 PLMS-50, then each technique alone): quality
     deltas against the converged solve with intervals and verdicts, the SD 1.5 speed-up with its range, the
     published cost."""
-    from sdperf.standalone import standalone
+    from sdperf.select.standalone import standalone
 
     keys = [k for k in quality.key if _technique(k)]
     speed = standalone(study, keys).set_index("key") if keys else pd.DataFrame()

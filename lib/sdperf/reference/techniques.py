@@ -95,7 +95,7 @@ class Plan:
 def profile_for(base, folder: Path, steps: int):
     """The profile the techniques see (resolution, latent size, static shapes, calibration prompt): the reference
     model's, on the CPU, at the given steps and GUIDANCE, with a domain caption as its prompt."""
-    from sdperf.architectures import ARCHS
+    from sdperf.config.architectures import ARCHS
     from sdperf.reference import model
 
     side = ARCHS[model.ARCH].vae["sample_size"]  # the image side the reference model was trained at
@@ -153,9 +153,9 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
     """One row per (key, guidance), each against the converged solve; `keys` are catalog stack keys or the plan's
     control keys (sdperf.reference.controls). The reference's own rows are appended, its convergence check is in
     `attrs`."""
-    from sdperf.comparison import release
+    from sdperf.measure.comparison import release
     from sdperf.optimizations.catalog import Context, Stack
-    from sdperf.pipelines import build_from_weights
+    from sdperf.model.pipelines import build_from_weights
     from sdperf.reference import store
 
     known = {c.key: c for c in controls.defaults(plan.doses)}
@@ -446,7 +446,7 @@ def for_study(study, keys: list[str], plan: Plan, *, folder: Path | None = None,
     verdict and the convergence check in attrs): rows of this machine and commit are read back, what they lack is
     measured (the controls and the seeds' sampler always with the first measurement) and recorded."""
     from sdperf.optimizations.catalog import Stack
-    from sdperf.paths import scratch_dir
+    from sdperf.core.paths import scratch_dir
     from sdperf.reference import store
 
     for k in keys:  # unknown keys fail before anything is read or loaded

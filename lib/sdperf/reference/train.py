@@ -15,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-from sdperf import architectures
-from sdperf.errors import ConfigError
+from sdperf.config import architectures
+from sdperf.core.errors import ConfigError
 from sdperf.reference import evaluator, first_stage, loop, model, quality, store, unet_stage
 from sdperf.reference.recipe import QUICK, Recipe
-from sdperf.tokenizer import clip_tokenizer
+from sdperf.model.tokenizer import clip_tokenizer
 from sdperf.training.launch import worker_env
 
 TIMES = "times.json"
@@ -126,7 +126,7 @@ def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, 
         shutil.rmtree(store_dir, ignore_errors=True)
         store.save_pipeline(pipe, store_dir)
         shutil.copytree(work / store.EVALUATOR_DIR, store_dir / store.EVALUATOR_DIR)
-        from sdperf.pipelines import build_from_weights
+        from sdperf.model.pipelines import build_from_weights
 
         stored = build_from_weights(str(store_dir), "plms")  # judge what is stored (float16 weights as float32)
         args = (net, real, recipe.check_images, recipe.check_guidance, recipe.check_steps)

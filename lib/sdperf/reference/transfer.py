@@ -67,7 +67,7 @@ def sentence(rows: pd.DataFrame) -> str | None:
     if t.empty or "quality_verdict" not in t:
         return None
     ref = sorted(set(t.key[t.key.astype(str).str.startswith(techniques.REFERENCE)]))
-    # fp32 PLMS-50's own verdict against it is 12's finding (sdperf.findings.quality_verdict), not repeated here
+    # fp32 PLMS-50's own verdict against it is 12's finding (sdperf.report.findings.quality_verdict), not repeated here
     return ("Quality is measured on the study's trained reference model (a 4M-parameter SD-family model on 32 px "
             "images), judged against its converged fp32 solve" + (f" ({', '.join(ref)})" if ref else "")
             + ", never against a poor sampler. To SD 1.5: a sampler's verdict transfers in kind but not in size "

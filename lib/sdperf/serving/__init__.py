@@ -3,9 +3,10 @@ of the device-to-host syncs in the denoising loop (the Google Cloud pipeline see
 
 - settings: the profile's `serving:` section, validated before any model is built
 - pipeline: the generic engine (worker threads per stage, bounded queues, futures, CUDA streams)
-- stages: SD cut into text encoder / denoise / VAE decode on sdperf.generation, and the two designs
+- stages: SD cut into text encoder / denoise / VAE decode on sdperf.model.generation, and the two designs
 - loadgen_run: the LoadGen SUT and one test run, its figures read from LoadGen's own log
 - sync_audit: a torch function mode counting read-backs per denoising step, and the loop with host values
 - sharing: the GPU-sharing (MIG, time-sharing, MPS) paper estimate, labelled as such
-- experiment: what the notebook calls
+
+What the notebook calls is sdperf.experiments.serving.
 """

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import mlperf_loadgen as lg
 
-from sdperf.results import atomic_write_text
+from sdperf.store.results import atomic_write_text
 from sdperf.serving.pipeline import StagePipeline
 from sdperf.serving.stages import Request
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from sdperf.errors import ConfigError
-from sdperf.profiles import SCHEDULERS, Profile
+from sdperf.core.errors import ConfigError
+from sdperf.config.profiles import SCHEDULERS, Profile
 
 DESIGNS = ("stacked", "staged")
 SCENARIOS = ("Offline", "Server")

@@ -1,4 +1,4 @@
-"""Stable Diffusion cut into the three serving stages, built on sdperf.generation, and the two designs.
+"""Stable Diffusion cut into the three serving stages, built on sdperf.model.generation, and the two designs.
 
 A request is a batch of images, one seed each. Its latents come from its own seeds exactly as
 `generation.initial_latents` makes them (seed per image), and the stages call `generation.encode`, `denoise` and
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sdperf.generation import Workload, decode, denoise, encode, initial_latents, module_device, module_dtype
-from sdperf.pipelines import is_sdxl
+from sdperf.model.generation import Workload, decode, denoise, encode, initial_latents, module_device, module_dtype
+from sdperf.model.pipelines import is_sdxl
 from sdperf.serving.pipeline import Stage, StagePipeline
 from sdperf.serving.settings import DESIGNS
 

@@ -27,8 +27,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
-from sdperf.generation import Workload, denoise, encode, initial_latents, module_dtype, no_clock
-from sdperf.pipelines import make_scheduler
+from sdperf.model.generation import Workload, denoise, encode, initial_latents, module_dtype, no_clock
+from sdperf.model.pipelines import make_scheduler
 
 # Calls that return a host value computed from a tensor's contents (or a shape that depends on them).
 READ_BACK = {"item": ".item()", "tolist": ".tolist()", "__bool__": "bool(tensor)", "__int__": "int(tensor)",

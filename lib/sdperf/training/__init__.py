@@ -5,5 +5,6 @@ Modules: `settings` (the profile's `training:` section, validated before anythin
 to train), `data` (latents + text embeddings), `step` (noise-prediction loss, AdamW, clipping, autocast),
 `zero` (DeepSpeed ZeRO config), `train` (the per-rank torchrun entry point), `launch` (one configuration in a
 fresh process group, and the sweep), `scaling` (speed-up and efficiency), `published` (the transcribed tables),
-`figures` and `experiment` (what 11_training_scaling calls).
+`figures`, `collect` (the ranks' rows gathered) and `spec` (one configuration as the ranks read it); what
+11_training_scaling calls is sdperf.experiments.training_scaling.
 """

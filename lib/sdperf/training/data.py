@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from sdperf import architectures
-from sdperf.results import atomic_write_bytes
+from sdperf.config import architectures
+from sdperf.store.results import atomic_write_bytes
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 TEXT_TOKENS = 77  # CLIP's context length: every SD text encoder pads prompts to it
@@ -90,8 +90,8 @@ def user_images(folder: str, resolution: int, samples: int, default_caption: str
 
 def encoded(profile, resolution: int, samples: int, images_dir: str | None) -> dict[str, torch.Tensor]:
     """Latents from the pipeline's VAE encoder and embeddings from its text encoder(s), one image at a time."""
-    from sdperf.generation import Workload, encode
-    from sdperf.pipelines import build_pipeline
+    from sdperf.model.generation import Workload, encode
+    from sdperf.model.pipelines import build_pipeline
 
     if images_dir:
         images, captions = user_images(images_dir, resolution, samples, profile.prompt)
@@ -156,7 +156,7 @@ def batches(dataset: LatentDataset, world_size: int, rank: int, batch_size: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sdperf.profiles import load_profile
+    from sdperf.config.profiles import load_profile
     from sdperf.training.settings import from_profile
 
     ap = argparse.ArgumentParser(prog="python -m sdperf.training.data", description=__doc__.splitlines()[0])

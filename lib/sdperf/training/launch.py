@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdperf.errors import ConfigError
+from sdperf.core.errors import ConfigError
 from sdperf.training import collect, zero
 from sdperf.training.settings import AUTO, BACKENDS, ENGINES, TrainingSettings
 from sdperf.training.spec import RunSpec

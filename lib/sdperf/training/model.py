@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from sdperf import architectures
-from sdperf.profiles import weights_source
+from sdperf.config import architectures
+from sdperf.config.profiles import weights_source
 
 
 def unet_config(arch: str, width: float) -> dict:

@@ -2,19 +2,17 @@
 transcribed into sdperf/data/published_training.csv with their source URL and hardware."""
 from __future__ import annotations
 
-from importlib import resources
-
 import pandas as pd
 
 from sdperf.training import scaling
+from sdperf.core import data
 
 FILE = "published_training.csv"
 NEMO, NEMO_AB, MOSAIC = "NeMo SD training", "NeMo SD training A100 vs H100", "MosaicML diffusion"
 
 
 def load() -> pd.DataFrame:
-    with resources.files("sdperf.data").joinpath(FILE).open() as fh:
-        return pd.read_csv(fh)
+    return data.table(FILE)
 
 
 def _curve(row) -> str:

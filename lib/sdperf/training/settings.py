@@ -9,8 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdperf import architectures
-from sdperf.errors import ConfigError
+from sdperf.config import architectures
+from sdperf.core.errors import ConfigError
 
 ENGINES = ("ddp", "zero1", "zero2")
 BACKENDS = ("auto", "gloo", "nccl")

@@ -34,7 +34,7 @@ def _dist_env() -> tuple[int, int, int]:
 
 
 def _dataset(spec: RunSpec):
-    from sdperf.profiles import load_profile
+    from sdperf.config.profiles import load_profile
     from sdperf.training import data
 
     if spec.data_path:
@@ -94,8 +94,8 @@ def run(spec: RunSpec) -> dict:
     import torch
     import torch.distributed as dist
 
-    from sdperf import timing
-    from sdperf.results import atomic_write_text
+    from sdperf.measure import timing
+    from sdperf.store.results import atomic_write_text
     from sdperf.training import data, model, step
 
     rank, world, local = _dist_env()
@@ -139,7 +139,7 @@ def spec_from_args(args) -> RunSpec:
     """A RunSpec from the command line (hand-launched runs, e.g. multi-node): the profile's settings."""
     import torch
 
-    from sdperf.profiles import load_profile
+    from sdperf.config.profiles import load_profile
     from sdperf.training import launch, settings
 
     profile = load_profile(args.profile)

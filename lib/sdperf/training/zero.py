@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sdperf.results import atomic_write_text
+from sdperf.store.results import atomic_write_text
 
 STAGES = {"zero1": 1, "zero2": 2}
 

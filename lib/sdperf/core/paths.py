@@ -1,0 +1,101 @@
+"""Where the study reads profiles and writes reports; overridable so tests never touch the repo's reports/."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sdperf.core.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+PARAMS_ENV = "SDPERF_PARAMS_DIR"
+REPORTS_ENV = "SDPERF_REPORTS_DIR"
+
+
+def _env_dir(var: str, default: Path) -> Path:
+    """The folder $var names, made absolute against the current folder, else `default`.
+
+    A relative value would be read against whatever folder each process starts in: `sdperf run` and its notebook
+    kernels (started in the repo root) then wrote and promoted rows in two different places, and results.csv kept
+    only its header. An empty value is an error, not the current folder: `VAR=` from a script whose variable was
+    unset would otherwise write a report wherever the command happens to run."""
+    value = os.environ.get(var)
+    if value is None:
+        return default
+    if not value.strip():
+        raise ConfigError(f"${var} is set but empty; unset it (default {str(default)!r}) or give a folder, "
+                          f"e.g. {var}={str(default)}")
+    return Path(os.path.abspath(os.path.expanduser(value)))
+
+
+def resolve_env() -> None:
+    """Write the absolute form of $SDPERF_PARAMS_DIR and $SDPERF_REPORTS_DIR back into the environment, once, before
+    anything runs: every child (papermill's kernel, rounds' workers, torchrun ranks) inherits the same folders the
+    validating process used, whatever folder it starts in."""
+    for var, default in ((PARAMS_ENV, REPO_ROOT / "params"), (REPORTS_ENV, REPO_ROOT / "reports")):
+        if var in os.environ:
+            os.environ[var] = str(_env_dir(var, default))
+
+
+def params_dir() -> Path:
+    return _env_dir(PARAMS_ENV, REPO_ROOT / "params")
+
+
+def notebooks_dir() -> Path:
+    return REPO_ROOT / "notebooks"
+
+
+def reports_root() -> Path:
+    return _env_dir(REPORTS_ENV, REPO_ROOT / "reports")
+
+
+def profile_reports(profile: str) -> Path:
+    return reports_root() / profile
+
+
+def scratch_dir(profile: str) -> Path:
+    """What runs of a profile reuse but never publish (seeded weights, compiler caches, worker records)."""
+    return profile_reports(profile) / ".scratch"
+
+
+def figures_dir(profile: str) -> Path:
+    return profile_reports(profile) / "figures"
+
+
+def blocking(folder: Path) -> Path | None:
+    """What stops files being written into `folder`, checked before hours of work rather than after: `folder` itself
+    when it is a file or a read-only folder, else its nearest existing ancestor when that is not a writable folder
+    (so `folder` cannot be made); None when `folder` is, or can be made, a writable folder. The one writability
+    rule of `sdperf run`'s reports and `sdperf generate`'s output folder."""
+    folder = Path(folder)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return existing or folder
+    return None
+
+
+def sibling_tempfile(path: Path, suffix: str = "") -> tuple[int, str]:
+    """A temp file beside `path` (same folder, so a later os.replace is one atomic rename), opened for writing.
+
+    mkstemp creates its file with mode 0600 whatever the umask, and the rename keeps that mode: every result,
+    figure and manifest would be unreadable to the other users or ranks of a shared output folder. The file gets
+    the mode a plain open() would give it (0666 less the umask) before anything is written."""
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.fchmod(fd, 0o666 & ~current_umask())
+    return fd, tmp
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status, since 4.7): setting
+    and restoring it would leave a window in which another thread's files get mode 0666."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,106 @@
+"""12_fid_clip: what the notebook calls, and the state its sections hand on to one another.
+
+The notebook used to carry that state itself between seven quality/ and reference/ modules: the quality settings
+and the scorers from its first cells into the guidance curve, the rungs' image sets into the frontier, the curve's
+table into the MLPerf gate, the reference model's judgements into their table, figure and transfer. Here it is one
+object, `FidClip`, opened once; its methods are the notebook's sections in order, each using what the one before
+it kept.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from sdperf.measure.study import Study, open_study
+from sdperf.quality import curve, gate, rungs, score
+from sdperf.quality.settings import QualitySettings, settings
+from sdperf.reference import curve as reference_curve
+from sdperf.reference import technique_report, techniques, transfer
+
+NOTEBOOK = "12_fid_clip"
+PUBLISHED_COLUMNS = ["source", "model", "config", "metric", "value", "n_images", "steps", "scheduler", "scored_at"]
+
+
+@dataclass
+class FidClip:
+    study: Study
+    settings: QualitySettings
+    kept: dict = field(default_factory=dict, repr=False)  # what a section made for a later one, by name
+
+    def describe(self) -> str:
+        return f"{self.settings.headline()}\n{self.study.describe()}"
+
+    def protocol(self) -> pd.DataFrame:
+        return curve.protocol(self.study, self.settings)
+
+    def generate(self, rung_keys: list[str]) -> None:
+        """The curve's images at every guidance scale, then each rung's images on the same captions and noise."""
+        self.kept["curve_folder"] = curve.generate(self.study, self.settings)
+        self.kept["rung_sets"] = rungs.generate(self.study, self.settings, rung_keys)
+
+    def load_scorers(self) -> score.Scorers:
+        self.kept["scorers"] = score.Scorers.from_settings(self.settings, seed=self.study.profile.seed)
+        return self.kept["scorers"]
+
+    def score_curve(self) -> pd.DataFrame:
+        """One FID / CLIP point per guidance scale, against the reference it names."""
+        result = curve.score_curve(self.study, self.settings, self.kept["scorers"], self.kept["curve_folder"])
+        self.kept["curve"] = result
+        print("reference:", result.reference.what)
+        return result.table
+
+    def plot_curve(self, compare_profiles: list[str]):
+        return curve.plot(self.study, self.settings, self.kept["curve"], curve.stored_curves(compare_profiles))
+
+    def sample_grid(self):
+        return curve.sample_grid(self.study, self.kept["curve"].folder)
+
+    def score_rungs(self) -> pd.DataFrame:
+        """Each rung's images against the fp32 eager images of the same captions and noise."""
+        self.kept["frontier"] = rungs.score_rungs(self.study, self.settings, self.kept["scorers"],
+                                                  self.kept["rung_sets"])
+        return self.kept["frontier"]
+
+    def plot_rungs(self):
+        return rungs.plot(self.study, self.settings, self.kept["frontier"])
+
+    def reference_curve(self) -> pd.DataFrame:
+        """The same protocol on the study's trained reference model, where a curve means something."""
+        table, self.kept["reference_manifest"] = reference_curve.for_study(self.study, self.settings)
+        print(reference_curve.verdict(table))
+        return table
+
+    def technique_costs(self, keys: list[str]) -> pd.DataFrame:
+        """Each technique judged on the reference model against the converged solve, with the plan, the budget,
+        the controls and the convergence it was judged under."""
+        plan = techniques.Plan.of(self.settings)
+        judged = techniques.for_study(self.study, keys, plan)
+        self.kept["technique_quality"] = judged
+        print("plan:", plan.text())
+        print("budget:", techniques.budget_text())
+        trusted, why = judged.attrs["trusted"]
+        print("controls:", "as required" if trusted else "FAILED, the budget cannot be trusted: " + "; ".join(why))
+        print(judged.attrs["convergence"].round(5).to_string(index=False))
+        return technique_report.table(self.study, judged)
+
+    def plot_techniques(self):
+        return technique_report.plot(self.study, self.kept["technique_quality"])
+
+    def transfer(self) -> pd.DataFrame:
+        """Per family, whether a verdict on the reference model carries over to SD 1.5, and why."""
+        return transfer.table(self.kept["technique_quality"])
+
+    def gate_verdict(self) -> str:
+        return gate.verdict(self.study, self.settings, self.kept["curve"].table)["verdict"]
+
+
+def open_fid_clip(profile: str | None) -> FidClip:
+    """The study and its quality section with every file it names, checked before any model is built."""
+    study = open_study(profile, notebook=NOTEBOOK)
+    return FidClip(study, settings(study.profile))
+
+
+def published_quality() -> pd.DataFrame:
+    """The transcribed quality figures (sdperf/data/published_quality.csv) with their conditions."""
+    return gate.published_table()[PUBLISHED_COLUMNS]

@@ -1,0 +1,96 @@
+"""Whether a half precision's whole generations fit the profile's time budget: one rule, measured once per run.
+
+On a CPU without native float16 instructions one fp16 UNet block runs ~40x slower than fp32, so the rounds of
+whole fp16 generations would take hours. Before such a configuration is launched, one real UNet block
+(measurements.block_comparison, at the workload's real shapes) is timed in the half precision against fp32 in
+this process, with one fp32 generation for scale; when the generations asked for would overrun
+`variant_budget_s` the configuration is skipped with the measured reason.
+
+01 (precision), 10 (the ladder's stacks) and 12 (the quality rungs) all ask the same question in one run. The
+first to ask measures and keeps the answer beside the run's ledger (named by run id, profile, commit-free
+workload and dtype), the others read it: the same block timing is not taken three times (~40 s each on cpu).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from sdperf.core import environment
+from sdperf.core.paths import scratch_dir
+from sdperf.measure.timing import Timing
+from sdperf.measure.comparison import release
+from sdperf.store.results import atomic_write_text, locked
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One UNet block in `dtype` against float32 (speed-up = fp32 time / half time) and one fp32 generation."""
+
+    dtype: str
+    block: str
+    speedup: float
+    speedup_lo: float
+    speedup_hi: float
+    block_rel_error: float
+    fp32_generation_s: float
+    fp32_block_times: list[float]
+    block_times: list[float]
+
+    def timings(self) -> tuple[Timing, Timing]:
+        """(fp32 block, half block) timings, for the rows that record the block comparison itself."""
+        return Timing(self.fp32_block_times, first_call=float("nan")), Timing(self.block_times, first_call=float("nan"))
+
+    def predicted_s(self, generations: int, fp32_generation_s: float | None = None) -> float:
+        """Seconds `generations` whole generations in this precision would take, at the block's ratio."""
+        return (fp32_generation_s or self.fp32_generation_s) / self.speedup * generations
+
+    def skip_reason(self, generations: int, budget_s: float, what: str, fp32_generation_s: float | None = None):
+        """Why `generations` of them cannot run within `budget_s` (None when they can)."""
+        predicted = self.predicted_s(generations, fp32_generation_s)
+        if predicted <= budget_s:
+            return None
+        return (f"one UNet block ({self.block}) in {self.dtype} takes {1 / self.speedup:.2f}x the float32 time "
+                f"here [{1 / self.speedup_hi:.2f}-{1 / self.speedup_lo:.2f}x, measured in-process this run], so "
+                f"{what} would take about {predicted:.0f} s, over variant_budget_s={budget_s:g} s")
+
+
+def _path(study) -> Path:
+    p = study.profile
+    return scratch_dir(p.name) / "rounds" / f"{environment.run_id()}-{p.name}-half-budget.json"
+
+
+def _key(study, dtype: str) -> str:
+    return f"{dtype} {study.workload(1)!r}"
+
+
+def probe(study, dtype: str) -> Probe:
+    """The block comparison of `dtype` for this run: read back when an earlier notebook of the run measured it."""
+    from sdperf.measure.measurements import block_comparison, timed_generation
+
+    path, key = _path(study), _key(study, dtype)
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    if key in known:
+        return Probe(**known[key])
+    p = study.profile
+    pipe = study.pipeline("float32")
+    try:
+        fp32_s = next((v["fp32_generation_s"] for v in known.values()), None)
+        if fp32_s is None:
+            fp32_s = timed_generation(pipe, study.workload(1), device=study.device, warmup=1,
+                                      repeats=1).timing.median
+        b = block_comparison(pipe, study.workload(1), getattr(torch, dtype), device=study.device,
+                             warmup=p.warmup, repeats=p.repeats)
+    finally:
+        del pipe
+        release()
+    found = Probe(dtype, b["block"], float(b["speedup"]), float(b["speedup_lo"]), float(b["speedup_hi"]),
+                  float(b["block_rel_error"]), float(fp32_s), list(b["baseline_timing"].times),
+                  list(b["variant_timing"].times))
+    with locked(path):  # another notebook's kernel may add its probe meanwhile: read, add and write as one
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        known[key] = asdict(found)
+        atomic_write_text(path, json.dumps(known))
+    return found

@@ -1,0 +1,314 @@
+"""Will a configuration fit in this machine's memory? Its worker's peak, estimated before anything is built, against
+the memory available now.
+
+Why. An SDXL profile on a 24 GB machine (issue 32) ended as `DeadKernelError: Kernel died`: the system's OOM
+killer killed the notebook's kernel while its worker built a second pipeline, and nothing said so. A configuration
+that cannot fit is now a `skipped` row that names its estimate and the memory available, decided in the launching
+process before a worker starts.
+
+The estimate (every part an allowance, not a measurement, and said to be one):
+- weights: every network's parameter count x 4 bytes, since a worker always builds the fp32 pipeline first and
+  converts after (the published counts for the real architectures, a meta-device count for the others: nothing
+  is allocated);
+- activations: from the profile's resolution and batch (guidance doubles the UNet's batch): the UNet's
+  self-attention scores at its first cross-attention level, its feature maps kept for the skip connections, and
+  the VAE decoder's full-resolution feature maps and mid-block attention;
+- what the technique adds: extra fp32 copies of the networks it holds beside the eager ones (EXTRA_COPIES: an
+  engine two of the UNet, a frozen compiled UNet one, trainable parameters their gradients);
+- the interpreter and the libraries a worker imports.
+Rows of earlier runs on this machine refine it: when results.csv holds the configuration's own measured process
+peak at this batch on this machine's fingerprint, the largest such peak is the estimate. (tests/test_memory.py
+holds the formula to within 15% of the fp32 eager process peak the committed cpu report measured.)
+
+The memory available is MemAvailable (/proc/meminfo), lowered to the room left under a cgroup memory limit when
+one is set, and to SDPERF_MEMORY_CAP_MIB when that is set (what the tests use to force a refusal).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sdperf.config.architectures import ARCHS, PUBLISHED_PARAMETERS
+from sdperf.core.errors import ConfigError
+
+CAP_ENV = "SDPERF_MEMORY_CAP_MIB"
+MIB = 2**20
+BYTES = {"float32": 4}
+# The interpreter, torch, diffusers and transformers imported by a worker before it builds anything (an allowance).
+RUNTIME_BYTES = 600 * MIB
+# Activations are counted as fp32 (the baseline's precision and the worst case of every other).
+ACT_BYTES = 4
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+# ---------------------------------------------------------------- what is available
+
+@dataclass(frozen=True)
+class Available:
+    """Memory a new worker may use, in bytes, and where that figure comes from."""
+
+    bytes: int
+    source: str
+
+    @property
+    def mib(self) -> float:
+        return self.bytes / MIB
+
+
+def meminfo_available(path: Path = Path("/proc/meminfo")) -> int | None:
+    """MemAvailable in bytes: what the kernel could hand out without swapping (None where it is not reported)."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cgroup_dirs() -> list[Path]:
+    """This process's cgroup v2 folder and its parents up to the root (each may carry a memory limit)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    rel = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), None)
+    if rel is None:
+        return []
+    here = CGROUP_ROOT / rel.lstrip("/")
+    return [here, *[p for p in here.parents if CGROUP_ROOT in (p, *p.parents)]]
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def cgroup_room() -> tuple[int, str] | None:
+    """The room left under the tightest cgroup memory limit above this process (limit minus usage), or None when
+    no limit is set: v2 memory.max/memory.current, else v1 memory.limit_in_bytes/usage_in_bytes."""
+    rooms = []
+    for d in _cgroup_dirs():
+        limit, used = _read_int(d / "memory.max"), _read_int(d / "memory.current")
+        if limit is not None and used is not None:
+            rooms.append((limit - used, f"cgroup {d} memory.max {limit / MIB:,.0f} MiB, in use {used / MIB:,.0f} MiB"))
+    v1 = CGROUP_ROOT / "memory"
+    limit, used = _read_int(v1 / "memory.limit_in_bytes"), _read_int(v1 / "memory.usage_in_bytes")
+    if limit is not None and used is not None and limit < 2**60:  # v1 says "no limit" with a huge number
+        rooms.append((limit - used, f"cgroup v1 limit {limit / MIB:,.0f} MiB, in use {used / MIB:,.0f} MiB"))
+    return min(rooms) if rooms else None
+
+
+def cap_bytes() -> int | None:
+    """SDPERF_MEMORY_CAP_MIB in bytes, or None when unset; anything but a positive integer is refused by name."""
+    raw = os.environ.get(CAP_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{CAP_ENV}={raw!r} is not valid: set it to a positive whole number of MiB (e.g. 8192), "
+                          "or unset it to use the memory available")
+    return int(raw) * MIB
+
+
+def available() -> Available:
+    """The least of MemAvailable, the room under a cgroup limit and SDPERF_MEMORY_CAP_MIB, naming which it is."""
+    found = []
+    mem = meminfo_available()
+    if mem is not None:
+        found.append((mem, "MemAvailable in /proc/meminfo"))
+    room = cgroup_room()
+    if room is not None:
+        found.append(room)
+    cap = cap_bytes()
+    if cap is not None:
+        found.append((cap, f"{CAP_ENV}={cap // MIB}"))
+    if not found:  # no /proc (not Linux): physical memory is the only ceiling known
+        found.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"))
+    b, source = min(found)
+    return Available(max(int(b), 0), source)
+
+
+# ---------------------------------------------------------------- the estimate
+
+@functools.lru_cache(maxsize=None)
+def parameter_counts(arch: str) -> dict[str, int]:
+    """Parameters per network of `arch`, without allocating them: the published counts of the real architectures
+    (tests check the built networks against them), else the networks instantiated on torch's meta device."""
+    if arch in PUBLISHED_PARAMETERS:
+        return dict(PUBLISHED_PARAMETERS[arch])
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    a = ARCHS[arch]
+    with torch.device("meta"):
+        nets = {"unet": UNet2DConditionModel(**a.unet), "vae": AutoencoderKL(**a.vae),
+                "text_encoder": CLIPTextModel(CLIPTextConfig(**a.text_encoder))}
+        if a.text_encoder_2 is not None:
+            nets["text_encoder_2"] = CLIPTextModelWithProjection(CLIPTextConfig(**a.text_encoder_2))
+    return {k: sum(p.numel() for p in m.parameters()) for k, m in nets.items()}
+
+
+def _heads(unet: dict, level: int) -> int:
+    """diffusers' `attention_head_dim` of the SD UNets is the number of heads (its historical name)."""
+    h = unet.get("attention_head_dim", 8)
+    return int(h[level] if isinstance(h, (list, tuple)) else h)
+
+
+def unet_activation_bytes(arch: str, resolution: int, unet_batch: int) -> int:
+    """The UNet's share: self-attention scores (tokens^2 per head) at its first cross-attention level, plus each
+    level's feature maps kept for the skip connections (layers_per_block + 1 per level, down and up)."""
+    a = ARCHS[arch]
+    u, latent = a.unet, resolution // a.vae_scale_factor
+    level = next((i for i, t in enumerate(u["down_block_types"]) if "CrossAttn" in t), None)
+    scores = 0
+    if level is not None:
+        tokens = (latent // 2**level) ** 2
+        scores = unet_batch * _heads(u, level) * tokens * tokens * ACT_BYTES
+    maps = sum(2 * (u["layers_per_block"] + 1) * c * (latent // 2**i) ** 2
+               for i, c in enumerate(u["block_out_channels"])) * unet_batch * ACT_BYTES
+    return scores + maps
+
+
+def vae_activation_bytes(arch: str, resolution: int, batch: int) -> int:
+    """The VAE decoder's share: four feature maps of its second-widest-from-the-end block at full resolution (the
+    last up-block's input) and its mid-block attention over the latent's pixels, per image."""
+    a = ARCHS[arch]
+    latent = resolution // a.vae_scale_factor
+    channels = a.vae["block_out_channels"][min(1, len(a.vae["block_out_channels"]) - 1)]
+    maps = 4 * channels * resolution * resolution * ACT_BYTES
+    attention = latent**4 * ACT_BYTES
+    return (maps + attention) * batch
+
+
+# Copies of networks a technique holds beside the eager ones it was made from, in fp32 (the precision exports trace
+# in), by key prefix: an engine the exported graph and the engine built from it, a frozen compiled UNet its
+# constants, trainable parameters their gradients, a stage executor its text encoders and VAE. Techniques that
+# change modules in place (precision, attention, caching, torch int8, compile without freezing) add none.
+ALL = ("unet", "vae", "text_encoder", "text_encoder_2")
+EXTRA_COPIES = (("engine:", {"unet": 2}), ("int8:openvino", {"unet": 2}), ("compile:freezing", {"unet": 1}),
+                ("parameters:trainable", dict.fromkeys(ALL, 1)),
+                ("stages:", {"vae": 1, "text_encoder": 1, "text_encoder_2": 1}))
+
+
+def _extra_copies(stack) -> dict[str, int]:
+    """Extra copies of each network the stack's techniques hold (EXTRA_COPIES; the largest where two overlap)."""
+    copies: dict[str, int] = {}
+    for t in stack.techniques:
+        for prefix, nets in EXTRA_COPIES:
+            if t.key.startswith(prefix):
+                for n, k in nets.items():
+                    copies[n] = max(copies.get(n, 0), k)
+    return copies
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A configuration's estimated peak in bytes, its parts, and its basis (the formula or earlier rows)."""
+
+    bytes: int
+    parts: dict
+    basis: str
+
+    @property
+    def mib(self) -> float:
+        return self.bytes / MIB
+
+    def text(self) -> str:
+        parts = ", ".join(f"{k} {v / MIB:,.0f}" for k, v in self.parts.items())
+        return f"estimated peak {self.mib:,.0f} MiB ({self.basis}; {parts} MiB)"
+
+
+def formula(profile, stack_key: str, batch_size: int) -> Estimate:
+    """The estimate from the architecture, resolution, batch and technique alone (see the module's docstring)."""
+    from sdperf.optimizations.catalog import Stack
+
+    stack = Stack.of(stack_key)
+    counts = parameter_counts(profile.arch)
+    weights = sum(counts.values()) * BYTES["float32"]
+    if profile.device != "cpu":  # the host builds the fp32 pipeline; activations and engines live on the GPU
+        parts = {"weights": weights, "runtime": RUNTIME_BYTES}
+        return Estimate(sum(parts.values()), parts, "formula, host memory only: fp32 weights + runtime")
+    unet_batch = batch_size * (2 if profile.guidance_scale > 1 else 1)
+    acts = unet_activation_bytes(profile.arch, profile.resolution, unet_batch) \
+        + vae_activation_bytes(profile.arch, profile.resolution, batch_size)
+    extra = sum(counts.get(n, 0) * k for n, k in _extra_copies(stack).items()) * BYTES["float32"]
+    parts = {"weights": weights, "activations": acts, "technique": extra, "runtime": RUNTIME_BYTES}
+    return Estimate(sum(parts.values()), parts, "formula: fp32 weights + activations + technique + runtime")
+
+
+@functools.lru_cache(maxsize=8)
+def _peaks(path: str, mtime_ns: int) -> dict:
+    """{(key, batch, machine): largest process peak MiB} of one results.csv as of `mtime_ns` (read once per
+    change: the doctor and a run ask for every rung)."""
+    import pandas as pd
+
+    from sdperf.store.results import read_table
+
+    try:
+        df = read_table(Path(path))
+    except Exception:  # noqa: BLE001 - an unreadable table only means no refinement
+        return {}
+    df = df[df.metric == "process_peak_memory"]
+    batch = df.batch_size
+    top = pd.concat([df.value.astype(float), df.hi.astype(float)], axis=1).max(axis=1)  # hi: the largest worker's
+    out: dict = {}
+    for key, b, machine, value in zip(df.key, batch, df.machine, top):
+        if pd.notna(b) and value == value:
+            k = (key, int(b), machine)
+            out[k] = max(out.get(k, 0.0), float(value))
+    return out
+
+
+def measured_peak_mib(profile_name: str, stack_key: str, batch_size: int, machine: str) -> float | None:
+    """The largest process peak results.csv holds for this configuration at this batch on this machine, or None."""
+    from sdperf.store.results import results_path
+
+    path = results_path(profile_name)
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        return None
+    return _peaks(str(path), mtime).get((stack_key, batch_size, machine))
+
+
+def estimate(profile, stack_key: str = "fp32-eager", batch_size: int = 1) -> Estimate:
+    """The formula, replaced by the configuration's own largest measured peak on this machine when there is one."""
+    from sdperf.core import environment
+
+    est = formula(profile, stack_key, batch_size)
+    seen = measured_peak_mib(profile.name, stack_key, batch_size, environment.fingerprint(profile.device))
+    if seen is None:
+        return est
+    return Estimate(int(seen * MIB), {"measured": int(seen * MIB), "formula": est.bytes},
+                    "the largest process peak of this configuration in results.csv on this machine")
+
+
+def preflight(profile, stack_key: str = "fp32-eager", batch_size: int = 1,
+              room: Available | None = None) -> tuple[bool, str]:
+    """(fits, why): whether the configuration's estimate fits the memory available, and a sentence naming both."""
+    est = estimate(profile, stack_key, batch_size)
+    room = room or available()
+    where = f"{room.mib:,.0f} MiB available ({room.source})"
+    if est.bytes > room.bytes:
+        return False, (f"skipped: not enough memory for {stack_key} at batch {batch_size}: {est.text()} exceeds "
+                       f"the {where}")
+    return True, f"{est.text()} fits the {where}"
+
+
+class NotEnoughMemory(RuntimeError):
+    """A pipeline this process was about to build cannot fit the memory available (estimate and room named)."""
+
+
+def require(profile, what: str, stack_key: str = "fp32-eager", batch_size: int = 1) -> None:
+    """Raise NotEnoughMemory, naming the estimate and the memory available, when `what` (a pipeline a notebook's
+    kernel builds for itself) cannot fit: a clear error in the cell instead of a kernel killed for memory."""
+    fits, why = preflight(profile, stack_key, batch_size)
+    if not fits:
+        raise NotEnoughMemory(f"{what}: {why.removeprefix('skipped: ')}; free memory (close other processes) or set "
+                              "a smaller resolution or batch in the profile")

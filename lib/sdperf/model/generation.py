@@ -1,0 +1,165 @@
+"""The denoising loop written out stage by stage, so each stage can be timed and swapped.
+
+It computes what diffusers' own pipeline call computes (a test holds them equal on the same latents), but
+with the stages (text encoder, UNet step, scheduler step, VAE decode) in plain sight. Initial latents come
+from a per-image seed, so image i gets the same noise whatever the batch size and every rung of every
+notebook denoises the same noise.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from sdperf.model.pipelines import is_sdxl
+from sdperf.config.profiles import Profile
+
+STAGES = ("text_encoder", "unet", "scheduler", "vae_decode")
+# How autograd is kept out of the way: the Cerebrium ladder's inference_mode rung compares these.
+GRAD_MODES = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompt: str
+    batch_size: int
+    steps: int
+    guidance_scale: float
+    height: int
+    width: int
+    seed: int
+
+    @classmethod
+    def from_profile(cls, profile: Profile, batch_size: int = 1, steps: int | None = None) -> "Workload":
+        return cls(prompt=profile.prompt, batch_size=batch_size, steps=steps or profile.steps,
+                   guidance_scale=profile.guidance_scale, height=profile.resolution, width=profile.resolution,
+                   seed=profile.seed)
+
+
+@dataclass
+class Output:
+    latents: torch.Tensor  # final latents, float32 on the CPU
+    images: torch.Tensor | None  # decoded images in [0, 1], float32 on the CPU, NCHW; None when not decoded
+
+
+def initial_latents(pipe, workload: Workload) -> torch.Tensor:
+    """Float32 CPU noise, one generator per image (seed + i), independent of device and dtype."""
+    scale = pipe.vae_scale_factor
+    shape = (pipe.unet.config.in_channels, workload.height // scale, workload.width // scale)
+    return torch.stack([torch.randn(shape, generator=torch.Generator("cpu").manual_seed(workload.seed + i))
+                        for i in range(workload.batch_size)])
+
+
+def no_clock(_stage):
+    return contextlib.nullcontext()
+
+
+def module_dtype(module) -> torch.dtype:
+    """The dtype inputs must have; engine wrappers (ONNX Runtime, OpenVINO, TensorRT) say it themselves."""
+    dtype = getattr(module, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else next(module.parameters()).dtype
+
+
+def module_device(module) -> torch.device:
+    device = getattr(module, "device", None)
+    return device if isinstance(device, torch.device) else next(module.parameters()).device
+
+
+def encode(pipe, workload: Workload, device):
+    """Text conditioning for classifier-free guidance: (embeddings, extra UNet kwargs), uncond first."""
+    do_cfg = workload.guidance_scale > 1.0
+    if not is_sdxl(pipe):
+        cond, uncond = pipe.encode_prompt(workload.prompt, device, workload.batch_size, do_cfg)
+        return (torch.cat([uncond, cond]) if do_cfg else cond), {}
+    cond, uncond, pooled, uncond_pooled = pipe.encode_prompt(
+        workload.prompt, device=device, num_images_per_prompt=workload.batch_size,
+        do_classifier_free_guidance=do_cfg)
+    size = (workload.height, workload.width)
+    time_ids = pipe._get_add_time_ids(size, (0, 0), size, dtype=cond.dtype,
+                                      text_encoder_projection_dim=pipe.text_encoder_2.config.projection_dim)
+    time_ids = time_ids.to(device).repeat(workload.batch_size * (2 if do_cfg else 1), 1)
+    embeds = torch.cat([uncond, cond]) if do_cfg else cond
+    pooled = torch.cat([uncond_pooled, pooled]) if do_cfg else pooled
+    return embeds, {"added_cond_kwargs": {"text_embeds": pooled, "time_ids": time_ids}}
+
+
+def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device without a sync: a blocking copy from pageable memory waits for the stream, so pin first."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def denoise(pipe, workload: Workload, latents: torch.Tensor, embeds, extra: dict, clock=no_clock,
+            host_values: bool = False):
+    """The loop: scale input, UNet on the CFG batch, guidance, scheduler step.
+
+    As diffusers' pipelines run it, the scheduler's timesteps live on the device, so its Python-side decisions
+    read values back (device-to-host syncs, counted in 13_serving). `host_values` keeps them on the host, as
+    diffusers recommends: the scheduler gets Python numbers and reads nothing back; the UNet still gets its
+    timestep as a device tensor, uploaded once before the loop (a blocking upload inside each step would wait
+    for the device just the same)."""
+    sched = pipe.scheduler
+    device = latents.device
+    if host_values:
+        sched.set_timesteps(workload.steps, device="cpu")
+        timesteps, unet_timesteps = sched.timesteps.tolist(), upload(sched.timesteps, device)
+    else:
+        sched.set_timesteps(workload.steps, device=device)
+        timesteps = unet_timesteps = sched.timesteps
+    latents = latents * sched.init_noise_sigma
+    do_cfg = workload.guidance_scale > 1.0
+    unet_dtype = module_dtype(pipe.unet)
+    for t, unet_t in zip(timesteps, unet_timesteps):
+        with clock("unet"):
+            x = torch.cat([latents] * 2) if do_cfg else latents
+            x = sched.scale_model_input(x, t)
+            eps = pipe.unet(x.to(unet_dtype), unet_t, encoder_hidden_states=embeds, return_dict=False, **extra)[0]
+            if do_cfg:
+                uncond, cond = eps.chunk(2)
+                eps = uncond + workload.guidance_scale * (cond - uncond)
+        with clock("scheduler"):
+            latents = sched.step(eps.to(latents.dtype), t, latents, return_dict=False)[0]
+    return latents
+
+
+def decode(pipe, latents: torch.Tensor) -> torch.Tensor:
+    """VAE decode to [0, 1] images; SDXL's fp16 VAE decodes in float32 (force_upcast), as diffusers' SDXL does."""
+    vae = pipe.vae
+    dtype = module_dtype(vae)
+    if dtype == torch.float16 and is_sdxl(pipe) and getattr(vae.config, "force_upcast", False):
+        vae = vae.to(torch.float32)
+        try:
+            return decode(pipe, latents)
+        finally:
+            vae.to(dtype)
+    images = vae.decode(latents.to(dtype) / vae.config.scaling_factor, return_dict=False)[0]
+    return (images.float() / 2 + 0.5).clamp(0, 1)
+
+
+def generate(pipe, workload: Workload, latents: torch.Tensor | None = None, clock=no_clock,
+             grad_mode: str = "inference_mode", decode_images: bool = True) -> Output:
+    """One full text-to-image call; `clock` (a StageClock) times each stage if given; `grad_mode` is one of
+    GRAD_MODES (inference_mode unless a notebook measures what autograd costs). `decode_images=False` stops at the
+    final latents (images None): how a technique that changes only the denoising loop is timed (sdperf.measure.worker)."""
+    if grad_mode not in GRAD_MODES:
+        raise ValueError(f"grad_mode {grad_mode!r} is not valid; choose one of: {', '.join(GRAD_MODES)}")
+    with GRAD_MODES[grad_mode]():
+        return _generate(pipe, workload, latents, clock, decode_images)
+
+
+def _generate(pipe, workload: Workload, latents: torch.Tensor | None, clock, decode_images: bool = True) -> Output:
+    device = module_device(pipe.unet)
+    if latents is None:
+        latents = initial_latents(pipe, workload)
+    with clock("text_encoder"):
+        embeds, extra = encode(pipe, workload, device)
+    # the loop keeps latents in the UNet's dtype, as diffusers does
+    latents = latents.to(device, module_dtype(pipe.unet))
+    latents = denoise(pipe, workload, latents, embeds, extra, clock)
+    if not decode_images:
+        return Output(latents=latents.detach().float().cpu(), images=None)
+    with clock("vae_decode"):
+        images = decode(pipe, latents)
+    return Output(latents=latents.detach().float().cpu(), images=images.detach().cpu())

@@ -1,0 +1,165 @@
+"""Build the diffusers pipeline a profile names: real architecture at seeded random init, or real weights.
+
+Random init is seeded per component, so two builds of one profile hold identical weights and every rung
+of every notebook starts from the same network; real weights load offline from a local folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from pathlib import Path
+
+import diffusers
+import torch
+
+from sdperf.config import architectures
+from sdperf.store.results import atomic_write
+from sdperf.config.profiles import Profile
+from sdperf.model.tokenizer import clip_tokenizer
+
+SCHEDULER_CLASSES = {
+    # PLMS is diffusers' PNDM without the Runge-Kutta warm-up steps (what the NeMo and SD papers call PLMS).
+    "plms": ("PNDMScheduler", dict(skip_prk_steps=True, set_alpha_to_one=False)),
+    "ddim": ("DDIMScheduler", dict(set_alpha_to_one=False, clip_sample=False)),
+    "euler": ("EulerDiscreteScheduler", dict(timestep_spacing="leading")),
+    "dpmpp-2m": ("DPMSolverMultistepScheduler", dict(algorithm_type="dpmsolver++", solver_order=2)),
+    "unipc": ("UniPCMultistepScheduler", dict(solver_order=2)),  # UniPC (Zhao et al. 2023), bh2 predictor-corrector
+}
+
+
+# diffusers warns on every .to(dtype) of a random-init model that it has no fp32-pinned modules: noise here.
+diffusers.utils.logging.set_verbosity_error()
+
+
+def make_scheduler(name: str, base_config: dict):
+    cls_name, extra = SCHEDULER_CLASSES[name]
+    cls = getattr(diffusers, cls_name)
+    keys = set(inspect.signature(cls.__init__).parameters)  # accept only what the class takes
+    config = {k: v for k, v in dict(base_config, **extra).items() if k in keys}
+    return cls(**config)
+
+
+def _seeded(seed: int, build):
+    """Build a module under a fixed seed so its random init is reproducible, independent of call order."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def _weights_file(cache: Path, arch_name: str, component: str, config: dict, seed: int) -> Path:
+    what = json.dumps({"arch": arch_name, "component": component, "config": config, "seed": seed,
+                       "torch": torch.__version__, "diffusers": diffusers.__version__}, sort_keys=True, default=str)
+    digest = hashlib.sha256(what.encode()).hexdigest()[:16]
+    return Path(cache) / f"{arch_name}-{component}-seed{seed}-{digest}.safetensors"
+
+
+def _assign(module: torch.nn.Module, tensors: dict) -> None:
+    """Put saved tensors in place of a meta-device module's parameters and buffers (non-persistent buffers
+    included, e.g. CLIP's position ids, which a state dict leaves out)."""
+    for name, tensor in tensors.items():
+        owner, _, leaf = name.rpartition(".")
+        sub = module.get_submodule(owner)
+        if leaf in sub._parameters:
+            sub._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=False)
+        elif leaf in sub._buffers:
+            sub._buffers[leaf] = tensor
+        else:
+            raise KeyError(f"{name} is neither a parameter nor a buffer of {type(module).__name__}")
+
+
+def _cached(cache: Path | None, arch_name: str, component: str, config: dict, seed: int, make):
+    """The seeded random-init network `make()` builds, read from `cache` when an earlier process saved it there.
+
+    Random init of SD 1.5's networks takes ~13 s on 2 cores (UNet ~9 s, text encoder ~3 s, VAE ~1 s) and every
+    worker process of the study builds them; reading the same tensors back takes ~1-2 s. The file is named by
+    everything that determines the weights (component, architecture config, seed, torch and diffusers versions)
+    and written atomically, so a reader sees the complete weights of exactly this build or none. The tensors
+    are copied out of the file's mapping, so the process holds them in ordinary memory, as a fresh build does."""
+    from safetensors.torch import load_file, save_file
+
+    build = lambda: _seeded(seed, make)  # noqa: E731
+    if cache is None:
+        return build()
+    path = _weights_file(cache, arch_name, component, config, seed)
+    if path.is_file():
+        with torch.device("meta"):
+            module = make()
+        _assign(module, {k: v.clone() for k, v in load_file(str(path)).items()})
+        if not any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
+            return module
+    module = build()
+    tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    atomic_write(path, lambda tmp: save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp))
+    return module
+
+
+def build_random(arch_name: str, scheduler: str = "plms", seed: int = 0, weights_cache: Path | None = None):
+    """The architecture from its hand-written config, random weights, fp32, on the CPU. `weights_cache`: a
+    folder where the seeded weights are kept between processes (see _cached)."""
+    from diffusers import AutoencoderKL, StableDiffusionPipeline, StableDiffusionXLPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    arch = architectures.get(arch_name)
+    unet = _cached(weights_cache, arch_name, "unet", dict(arch.unet), seed,
+                   lambda: UNet2DConditionModel(**arch.unet))
+    vae = _cached(weights_cache, arch_name, "vae", dict(arch.vae), seed + 1, lambda: AutoencoderKL(**arch.vae))
+    text_encoder = _cached(weights_cache, arch_name, "text_encoder", dict(arch.text_encoder), seed + 2,
+                           lambda: CLIPTextModel(CLIPTextConfig(**arch.text_encoder)))
+    sched = make_scheduler(scheduler, arch.scheduler)
+    if arch.family == "sd":
+        pipe = StableDiffusionPipeline(
+            vae=vae, text_encoder=text_encoder, tokenizer=clip_tokenizer(arch.pad_token), unet=unet,
+            scheduler=sched, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    else:
+        text_encoder_2 = _seeded(seed + 3, lambda: CLIPTextModelWithProjection(CLIPTextConfig(**arch.text_encoder_2)))
+        pipe = StableDiffusionXLPipeline(
+            vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+            tokenizer=clip_tokenizer(arch.pad_token), tokenizer_2=clip_tokenizer(arch.pad_token_2),
+            unet=unet, scheduler=sched)
+    pipe.set_progress_bar_config(disable=True)
+    return _eval(pipe)
+
+
+def _eval(pipe):
+    for module in pipe.components.values():
+        if isinstance(module, torch.nn.Module):
+            module.eval().requires_grad_(False)
+    return pipe
+
+
+def build_from_weights(weights: str, scheduler: str):
+    """Real weights from a local diffusers folder (offline) or a 'hub:org/model' id (needs internet)."""
+    from diffusers import DiffusionPipeline
+
+    from sdperf.config.profiles import weights_source
+    from sdperf.core.quiet import loading_bars_off
+    from sdperf.reference.manifest import verify_weights
+
+    source, local = weights_source(weights)
+    verify_weights(source, local)  # a local folder with a manifest.json loads only if it matches it
+    loading_bars_off()
+    pipe = DiffusionPipeline.from_pretrained(source, dtype=torch.float32, local_files_only=local)
+    pipe.scheduler = make_scheduler(scheduler, dict(pipe.scheduler.config))
+    pipe.set_progress_bar_config(disable=True)
+    return _eval(pipe)
+
+
+def build_pipeline(profile: Profile, *, device: str | None = None, dtype: torch.dtype = torch.float32,
+                   weights_cache: Path | None = None):
+    """The profile's pipeline on its device; fp32 unless asked (the baseline every rung is compared with)."""
+    if profile.weights:
+        pipe = build_from_weights(profile.weights, profile.scheduler)
+    else:
+        pipe = build_random(profile.arch, profile.scheduler, seed=profile.seed, weights_cache=weights_cache)
+    return pipe.to(device or profile.device, dtype)
+
+
+def component_parameters(pipe) -> dict[str, int]:
+    """Parameter count per network of the pipeline (a deterministic fingerprint of the architecture)."""
+    return {name: architectures.count_parameters(m) for name, m in pipe.components.items()
+            if isinstance(m, torch.nn.Module)}
+
+
+def is_sdxl(pipe) -> bool:
+    return getattr(pipe, "text_encoder_2", None) is not None

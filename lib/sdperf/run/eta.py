@@ -1,0 +1,95 @@
+"""How long a run will take: each part's expected seconds from its last timed run, said before the run starts and
+counted down as it goes.
+
+Why. A cpu study is an hour of a 2-core machine; a user deciding whether to start it (or whether a silent hour means
+a hang) needs the whole run's expected time first, and what is left after each part. The parts are the rounds
+measured up front (sdperf.run.prefetch) and each notebook. A part's expectation comes from its last timed run on this
+machine (its stamp, sdperf.runner); failing that, from the last run of the profile on record (the committed
+report's stamps, on the CPU named there), said so, since another CPU may be several times faster or slower.
+The rounds' expectation is per worker process, times the workers still to run (a resumed run has fewer).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+ROUNDS = "rounds up front"
+ROUNDS_STAMP = "rounds-up-front.run.json"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One part's expected seconds (None: no run of it on record) and where that figure comes from."""
+
+    part: str
+    seconds: float | None
+    source: str
+    kind: str = ""  # "here", or where the figure was taken (the profile's run on record, its CPU)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        stamp = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) and isinstance(stamp.get("duration_s"), (int, float)) else None
+
+
+def _kind(stamp: dict, machine: str, cpu_on_record: str) -> str:
+    if stamp.get("machine") == machine:
+        return "the last run here"
+    return f"the profile's last run on record, on {cpu_on_record or 'another machine'}"
+
+
+def _source(stamp: dict, machine: str, cpu_on_record: str) -> str:
+    return f"{_kind(stamp, machine, cpu_on_record)} ({stamp.get('finished_utc', '?')})"
+
+
+def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "") -> Expected:
+    """Notebook `name`'s expected seconds from its stamp (any status but an interrupted run: a failed run stopped
+    early and would promise too little)."""
+    stamp = _read(stamp_path)
+    if stamp is None or stamp.get("status") != "ok":
+        return Expected(name, None, "no complete run on record")
+    return Expected(name, float(stamp["duration_s"]), _source(stamp, machine, cpu_on_record),
+                    _kind(stamp, machine, cpu_on_record))
+
+
+def rounds(stamp_path: Path, workers_left: int, machine: str, cpu_on_record: str = "") -> Expected:
+    """The rounds up front: seconds per worker of their last run, times the workers this run still launches."""
+    stamp = _read(stamp_path)
+    if workers_left == 0:
+        return Expected(ROUNDS, 0.0, "all measured already")
+    if stamp is None or not stamp.get("workers"):
+        return Expected(ROUNDS, None, "no run on record")
+    per = float(stamp["duration_s"]) / int(stamp["workers"])
+    return Expected(ROUNDS, per * workers_left,
+                    f"{per:.0f} s per worker x {workers_left}, {_source(stamp, machine, cpu_on_record)}",
+                    _kind(stamp, machine, cpu_on_record))
+
+
+def minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def plan_text(parts: list[Expected]) -> str:
+    """The line `sdperf run` prints before it starts: the whole run's expected time, what it rests on, and which
+    parts have no run on record (then the total is a lower bound, said so)."""
+    known = [p for p in parts if p.seconds is not None]
+    unknown = [p.part for p in parts if p.seconds is None]
+    total = sum(p.seconds for p in known)
+    if not known:
+        return "expected time: unknown (no run of these parts on record here or in the profile's report)"
+    sources = sorted({p.kind for p in known if p.kind})
+    head = f"expected time: {'at least ' if unknown else 'about '}{minutes(total)}"
+    tail = f"; from {', '.join(sources)}" if sources else ""
+    return head + tail + (f"; no run on record of {', '.join(unknown)}" if unknown else "")
+
+
+def left(parts: list[Expected], done: set[str]) -> float | None:
+    """Expected seconds of the parts not yet done (None when one of them has no run on record)."""
+    rest = [p.seconds for p in parts if p.part not in done]
+    return None if any(s is None for s in rest) else float(sum(rest))

@@ -1,0 +1,110 @@
+"""What a run will do, decided before anything runs: which notebooks (by name, number or subject), with which
+parameters from the profile's `notebooks:` section, and whether the profile's training, quality and serving sections
+are valid. The runner executes this plan and the up-front measurements (sdperf.run.prefetch) read it, so both live
+on it rather than on each other.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from sdperf.config.profiles import Profile
+from sdperf.core import paths
+from sdperf.core.errors import ConfigError, short
+
+
+def check_sections(profile: Profile) -> None:
+    """The training, quality and serving sections, each validated by the package that owns it, so a bad value
+    fails before the first notebook instead of inside 11, 12 or 13 (hours into a full cpu run). Here, above
+    sdperf.config.profiles, because those packages read the Profile that profiles defines."""
+    from sdperf.quality.settings import settings as quality
+    from sdperf.serving.settings import load as serving
+    from sdperf.training.settings import from_profile as training
+
+    for check in (training, quality, serving):
+        check(profile)
+
+
+def notebook_names(notebooks_dir: Path | None = None) -> list[str]:
+    folder = Path(notebooks_dir or paths.notebooks_dir())
+    return sorted(p.stem for p in folder.glob("*.ipynb"))
+
+
+def _matches(token: str, name: str) -> bool:
+    """'00_baseline' is also reachable as '00' and as 'baseline', which is what people type."""
+    number, _, rest = name.partition("_")
+    return token in (name, number, rest)
+
+
+def select(only: list[str] | None, names: list[str]) -> list[str]:
+    """The notebooks to run, in study order; any unknown or ambiguous name fails before anything runs."""
+    if not only:
+        return list(names)
+    chosen: set[str] = set()
+    for token in only:
+        hits = [n for n in names if _matches(token, n)]
+        if not hits:
+            raise ConfigError(f"unknown notebook {token!r}; valid notebooks: {', '.join(names) or '(none found)'}")
+        if len(hits) > 1:
+            raise ConfigError(f"notebook name {token!r} is ambiguous: it matches {', '.join(hits)}")
+        chosen.add(hits[0])
+    return [n for n in names if n in chosen]
+
+
+def check_notebook_parameters(profile: Profile, selected: list[str], notebooks_dir: Path | None = None) -> None:
+    """The profile's `notebooks:` section names study notebooks, and for each notebook of this run parameters
+    that its `parameters` cell declares: a typo fails here, naming the valid choices, instead of papermill
+    silently adding a variable the notebook never reads."""
+    known = notebook_names()
+    for name, params in profile.notebooks.items():
+        if name not in known:
+            raise ConfigError(f"profile {profile.name!r}: notebooks: unknown notebook {name!r}; valid notebooks: "
+                              f"{', '.join(known)}")
+        if not isinstance(params, dict):
+            raise ConfigError(f"profile {profile.name!r}: notebooks: {name} must be a mapping of parameter: value, "
+                              f"got {params!r}")
+        path = Path(notebooks_dir or paths.notebooks_dir()) / f"{name}.ipynb"
+        if name not in selected or not path.is_file():
+            continue
+        import papermill
+
+        declared = papermill.inspect_notebook(str(path))
+        for key, value in params.items():
+            if key == "profile" or key not in declared:
+                valid = [d for d in sorted(declared) if d != "profile"]
+                raise ConfigError(f"profile {profile.name!r}: notebooks: {name} has no parameter {short(key)}; valid "
+                                  f"parameters: {', '.join(valid) or '(none)'}")
+            check_parameter_type(f"profile {profile.name!r}: notebooks: {name}: {key}", value,
+                                 declared[key].get("inferred_type_name"))
+
+
+# a parameters cell's annotation -> the YAML values it accepts; a list holds scalars only (every notebook's lists are
+# of keys, names or sizes), so no nested or huge structure reaches papermill, which writes every value into the
+# notebook as Python source
+_SCALARS = (str, int, float, bool)
+MAX_LIST_ITEMS = 1000
+MAX_TEXT = 10_000
+
+
+def check_parameter_type(where: str, value, annotation: str | None) -> None:
+    """A profile's value for a notebook parameter has the type the parameters cell annotates (`name: list = ...`):
+    a mapping or a nested list where a list of keys belongs fails here, naming it, not inside the notebook."""
+    kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "list": (list,)}
+    expected = kinds.get(annotation or "")
+    if expected is None:  # unannotated (papermill says "None"): a scalar or a list, as the notebooks' values are
+        annotation, expected = "a str, int, float, bool or list", _SCALARS + (list,)
+    wrong_bool = isinstance(value, bool) and bool not in expected
+    if wrong_bool or not isinstance(value, expected):
+        raise ConfigError(f"{where} must be {annotation} (its annotation in the notebook's parameters cell), got "
+                          f"{type(value).__name__} {short(value)}")
+    if isinstance(value, list):
+        if len(value) > MAX_LIST_ITEMS or not all(isinstance(v, _SCALARS) for v in value):
+            raise ConfigError(f"{where} must be a list of at most {MAX_LIST_ITEMS} strings or numbers, got "
+                              f"{short(value)}")
+    texts = value if isinstance(value, list) else [value]
+    if any(isinstance(t, str) and len(t) > MAX_TEXT for t in texts):
+        raise ConfigError(f"{where}: a string over {MAX_TEXT:,} characters is not a setting, got {short(value)}")
+
+
+def notebook_parameters(profile: Profile, name: str) -> dict:
+    """What papermill injects into notebook `name`: the profile, and the profile's own settings for it."""
+    return {"profile": profile.name, **profile.notebooks.get(name, {})}

@@ -1,0 +1,82 @@
+"""The caption every figure of the study carries: what it shows, on which device, against which baseline, by which
+method, over what n.
+
+A figure read alone (in the report, a paper, a slide) must say all five: a speed-up bar means nothing without
+the machine it ran on and what it divides. `Study.save_figure` requires them, composes the device from the
+study's environment record (never typed at a call site), and stores the caption beside the figure as
+`<notebook>__<name>.caption.json`, so it is staged, promoted and deleted with the PNG and SVG (sdperf.store.staging
+moves every `<notebook>__*` file) and the report renders it under the figure.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+SUFFIX = ".caption.json"
+NO_BASELINE = "none: absolute values"  # the baseline of a figure whose numbers divide nothing
+FIELDS = ("what", "device", "baseline", "method", "n")
+
+
+@dataclass(frozen=True)
+class Caption:
+    """The five parts; each must be non-empty text (checked before any file is written)."""
+
+    what: str
+    device: str
+    baseline: str
+    method: str
+    n: str
+
+    def __post_init__(self):
+        missing = [f.name for f in fields(self) if not isinstance(getattr(self, f.name), str)
+                   or not getattr(self, f.name).strip()]
+        if missing:
+            got = {name: getattr(self, name) for name in missing}
+            raise ValueError(f"figure caption: {', '.join(missing)} missing or empty (got {got}); every figure "
+                             f"needs {', '.join(FIELDS)} as non-empty text (baseline {NO_BASELINE!r} when its "
+                             "numbers divide nothing)")
+
+    def text(self) -> str:
+        """One paragraph: 'What. Device: ... Baseline: ... Method: ... n: ...'."""
+        def clause(s: str) -> str:
+            s = " ".join(s.split())
+            return s if s.endswith((".", "?", "!")) else s + "."
+        return " ".join([clause(self.what), clause(f"Device: {self.device}"), clause(f"Baseline: {self.baseline}"),
+                         clause(f"Method: {self.method}"), clause(f"n: {self.n}")])
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "text": self.text()}, indent=1, ensure_ascii=False) + "\n"
+
+
+def device_text(env: dict) -> str:
+    """The device a figure's numbers were taken on, from the environment record (sdperf.core.environment.record):
+    the GPU's name under CUDA, else the CPU's model name, family/model/stepping and the threads torch used. A
+    figure of published numbers only passes {"published_hardware": <the sources' hardware>}."""
+    if env.get("published_hardware"):
+        return f"{env['published_hardware']} (published figures; nothing in this figure was measured here)"
+    fms = env.get("cpu_family_model_stepping")
+    cpu = f"{env.get('cpu_model') or 'unknown CPU'} (family/model/stepping {fms or 'not recorded'})"
+    if env.get("device") == "cuda":
+        return f"GPU {env.get('device_name') or 'unknown'} (host CPU {cpu})"
+    threads = env.get("threads")
+    return f"CPU {cpu}, {threads} torch thread{'s' if threads != 1 else ''}" if threads else f"CPU {cpu}"
+
+
+def sidecar(figure: Path) -> Path:
+    """Where the caption of `figure` (its PNG or SVG) is stored: <notebook>__<name>.caption.json beside it."""
+    figure = Path(figure)
+    return figure.with_name(figure.name.rsplit(".", 1)[0] + SUFFIX)
+
+
+def read(figure: Path) -> Caption | None:
+    """The stored caption of `figure`, or None when the figure was drawn before captions existed. A sidecar that
+    cannot be read as one raises ValueError naming the file."""
+    path = sidecar(figure)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Caption(**{k: data.get(k) for k in FIELDS})
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"caption file {str(path)!r} is not a valid caption: {e}") from None

@@ -1,0 +1,345 @@
+"""The study's one tidy table per profile: reports/<profile>/results.csv, a row per (notebook, scenario, metric).
+
+Every write is a read-modify-write under a file lock, written to a temp file and renamed, so a killed run
+leaves either the old table or the new one, never half a file. Under `sdperf run` a notebook's rows are staged
+(sdperf.store.staging) and replace all of its earlier rows in one write when it completes (`promote_rows`), so an
+interrupted run leaves the previous complete rows as they were.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import fcntl
+import io
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from sdperf.store import staging
+from sdperf.core.errors import ConfigError, short
+from sdperf.core.paths import profile_reports, sibling_tempfile
+
+KEY = ["notebook", "scenario", "metric"]
+# lo/hi: the range of a value over fresh-process rounds (min, max); p10/p90: its spread inside one process.
+# method: how the row was taken (sdperf.measure.rounds.method() for every compared ratio), so no table mixes methods.
+# key: the catalog stack key a row measures (sdperf.optimizations.catalog), so rows are found by key, not label.
+# batch_size: images per generation of the configuration the row measures (empty where a row has no such batch).
+# verdict: a compared ratio's speed verdict against the run's noise band, or why the row was not measured; the
+# note says the same to a reader, and no code reads it back out of the note.
+MEASURE_COLUMNS = ["value", "unit", "p10", "p90", "lo", "hi", "n", "status", "method", "key", "batch_size", "verdict",
+                   "note"]
+# run_id: one `sdperf run` (or one notebook opened alone); machine: the CPU/GPU fingerprint the row was taken on
+ENV_COLUMNS = ["profile", "dtype", "device", "device_name", "cpu_model", "machine", "threads", "commit", "run_id",
+               "torch", "diffusers", "python", "packages", "time_utc"]
+COLUMNS = KEY + MEASURE_COLUMNS + ENV_COLUMNS
+STATUSES = ("ok", "not_applicable", "skipped", "failed")
+# A ratio whose whole range over rounds lies above the noise band is faster, below it slower, else within noise
+# (sdperf.measure.rounds.speed_verdict); a row not measured carries its status as its verdict.
+FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
+NOT_MEASURED_VERDICTS = {"not_applicable": "not applicable", "skipped": "skipped", "failed": "failed"}
+VERDICTS = (FASTER, SLOWER, NOISE, *NOT_MEASURED_VERDICTS.values())
+# what every row must carry: a row without its key cannot be replaced, and one without its environment cannot be
+# placed (a row with no time_utc sorted as "the latest run" and hid every good row of the page)
+REQUIRED = KEY + ["status", "profile", "device", "machine", "commit", "time_utc"]
+
+
+class DamagedTable(ConfigError):
+    """results.csv (or a staged rows file) that is not whole: named with its file and line, never half-read."""
+
+
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """`path` written whole or not at all, the study's one way to replace a file a reader may open meanwhile:
+    `write(tmp)` fills a temp file beside it (same folder, so the rename is atomic), which is synced and renamed
+    over `path`; on any failure the temp file goes and `path` stays as it was. A read-modify-write of a file two
+    processes share also holds `locked(path)` around it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = sibling_tempfile(path, suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock beside `path`, so two notebooks of one profile never interleave their writes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def results_path(profile: str) -> Path:
+    return profile_reports(profile) / "results.csv"
+
+
+def read_results(profile: str) -> pd.DataFrame:
+    return read_table(results_path(profile))
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """The table at `path` (an empty one if there is none) after check_table: damage is an error, not a guess."""
+    text = read_checked(path)
+    if text is None:
+        return pd.DataFrame(columns=COLUMNS)
+    return with_verdicts(pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""]))
+
+
+# Rows written before `verdict` and `batch_size` were columns (the committed reports/cpu rows among them) said
+# both only in prose: the verdict in a compared ratio's note, the batch at the end of the scenario. This is the one
+# place that prose is read, when such a table is read; the next write of the table stores the columns.
+_LEGACY_VERDICT = re.compile(rf"({FASTER}|{SLOWER}|{NOISE}) \(noise band|; ({FASTER}|{SLOWER}|{NOISE})$")
+_LEGACY_BATCH = re.compile(r", batch (\d+)$")
+
+
+def with_verdicts(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with its `verdict` and `batch_size` columns: as stored, or derived for a table written before they
+    were (a header without them)."""
+    if "verdict" not in df:
+        found = df["note"].astype(str).str.extract(_LEGACY_VERDICT)
+        said = found[0].fillna(found[1]).where(df["status"] == "ok")
+        df["verdict"] = said.fillna(df["status"].map(NOT_MEASURED_VERDICTS))
+    if "batch_size" not in df:
+        df["batch_size"] = df["scenario"].astype(str).str.extract(_LEGACY_BATCH)[0]
+    sizes = pd.to_numeric(df["batch_size"], errors="coerce")
+    if sizes.notna().sum() == df["batch_size"].notna().sum() and (sizes.dropna() % 1 == 0).all():
+        df["batch_size"] = sizes.astype("Int64")  # whole numbers stay whole (not 1.0) when written back
+    return df[[c for c in COLUMNS if c in df]]
+
+
+def check_results(profile: str) -> None:
+    """Fail before anything is measured when the profile's results.csv is damaged: a run would measure for
+    minutes and then fail promoting its rows into it."""
+    read_checked(results_path(profile))
+
+
+def read_checked(path: Path) -> str | None:
+    """The text of a results table after check_table; None when the file does not exist."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise DamagedTable(f"{str(path)!r} is a folder, not a results table; remove it") from None
+    return check_table(path, data)
+
+
+def _damage(path: Path, line: int, what: str) -> DamagedTable:
+    return DamagedTable(f"results table {str(path)!r} is damaged at line {line}: {what}; nothing was read from it. "
+                        "Repair or delete that line (or restore the file from git) and run again")
+
+
+def check_table(path: Path, data: bytes) -> str:
+    """`data` decoded, when it is a whole table as to_csv writes it: UTF-8 text ending in a line end, a header of
+    known columns, every row with exactly the header's fields and its REQUIRED fields filled. Anything else (a
+    torn last line, a short or long row, an empty or binary file) raises DamagedTable naming the file and line."""
+    if not data:
+        raise _damage(path, 1, "the file is empty (not even the header line)")
+    text = _decode(path, data)
+    if not text.endswith("\n"):
+        raise _damage(path, text.count("\n") + 1, "the last line is torn (it has no line end: a write was cut off)")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader)
+        _check_header(path, header)
+        required = [header.index(c) for c in REQUIRED]
+        for row in reader:
+            _check_row(path, reader.line_num, row, header, required)
+    except csv.Error as exc:
+        raise _damage(path, reader.line_num, f"not CSV ({exc})") from None
+    return text
+
+
+def _decode(path: Path, data: bytes) -> str:
+    """UTF-8 without NUL bytes (both mean a binary file, or blocks of zeros a crash left)."""
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise _damage(path, data.count(b"\n", 0, nul) + 1, "binary data (a NUL byte), not CSV text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _damage(path, data.count(b"\n", 0, exc.start) + 1,
+                      f"binary data (byte {data[exc.start]:#04x} is not UTF-8), not CSV text") from None
+
+
+def _check_header(path: Path, header: list[str]) -> None:
+    unknown = [c for c in header if c not in COLUMNS]
+    missing = [c for c in REQUIRED if c not in header]
+    if unknown or missing or len(set(header)) != len(header):
+        raise _damage(path, 1, f"the header {short(header)} is not a results header (unknown columns: "
+                      f"{short(unknown)}, missing: {short(missing)}); valid columns: {', '.join(COLUMNS)}")
+
+
+def _check_row(path: Path, line: int, row: list[str], header: list[str], required: list[int]) -> None:
+    if len(row) != len(header):
+        raise _damage(path, line, f"the row has {len(row)} field(s), the header {len(header)}")
+    empty = [header[i] for i in required if not row[i].strip()]
+    if empty:
+        raise _damage(path, line, f"the row has no {', '.join(empty)} (every row needs {', '.join(REQUIRED)})")
+
+
+def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
+    """Replace rows with the same key, append new ones, write atomically; returns the new table."""
+    new = pd.DataFrame(rows, columns=COLUMNS)
+    with locked(path):
+        if path.is_file():
+            old = read_table(path)
+            keys = set(map(tuple, new[KEY].astype(str).values))
+            keep = ~old[KEY].astype(str).apply(tuple, axis=1).isin(keys)
+            table = pd.concat([old[keep], new], ignore_index=True) if keep.any() else new
+        else:
+            table = new
+        atomic_write_text(path, table.to_csv(index=False))
+    return table
+
+
+def promote_rows(profile: str, notebook: str, staged: Path) -> int:
+    """Make a completed run's staged rows the notebook's rows: all of its earlier rows out (a scenario the re-run
+    no longer produces must not linger as if current), the staged ones in, in one atomic write under the lock.
+    Returns the number of rows promoted; the staged file is removed."""
+    path = results_path(profile)
+    new = read_table(staged)
+    with locked(path):
+        old = read_table(path)
+        table = pd.concat([old[old["notebook"] != notebook], new], ignore_index=True) if len(old) else new
+        atomic_write_text(path, table.reindex(columns=COLUMNS).to_csv(index=False))
+    for f in (Path(staged), Path(staged).with_name(Path(staged).name + ".lock")):
+        f.unlink(missing_ok=True)
+    return len(new)
+
+
+@dataclass
+class Recorder:
+    """What a notebook uses to store its measurements; every row carries the environment it was taken in."""
+
+    notebook: str
+    profile: str
+    env: dict
+    dtype: str = "float32"
+
+    @property
+    def staged(self) -> bool:
+        """Under `sdperf run` this notebook's rows wait in its run's staging file until it completes."""
+        return staging.active(self.notebook)
+
+    @property
+    def path(self) -> Path:
+        if self.staged:
+            return staging.rows_path(self.profile, self.notebook, self.env.get("run_id") or _run_id())
+        return results_path(self.profile)
+
+    def _row(self, scenario: str, metric: str, value, unit: str, p10=None, p90=None, n=None,
+             status: str = "ok", note: str = "", dtype: str | None = None, lo=None, hi=None,
+             method: str = "", key: str = "", batch_size: int | None = None, verdict: str | None = None) -> dict:
+        if status not in STATUSES:
+            raise ValueError(f"status {status!r} is not valid; choose one of: {', '.join(STATUSES)}")
+        verdict = verdict or NOT_MEASURED_VERDICTS.get(status)
+        if verdict is not None and verdict not in VERDICTS:
+            raise ValueError(f"{scenario}/{metric}: verdict {verdict!r} is not valid; choose one of: "
+                             f"{', '.join(VERDICTS)}")
+        missing = value is None or (isinstance(value, float) and math.isnan(value))
+        if status == "ok" and missing and not note:
+            raise ValueError(f"{scenario}/{metric}: an 'ok' row needs a measured value or a note saying why not")
+        env = self.env
+        row = {
+            "notebook": self.notebook, "scenario": scenario, "metric": metric, "value": value, "unit": unit,
+            "p10": p10, "p90": p90, "lo": lo, "hi": hi, "n": n, "status": status, "method": method, "key": key,
+            "batch_size": batch_size, "verdict": verdict, "note": note,
+            "profile": self.profile, "dtype": dtype or self.dtype, "device": env["device"],
+            "device_name": env["device_name"], "cpu_model": env["cpu_model"], "machine": env.get("machine"),
+            "threads": env["threads"], "commit": env["commit"], "run_id": env.get("run_id"),
+            "torch": env["packages"].get("torch"),
+            "diffusers": env["packages"].get("diffusers"), "python": env["python"],
+            "packages": ";".join(f"{k}={v}" for k, v in env["packages"].items() if v), "time_utc": env["time_utc"],
+        }
+        empty = [c for c in REQUIRED if row[c] is None or not str(row[c]).strip()]
+        if empty:
+            raise ValueError(f"{scenario}/{metric}: a row needs {', '.join(empty)}; the environment record lacks them")
+        return row
+
+    def add(self, scenario: str, metric: str, value, unit: str, **kw) -> None:
+        upsert_rows(self.path, [self._row(scenario, metric, value, unit, **kw)])
+
+    def add_many(self, rows: list[dict]) -> None:
+        upsert_rows(self.path, [self._row(**r) for r in rows])
+
+    def timing(self, scenario: str, timing, metric: str = "latency", dtype: str | None = None,
+               batch_size: int | None = None) -> None:
+        """Steady-state median with p10/p90, first-call time and peak memory, as separate rows."""
+        rows = [dict(scenario=scenario, metric=metric, value=timing.median, unit="s", p10=timing.p10,
+                     p90=timing.p90, n=len(timing.times), dtype=dtype, batch_size=batch_size),
+                dict(scenario=scenario, metric=f"{metric}_first_call", value=timing.first_call, unit="s",
+                     n=1, dtype=dtype, batch_size=batch_size, note="first call, includes warm-up/compile/build")]
+        if timing.peak_memory_bytes is not None:
+            rows.append(dict(scenario=scenario, metric="peak_memory", value=timing.peak_memory_bytes / 2**20,
+                             unit="MiB", n=1, dtype=dtype, batch_size=batch_size, note=timing.memory_kind))
+        self.add_many(rows)
+
+    def not_applicable(self, scenario: str, reason: str, metric: str = "latency", **kw) -> None:
+        self.add(scenario, metric, None, "", status="not_applicable", note=f"not applicable: {reason}", **kw)
+
+    def skipped(self, scenario: str, reason: str, metric: str = "latency", **kw) -> None:
+        """Not measured on purpose (over the profile's time budget); the reason says what was measured instead."""
+        self.add(scenario, metric, None, "", status="skipped", note=f"skipped: {reason}", **kw)
+
+    def failed(self, scenario: str, error: BaseException | str, metric: str = "latency", **kw) -> None:
+        msg = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.add(scenario, metric, None, "", status="failed", note=msg[:500], **kw)
+
+    def view(self) -> pd.DataFrame:
+        """The table as it will be when this notebook completes: while staged, its own staged rows stand in for
+        its earlier ones."""
+        df = read_results(self.profile)
+        if not self.staged:
+            return df
+        mine = read_table(self.path)
+        return pd.concat([df[df["notebook"] != self.notebook], mine], ignore_index=True) if len(df) else mine
+
+    def table(self) -> pd.DataFrame:
+        df = self.view()
+        return df[df["notebook"] == self.notebook].reset_index(drop=True)
+
+    def current(self) -> pd.DataFrame:
+        """Rows of every notebook taken on this machine at this commit: the only rows a table or a choice may
+        read (a row of another CPU or commit never enters one)."""
+        return current_rows(self.view(), self.env)
+
+
+def _run_id() -> str:
+    from sdperf.core.environment import run_id
+
+    return run_id()
+
+
+def current_rows(df: pd.DataFrame, env: dict) -> pd.DataFrame:
+    """The rows of `df` taken on the machine and at the commit `env` describes."""
+    if df.empty:
+        return df
+    same = df["commit"].astype(str) == str(env["commit"])
+    if "machine" in df:
+        same &= df["machine"].astype(str) == str(env.get("machine"))
+    return df[same].reset_index(drop=True)

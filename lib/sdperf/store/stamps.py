@@ -1,0 +1,101 @@
+"""A notebook's run stamp and running marker under reports/<profile>/notebooks/: what the last complete run of it
+was (commit, notebook and profile checksums, status, times, its error), and whether a later run of it was killed.
+The runner writes them; the report reads them (a notebook that was interrupted says so), so they live in the store,
+below both.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from sdperf.core import environment, paths
+from sdperf.store import staging
+
+OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def outputs_dir(profile: str) -> Path:
+    return paths.profile_reports(profile) / "notebooks"
+
+
+def stamp_path(profile: str, name: str) -> Path:
+    return outputs_dir(profile) / f"{name}.run.json"
+
+
+def read_stamp(profile: str, name: str) -> dict | None:
+    try:
+        return json.loads(stamp_path(profile, name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def fingerprint(profile: str, notebook: Path, commit: str, machine: str | None = None) -> dict:
+    """What must be unchanged for an earlier run to stand for this one: the code, the notebook, the profile and
+    the machine (the CPU model changes between sessions; rows of two machines never share a table)."""
+    return {"commit": commit, "profile": profile, "notebook_sha256": sha256_file(notebook),
+            "profile_sha256": sha256_file(paths.params_dir() / f"{profile}.yml"),
+            "machine": machine or environment.fingerprint()}
+
+
+def is_clean_commit(commit: str) -> bool:
+    """A dirty or unknown tree cannot vouch for which code produced the earlier outputs."""
+    return bool(commit) and commit != "unknown" and not commit.endswith("-dirty")
+
+
+def should_skip(stamp: dict | None, current: dict) -> bool:
+    if not stamp or stamp.get("status") != OK or not is_clean_commit(current["commit"]):
+        return False
+    return all(stamp.get(k) == v for k, v in current.items())
+
+
+def utc(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_stamp(profile: str, name: str, current: dict, status: str, started: float, finished: float,
+                failure: dict | None = None) -> None:
+    from sdperf.store.results import atomic_write_text
+
+    stamp = {"notebook": name, **current, "status": status, "run_id": environment.run_id(),
+             "started_utc": utc(started), "finished_utc": utc(finished), "duration_s": round(finished - started, 3)}
+    if failure:
+        stamp["error"] = failure
+    atomic_write_text(stamp_path(profile, name), json.dumps(stamp, indent=2) + "\n")
+
+
+def running_path(profile: str, name: str) -> Path:
+    """Present while a run of the notebook is under way, and left behind when that run is killed: the notebook's
+    stamp and results stay those of its last complete run, and this marker makes the next run redo it."""
+    return outputs_dir(profile) / f"{name}.running.json"
+
+
+def mark_running(profile: str, name: str, started: float) -> None:
+    from sdperf.store.results import atomic_write_text
+
+    marker = {"notebook": name, "run_id": environment.run_id(), "pid": os.getpid(), "started_utc": utc(started)}
+    atomic_write_text(running_path(profile, name), json.dumps(marker, indent=2) + "\n")
+
+
+def read_running(profile: str, name: str) -> dict | None:
+    try:
+        marker = json.loads(running_path(profile, name).read_text())
+    except (OSError, ValueError):
+        return {} if running_path(profile, name).exists() else None
+    return marker if isinstance(marker, dict) else {}
+
+
+def interrupted(profile: str, name: str) -> dict | None:
+    """The marker of a run of `name` that was killed before it completed: any marker but the one of the run that
+    holds the profile's run lock now."""
+    marker = read_running(profile, name)
+    if marker is None:
+        return None
+    live = staging.running_run(profile)
+    return marker if live is None or marker.get("run_id") != live else None
