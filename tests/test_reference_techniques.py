@@ -13,9 +13,9 @@ from sdperf.core.errors import ConfigError
 from sdperf.reference import controls, paired, quality, store, techniques
 
 STEPS = 10
-# the smoke scale: 16 images in batches of 8, a short convergence ladder; noise of std 4 on the UNet's output cost 42
+# the smoke scale: one batch of 8 images, a short convergence ladder; noise of std 4 on the UNet's output cost 42
 # points of adherence on 64 images at the cpu profile's settings: a harm no budget may miss
-PLAN = techniques.Plan(guidances=(7.5,), n_max=16, n_step=8, doses=(4.0,), ladder=(5, 10, 20), check_images=8)
+PLAN = techniques.Plan(guidances=(7.5,), n_max=8, n_step=8, doses=(4.0,), ladder=(5, 10, 20), check_images=8)
 KEYS = [controls.TWIN, f"control:dpmpp-2m@{controls.FEW_STEPS}", controls.noise_key(4.0), "grad:no_grad",
         "scheduler:euler@10", "cuda_graphs"]
 
@@ -57,7 +57,7 @@ def test_every_measure_has_its_interval_and_the_sampler_runs_its_own_steps(measu
     for col in ("adherence_delta", "soft_adherence_delta", "latent_mse", "ssim", "fid_delta", "kid_delta"):
         assert r[f"{col}_lo"] <= r[col] <= r[f"{col}_hi"], col
     assert 0 < r.ssim < 1 and np.isfinite(r.psnr_db_median)
-    for name in ("fid", "kid"):  # at 16 images a distance may not resolve its margin: then it must not vote
+    for name in ("fid", "kid"):  # at 8 images a distance may not resolve its margin: then it must not vote
         v = r[f"{name}_verdict"]
         assert v in (paired.WITHIN, paired.OVER, paired.UNDECIDED) or v == f"unresolved at n={int(r.n_images)}"
     ref = measured[measured.key.str.startswith(techniques.REFERENCE)]
