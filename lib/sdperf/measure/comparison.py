@@ -104,9 +104,9 @@ def _table(m: rounds.Measured, cfgs: list[Config]) -> pd.DataFrame:
 def _setup_note(cmp: Comparison, variant: str) -> str:
     """The first round's set-up: cold, or (sdperf.optimizations.artefacts) its engine loaded from an earlier run's
     cache, which names that run and its build time."""
-    origin = str((cmp.facts.get(variant) or {}).get("artefact", ""))
-    if "earlier run" in origin:
-        return f"techniques applied, first round: engine {origin}"
+    facts = cmp.facts.get(variant) or {}
+    if artefacts.earlier_run(facts):
+        return f"techniques applied, first round: engine {facts.get('artefact', '')}"
     return "techniques applied (export, build, quantize), first round: cold caches"
 
 

@@ -100,15 +100,21 @@ def trim(root: Path, cap_bytes: int) -> list[str]:
     return gone
 
 
+def earlier_run(facts: dict) -> str | None:
+    """The run that built this artefact when it was not this one (a load from the cross-run cache), else None."""
+    from sdperf.core import environment
+
+    by = facts.get("built_by")
+    return by if by and by != environment.run_id() else None
+
+
 def origin(facts: dict, hit: bool, made: str = "converted") -> str:
     """What a row's note says of its artefact: built now, loaded from this run's cache, or from an earlier run's
     (with that run and its build time: the set-up a fresh machine pays)."""
-    from sdperf.core import environment
-
     if not hit:
         return f"{made} into the run's cache"
-    by = facts.get("built_by")
-    if by and by != environment.run_id():
+    by = earlier_run(facts)
+    if by:
         took = facts.get("export_s")
         return (f"loaded from the cache of an earlier run ({by}"
                 + (f"; its build took {float(took):.0f} s" if isinstance(took, (int, float)) else "") + ")")

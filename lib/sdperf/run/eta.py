@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROUNDS = "rounds up front"
-ROUNDS_STAMP = "rounds-up-front.run.json"
+ROUNDS_STAMP_NAME = "rounds-up-front"  # stamped like a notebook (sdperf.store.stamps): <name>.run.json
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,8 @@ def _source(stamp: dict, machine: str, cpu_on_record: str) -> str:
 
 
 def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "") -> Expected:
-    """Notebook `name`'s expected seconds from its stamp (any status but an interrupted run: a failed run stopped
-    early and would promise too little)."""
+    """Notebook `name`'s expected seconds from its stamp, when that run completed ok (a failed run stopped early
+    and would promise too little)."""
     stamp = _read(stamp_path)
     if stamp is None or stamp.get("status") != "ok":
         return Expected(name, None, "no complete run on record")

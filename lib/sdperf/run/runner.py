@@ -5,6 +5,7 @@ that need them: a bad profile or notebook name must fail before any of that cost
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -20,7 +21,7 @@ from sdperf.run import eta
 from sdperf.run.plan import check_notebook_parameters, check_sections, notebook_names, notebook_parameters, select
 from sdperf.store import staging
 from sdperf.store.stamps import (FAILED, OK, SKIPPED, fingerprint, mark_running, outputs_dir, read_running,
-                                 read_stamp, running_path, sha256_file, should_skip, stamp_path, utc,
+                                 read_stamp, running_path, sha256_file, should_skip, stamp_path,
                                  write_stamp)
 
 # the kernel's own log (not the notebook's output): at its default level every kernel printed a warning about TCP
@@ -208,16 +209,15 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
     tmp = Path(tmp_name)
     from sdperf.measure import lifeline
 
-    log = out / f"{name}.log"
-    log.write_text("")
+    log = part_log(profile.name, name)
     manager, kernels = watched_kernel_manager(log)
     oom_before = lifeline.oom_kills()
-    os.environ[LOG_ENV] = str(log)
     try:
-        papermill.execute_notebook(
-            str(notebook), str(tmp), parameters=notebook_parameters(profile, name), kernel_name="python3",
-            execution_timeout=profile.cell_timeout_s, cwd=str(paths.REPO_ROOT), progress_bar=False,
-            log_output=False, extra_arguments=KERNEL_ARGS, kernel_manager_class=manager)
+        with logging_to(log):
+            papermill.execute_notebook(
+                str(notebook), str(tmp), parameters=notebook_parameters(profile, name), kernel_name="python3",
+                execution_timeout=profile.cell_timeout_s, cwd=str(paths.REPO_ROOT), progress_bar=False,
+                log_output=False, extra_arguments=KERNEL_ARGS, kernel_manager_class=manager)
     except Exception as exc:  # papermill errors, timeouts, dead kernels: all become a failed notebook
         failure = kernel_died(describe_failure(exc, tmp), kernels[-1] if kernels else None, oom_before)
         _settle(tmp, failed)
@@ -226,8 +226,6 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
     except BaseException:  # interrupted (Ctrl-C, SIGTERM): not a result; the earlier complete run stands
         tmp.unlink(missing_ok=True)
         raise
-    finally:
-        os.environ.pop(LOG_ENV, None)
     _settle(tmp, final)
     _remove(failed, out / f"{name}.failed.html")
     return None
@@ -338,27 +336,38 @@ def _prefetch(profile: Profile, notebooks: list[str], folder: Path, workers: int
     from tqdm import tqdm
 
     from sdperf.run import prefetch
-    from sdperf.store.results import atomic_write_text
 
     started = time.time()
-    out = outputs_dir(profile.name)
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / "rounds-up-front.log"
-    log.write_text("")
-    os.environ[LOG_ENV] = str(log)
     try:
-        seconds = prefetch.run(profile, notebooks, folder, say=tqdm.write)
+        with logging_to(part_log(profile.name, eta.ROUNDS_STAMP_NAME)):
+            seconds = prefetch.run(profile, notebooks, folder, say=tqdm.write)
     except Exception as exc:  # noqa: BLE001 - the notebooks still measure everything themselves
         tqdm.write(f"stand-alone rounds up front failed ({type(exc).__name__}: {exc}); each notebook measures its own")
         return 0.0
+    if workers:
+        write_stamp(profile.name, eta.ROUNDS_STAMP_NAME, {"part": eta.ROUNDS, "workers": workers, "commit":
+                    environment.git_commit(), "machine": environment.fingerprint(profile.device)}, OK, started,
+                    time.time())
+    return seconds
+
+
+def part_log(profile: str, name: str) -> Path:
+    """A part's console log beside its executed copy (reports/<P>/notebooks/<name>.log), emptied for this run."""
+    out = outputs_dir(profile)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / f"{name}.log"
+    log.write_text("")
+    return log
+
+
+@contextlib.contextmanager
+def logging_to(log: Path):
+    """Forked workers started inside write their console output to `log` (sdperf.measure.worker.to_log)."""
+    os.environ[LOG_ENV] = str(log)
+    try:
+        yield
     finally:
         os.environ.pop(LOG_ENV, None)
-    if workers:
-        stamp = {"part": eta.ROUNDS, "status": OK, "workers": workers, "machine": environment.fingerprint(profile.device),
-                 "commit": environment.git_commit(), "run_id": environment.run_id(), "started_utc": utc(started),
-                 "finished_utc": utc(time.time()), "duration_s": round(seconds, 3)}
-        atomic_write_text(outputs_dir(profile.name) / eta.ROUNDS_STAMP, json.dumps(stamp, indent=2) + "\n")
-    return seconds
 
 
 def expected_parts(profile: Profile, stale: list[str], folder: Path) -> tuple[list, int]:
@@ -376,7 +385,7 @@ def expected_parts(profile: Profile, stale: list[str], folder: Path) -> tuple[li
         workers = prefetch.pending(profile, stale, folder)
     except Exception:  # noqa: BLE001 - the rounds then fail (and say why) where they run; no estimate here
         workers = 0
-    parts = [eta.rounds(outputs_dir(profile.name) / eta.ROUNDS_STAMP, workers, machine, cpu)] if workers else []
+    parts = [eta.rounds(stamp_path(profile.name, eta.ROUNDS_STAMP_NAME), workers, machine, cpu)] if workers else []
     return parts + [eta.notebook(stamp_path(profile.name, n), n, machine, cpu) for n in stale], workers
 
 

@@ -55,7 +55,7 @@ def should_skip(stamp: dict | None, current: dict) -> bool:
     return all(stamp.get(k) == v for k, v in current.items())
 
 
-def utc(ts: float) -> str:
+def _utc(ts: float) -> str:
     return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -64,7 +64,7 @@ def write_stamp(profile: str, name: str, current: dict, status: str, started: fl
     from sdperf.store.results import atomic_write_text
 
     stamp = {"notebook": name, **current, "status": status, "run_id": environment.run_id(),
-             "started_utc": utc(started), "finished_utc": utc(finished), "duration_s": round(finished - started, 3)}
+             "started_utc": _utc(started), "finished_utc": _utc(finished), "duration_s": round(finished - started, 3)}
     if failure:
         stamp["error"] = failure
     atomic_write_text(stamp_path(profile, name), json.dumps(stamp, indent=2) + "\n")
@@ -79,7 +79,7 @@ def running_path(profile: str, name: str) -> Path:
 def mark_running(profile: str, name: str, started: float) -> None:
     from sdperf.store.results import atomic_write_text
 
-    marker = {"notebook": name, "run_id": environment.run_id(), "pid": os.getpid(), "started_utc": utc(started)}
+    marker = {"notebook": name, "run_id": environment.run_id(), "pid": os.getpid(), "started_utc": _utc(started)}
     atomic_write_text(running_path(profile, name), json.dumps(marker, indent=2) + "\n")
 
 
