@@ -36,3 +36,37 @@ def test_allocator_keys_set_the_process_setting_of_a_stack():
                                                        "allocator:tcmalloc"]
     assert catalog.Stack.of("grad:no_grad+allocator:jemalloc").allocator == "jemalloc"
     assert catalog.Stack.of("grad:no_grad").allocator == "default"
+
+
+def test_a_preloaded_allocator_carries_onetbbs_workaround_and_default_drops_it(tmp_path, monkeypatch):
+    lib = tmp_path / "libtcmalloc_minimal.so.4"
+    lib.write_bytes(b"")
+    monkeypatch.setattr(allocator, "find_library", lambda setting: lib)
+    env = allocator.environment("tcmalloc", {"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "LD_PRELOAD": str(lib), **allocator.PRELOAD_EXTRA}
+    assert allocator.environment("default", env) == {"PATH": "/bin"}
+
+
+OPENVINO_COMPILE = """
+import numpy as np, openvino as ov, torch
+m = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.ReLU()).eval()
+c = ov.Core().compile_model(ov.convert_model(m, example_input=torch.randn(1, 4, 8, 8)), "CPU")
+print(c(np.ones((1, 4, 8, 8), dtype="float32"))[0].shape)
+"""
+
+
+@pytest.mark.parametrize("setting", sorted(allocator.PRELOADS))
+def test_openvino_compiles_under_each_preloaded_allocator(setting):
+    """Without PRELOAD_EXTRA this aborted with "free(): invalid pointer" under both preloads (10's whole-stack
+    variants under tcmalloc died with signal 6 in the committed run)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("openvino")
+    ok, reason = allocator.availability(setting)
+    if not ok:
+        pytest.skip(reason)
+    done = subprocess.run([sys.executable, "-c", OPENVINO_COMPILE], env=allocator.environment(setting),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-600:]
+    assert "(1, 8, 6, 6)" in done.stdout

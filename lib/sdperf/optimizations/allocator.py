@@ -24,6 +24,11 @@ GLIBC_TUNED = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "
 PRELOADS = {"jemalloc": ("libjemalloc.so.2", "libjemalloc2"),
             "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc-minimal4")}
 SETTINGS = ("default", "glibc-tuned") + tuple(PRELOADS)
+# oneTBB (OpenVINO's threading) dlopens its hwloc binding with RTLD_DEEPBIND, so hwloc frees with glibc's free what
+# the preloaded allocator's malloc gave it: "free(): invalid pointer" (SIGABRT) on the first compile_model, measured
+# here with tcmalloc and jemalloc alike (oneTBB issues 1636/1645). TBB_ENABLE_SANITIZERS=1 makes oneTBB load it
+# without RTLD_DEEPBIND (the workaround its maintainers give); it changes nothing else a worker measures.
+PRELOAD_EXTRA = {"TBB_ENABLE_SANITIZERS": "1"}
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
 
@@ -66,11 +71,12 @@ def environment(setting: str, base: dict | None = None) -> dict:
     if not ok:
         raise ValueError(f"allocator {setting!r} cannot be used here: {reason}")
     env = {k: v for k, v in (os.environ if base is None else base).items()
-           if not (k.startswith("MALLOC_") or k == "LD_PRELOAD")}
+           if not (k.startswith("MALLOC_") or k == "LD_PRELOAD" or k in PRELOAD_EXTRA)}
     if setting == "glibc-tuned":
         env.update(GLIBC_TUNED)
     elif setting in PRELOADS:
         env["LD_PRELOAD"] = str(find_library(setting))
+        env.update(PRELOAD_EXTRA)
     return env
 
 
