@@ -96,6 +96,28 @@ def test_report_tables_never_widen_the_page(tmp_path):
     assert result.counts["tables"] == 2
 
 
+def _findings_page(tmp_path, before_px: int):
+    items = "".join(f"<li>notebook {i}: one short sentence with its number</li>" for i in range(14))
+    body = [f"<h2 id='headline'>The answer</h2><p style='height: {before_px}px'>answer</p>",
+            f"<h2 id='findings'>What each notebook found</h2><ul class='findings'>{items}</ul>",
+            "<div style='height: 3000px'>the rest of the page</div>"]
+    page = tmp_path / f"findings-{before_px}.html"
+    page.write_text(report._page("findings", body))
+    return report_check.check_page(page, tmp_path / f"shot-{before_px}.png")
+
+
+@needs_browser
+def test_the_answer_and_findings_must_end_within_two_screens(tmp_path):
+    """Measured on the page as first opened: 14 findings after a short answer fit; after a 1500 px answer they end
+    past 2 x 800 px and the check names where they end."""
+    short = _findings_page(tmp_path, 200)
+    assert short.problems == [] and 0 < short.counts["px to the findings' end"] <= 1600
+    long = _findings_page(tmp_path, 1500)
+    (problem,) = long.problems
+    end = long.counts["px to the findings' end"]
+    assert problem.where == "ul.findings" and end > 1600 and f"end at {end} px" in problem.detail
+
+
 @pytest.mark.parametrize("how", ["named binary missing", "none on PATH"])
 def test_without_a_browser_it_says_how_to_install_and_exits_3(how, tmp_path, monkeypatch, capsys):
     reports = tmp_path / "reports"

@@ -11,6 +11,9 @@ download is never used) at a fixed viewport, every <details> opened, and it fail
 - a <figure> has no <figcaption>, one marked `class="missing"` (a placeholder saying why there is none), or one
   that only repeats the file name: with the image's file name, stem and alt text and the text of links (e.g.
   "SVG") removed, fewer than MIN_CAPTION_WORDS words remain.
+- the answer and the findings list (`ul.findings`, the last of the two) end below FIRST_SCREENS screens of a
+  WIDTH x SCREEN_HEIGHT window, with every <details> closed as a reader first sees it (issue 33: a reader scans
+  the answer and one sentence per notebook without scrolling past the second screen);
 A full-page screenshot of the page as a reader opens it (details closed, images as they loaded) is written for a
 human to look at.
 """
@@ -27,6 +30,8 @@ from sdperf.core.errors import ConfigError
 
 WIDTH = 1280  # px: a common laptop screen; the page's max-width (72rem) fits inside it with its margins
 HEIGHT = 900
+SCREEN_HEIGHT = 800  # px: the 1280x800 window the first screens are judged in
+FIRST_SCREENS = 2  # the answer and the findings sentences fit in this many screens of SCREEN_HEIGHT
 MIN_CAPTION_WORDS = 3
 LOAD_TIMEOUT_MS = 30_000
 IMAGE_TIMEOUT_MS = 5_000
@@ -194,13 +199,35 @@ def check_page(page_path: Path, screenshot: Path | None = None, width: int = WID
             page.goto(page_path.as_uri(), wait_until="load", timeout=LOAD_TIMEOUT_MS)
             page.evaluate(SETTLE_JS, IMAGE_TIMEOUT_MS)
             shot_note = _screenshot(page, screenshot)
+            first = page.evaluate(FIRST_SCREENS_JS)
             page.evaluate("() => document.querySelectorAll('details').forEach(d => { d.open = true; })")
             page.evaluate(SETTLE_JS, IMAGE_TIMEOUT_MS)
             seen = page.evaluate(MEASURE_JS, MIN_CAPTION_WORDS)
             loads_when_eager = page.evaluate(EAGER_JS, IMAGE_TIMEOUT_MS)
         finally:
             browser.close()
-    return CheckResult(page_path, _problems(seen, loads_when_eager), screenshot, seen["counts"], shot_note)
+    problems = _problems(seen, loads_when_eager) + _first_screens(first)
+    counts = dict(seen["counts"], **({"px to the findings' end": first} if first else {}))
+    return CheckResult(page_path, problems, screenshot, counts, shot_note)
+
+
+# Where the findings list ends on the page as first opened (document px; 0 where the page has none). The answer
+# comes before it (report.write), so a findings list that ends in time has the answer above it.
+FIRST_SCREENS_JS = """
+() => { const el = document.querySelector('ul.findings');
+        return el ? Math.round(el.getBoundingClientRect().bottom + window.scrollY) : 0; }
+"""
+
+
+def _first_screens(end_px: int) -> list[Problem]:
+    """The answer and the findings must end within FIRST_SCREENS screens (a page without findings, such as the
+    smoke page of a partial run, makes no claim to check here)."""
+    limit = FIRST_SCREENS * SCREEN_HEIGHT
+    if end_px and end_px > limit:
+        return [Problem("page", "ul.findings", f"the answer and the findings end at {end_px} px, past "
+                                                f"{FIRST_SCREENS} screens of a {WIDTH}x{SCREEN_HEIGHT} window "
+                                                f"({limit} px): shorten what comes before them or the sentences")]
+    return []
 
 
 def _screenshot(page, path: Path) -> str:
