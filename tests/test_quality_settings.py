@@ -44,11 +44,26 @@ def test_bad_choice_names_the_value_and_the_choices(smoke, key, value, valid):
 
 
 @pytest.mark.parametrize("key,value", [("n_images", 1), ("guidance_scales", []), ("guidance_scales", [0.5]),
-                                       ("steps", 0), ("score_resolution", 8), ("guidance_scales", [2.0, 2.0])])
+                                       ("steps", 0), ("score_resolution", 8), ("guidance_scales", [2.0, 2.0]),
+                                       ("reference_convergence_steps", [10, 5]),
+                                       ("reference_convergence_steps", []),
+                                       ("reference_convergence_steps", [5, 2.5]),
+                                       ("reference_check_images", 1)])
 def test_bad_numbers_say_what_was_expected(smoke, key, value):
     with pytest.raises(ConfigError) as err:
         settings(_with(smoke, **{key: value}))
     assert f"quality.{key}" in str(err.value) and "expected" in str(err.value)
+
+
+def test_the_convergence_check_follows_the_profile(smoke):
+    """smoke's short ladder and few check images reach the judging plan; the cpu profile keeps the full ladder."""
+    from sdperf.config.profiles import load_profile
+    from sdperf.reference import converged, techniques
+
+    plan = techniques.Plan.of(settings(smoke))
+    assert plan.ladder == tuple(smoke.quality["reference_convergence_steps"]) and plan.ladder[0] < 25
+    assert plan.check_images == smoke.quality["reference_check_images"]
+    assert techniques.Plan.of(settings(load_profile("cpu"))).ladder == converged.LADDER
 
 
 def test_unknown_and_missing_keys_list_the_valid_ones(smoke):

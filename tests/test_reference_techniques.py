@@ -4,8 +4,10 @@ through results.csv, and the two techniques (DeepCache, token merging) doing wha
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -15,7 +17,9 @@ from sdperf.reference import controls, paired, quality, store, techniques
 STEPS = 10
 # the smoke scale: one batch of 8 images, a short convergence ladder; noise of std 4 on the UNet's output cost 42
 # points of adherence on 64 images at the cpu profile's settings: a harm no budget may miss
-PLAN = techniques.Plan(guidances=(7.5,), n_max=8, n_step=8, doses=(4.0,), ladder=(5, 10, 20), check_images=8)
+# (key_budget_s: the time gate runs, call by call, and never trips: its calls must give what one go gives)
+PLAN = techniques.Plan(guidances=(7.5,), n_max=8, n_step=8, doses=(4.0,), ladder=(5, 10, 20), check_images=8,
+                       key_budget_s=1e6)
 KEYS = [controls.TWIN, f"control:dpmpp-2m@{controls.FEW_STEPS}", controls.noise_key(4.0), "grad:no_grad",
         "scheduler:euler@10", "cuda_graphs"]
 
@@ -126,6 +130,48 @@ def test_the_paired_distance_interval_is_narrower_than_the_unpaired_spread():
     assert paired.kid(base, real.features[:200]) == pytest.approx(float(poly_mmd(real.features[:200], base)))
     # unequal sizes stay unbiased: a sample of the real distribution scores about 0, far below a shifted one
     assert abs(paired.kid(real.features[:50], real.features[50:])) < paired.kid(base[:50] + 1, real.features) / 10
+
+
+def test_the_time_gate_predicts_the_first_batch_from_its_second_call(monkeypatch):
+    """Calls of 4 prompts for a first batch of 16: the first call (a compile, say) is not the one timed; the second
+    predicts 4 calls; over the budget it stops there, under it every call is made."""
+    clock = iter([0.0, 50.0, 50.0, 52.5, 52.5, 55.0, 55.0, 57.5, 100.0, 150.0, 150.0, 152.5])
+    monkeypatch.setattr(techniques.time, "perf_counter", lambda: next(clock))
+    made = []
+
+    def render(caps, seeds):
+        made.append(list(seeds))
+        return caps
+
+    ref = type("R", (), {"captions": [f"c{i}" for i in range(20)], "seeds": list(range(20))})()
+    plan = techniques.Plan(n_max=20, n_step=16, key_budget_s=12.0)
+    got = techniques._gated_first_batch(render, ref, plan, batch=4)
+    assert made == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]] and len(got) == 4
+    made.clear()
+    with pytest.raises(techniques.OverBudget) as err:  # a 50 s first call, then 2.5 s: 4 x 2.5 = 10 s > 9 s
+        techniques._gated_first_batch(render, ref, replace(plan, key_budget_s=9.0), batch=4)
+    assert len(made) == 2 and err.value.predicted_s == pytest.approx(10.0)
+    assert "first 16 images would take about 10 s here (4 calls of 2.5 s" in str(err.value)
+    assert "reference_key_budget_s of 9 s" in str(err.value)
+
+
+def test_a_key_over_the_time_budget_is_skipped_at_every_guidance(smoke_profile, monkeypatch, tmp_path):
+    convergence = techniques.converged.Convergence(5, True, "euler@10", [dict(
+        steps=5, doubled=10, n_images=8, moved_mse=0.0, fastest_mse=1.0, share=0.0)])
+    monkeypatch.setattr(techniques.converged, "converge", lambda *a, **k: convergence)
+
+    plan = replace(PLAN, guidances=(7.5, 4.0), key_budget_s=60.0)
+
+    def gate(*_args, **_kwargs):
+        raise techniques.OverBudget(999.0, 99.9, 10, plan.key_budget_s, plan.n_step)
+
+    monkeypatch.setattr(techniques, "_sequential", gate)
+    t = techniques.measure(["grad:no_grad"], smoke_profile, plan=plan, scratch=tmp_path, say=lambda _: None)
+    slow = t[t.key == "grad:no_grad"]
+    assert list(slow.guidance) == [7.5, 4.0] and set(slow.status) == {"skipped"}
+    assert slow.note.str.contains("about 999 s here").all() and slow.note.str.contains("not judged").all()
+    over = techniques.overall(t[~t.key.str.startswith(techniques.REFERENCE)], plan.guidances).set_index("key")
+    assert over.loc["grad:no_grad"].status == "skipped" and pd.isna(over.loc["grad:no_grad"].quality_verdict)
 
 
 def test_noise_control_adds_the_dose_the_same_on_both_guidance_halves():

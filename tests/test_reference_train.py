@@ -135,7 +135,7 @@ def test_the_stored_model_loads_as_a_pipeline_and_generates_domain_images(quick_
     out, _ = quick_model
     pipe, net, manifest = store.load(out)
     assert pipe.vae.config.scaling_factor == pytest.approx(manifest["scaling_factor"])
-    images = quality.generate(pipe, ["a small red circle at the top left on a dark background"] * 2, [0, 1], 7.5, 3)
+    images = quality.generate(pipe, ["a small red circle at the top left on a dark background"] * 2, [0, 1], 7.5, 3, batch=2)
     assert images.shape == (2, 32, 32, 3) and images.dtype == np.uint8
     assert not np.array_equal(images[0], images[1])  # two seeds, two images
 

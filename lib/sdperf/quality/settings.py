@@ -49,6 +49,12 @@ KEYS = {
                                        "the adherence intervals settle, up to reference_delta_images)"),
     "reference_judge_guidances": Key("float_list", "a non-empty list of guidance scales >= 1 (where techniques are "
                                                    "judged against the converged solve; the first is the headline's)"),
+    "reference_convergence_steps": Key("step_ladder", "an increasing list of integers >= 1 (the converged solve's "
+                                                      "step counts, each checked against its double)"),
+    "reference_check_images": Key("int", "an integer >= 2 (captions the convergence check solves at every count)"),
+    "reference_key_budget_s": Key("seconds_or_none", "a number of seconds > 0, or null for no limit (the most a "
+                                                     "technique's first batch may take on this machine, predicted "
+                                                     "from its second call; over it the key is skipped, saying so)"),
     "reference_noise_doses": Key("dose_list", "a non-empty list of numbers > 0 (std of the Gaussian noise the positive "
                                               "controls add to the UNet's output)"),
 }
@@ -77,6 +83,9 @@ class QualitySettings:
     reference_delta_images: int
     reference_delta_step: int
     reference_judge_guidances: tuple[float, ...]
+    reference_convergence_steps: tuple[int, ...]
+    reference_check_images: int
+    reference_key_budget_s: float | None
     reference_noise_doses: tuple[float, ...]
     pipeline_weights: str | None
 
@@ -144,7 +153,7 @@ def _path(profile: str, key: str, value, spec: Key) -> Path | None:
 def _value(profile: str, key: str, value, spec: Key):
     if spec.kind == "int":
         minimum = 2 if key in ("n_images", "ladder_n_images", "reference_n_images", "reference_delta_images",
-                               "reference_delta_step") else 1
+                               "reference_delta_step", "reference_check_images") else 1
         if not _is_int(value) or value < minimum:
             raise _fail(profile, key, value, spec)
         return value
@@ -159,6 +168,16 @@ def _value(profile: str, key: str, value, spec: Key):
         if len(set(value)) != len(value):
             raise _fail(profile, key, value, spec, "repeats a scale")
         return tuple(float(v) for v in value)
+    if spec.kind == "seconds_or_none":
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      and 0 < value < float("inf")):
+            raise _fail(profile, key, value, spec)
+        return None if value is None else float(value)
+    if spec.kind == "step_ladder":
+        if not isinstance(value, list) or not value or not all(_is_int(v) and v >= 1 for v in value) or \
+                any(b <= a for a, b in zip(value, value[1:])):
+            raise _fail(profile, key, value, spec)
+        return tuple(value)
     if spec.kind == "dose_list":
         if not isinstance(value, list) or not value or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf") for v in value):

@@ -29,6 +29,7 @@ LADDER = (25, 50, 100, 200, 400)  # step counts tried in turn; each is checked a
 SHARE = 0.05  # doubling must move the latents by less than 5% of the fastest candidate's distance (issue 31)
 CHECK_IMAGES = 64  # captions the convergence check solves at every count (the judged set's first ones)
 CHUNK = 64  # images per cache file
+CALLS = "one unpadded call per chunk"  # how a chunk is rendered: part of its key (batch size moves the last bits)
 
 
 def latent_mse(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
@@ -80,7 +81,8 @@ class Solver:
 
     def key(self, sampler: str, steps: int, captions: list[str], seeds: list[int]) -> str:
         what = json.dumps({"model": self.model_hash, "guidance": float(self.guidance), "sampler": sampler,
-                           "steps": int(steps), "captions": list(captions), "seeds": [int(s) for s in seeds]})
+                           "steps": int(steps), "captions": list(captions), "seeds": [int(s) for s in seeds],
+                           "calls": CALLS})
         return hashlib.sha256(what.encode()).hexdigest()[:32]
 
     def solve(self, captions: list[str], seeds: list[int], steps: int, sampler: str = SOLVER) -> Solve:

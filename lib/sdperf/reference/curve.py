@@ -40,7 +40,8 @@ def run(pipe, net: evaluator.Evaluator, real: quality.Real, guidance_scales, n: 
         start = time.perf_counter()
 
         def render(sampler, k, caps, sds, g=g):
-            return converged.Solve(*quality.generate_with_latents(pipe, caps, sds, g, k))
+            # one call per cache chunk, never padded (an fp32 pipeline has no static shape to fill)
+            return converged.Solve(*quality.generate_with_latents(pipe, caps, sds, g, k, batch=len(caps)))
 
         solver = converged.Solver(render, model_hash, g, cache)
         images = solver.solve(captions, list(range(n)), steps, sampler=SAMPLER).images

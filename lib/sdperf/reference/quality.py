@@ -127,7 +127,7 @@ def paired_delta(variant: np.ndarray, base: np.ndarray, seed: int = 0) -> tuple[
 def judge(pipe, net: evaluator.Evaluator, real: Real, n: int, guidance: float, steps: int) -> dict:
     """Adherence (mean and interval) and domain FID (value and interval) of n images at one guidance scale."""
     items = prompts(n)
-    images = generate(pipe, [s.caption for s in items], list(range(n)), guidance, steps)
+    images = generate(pipe, [s.caption for s in items], list(range(n)), guidance, steps, batch=min(100, n))
     scores = evaluator.adherence_checks(evaluator.predict(net, images), domain.labels_many(items))
     feats = evaluator.features(net, images)
     mean, lo, hi = mean_interval(scores)

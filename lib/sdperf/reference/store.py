@@ -97,11 +97,12 @@ def verify(folder: Path) -> dict:
     return _manifest.verify(folder)
 
 
-def load(folder: Path | None = None, scheduler: str = "plms"):
-    """(pipeline, evaluator, manifest) of the verified reference model."""
+def load(folder: Path | None = None, scheduler: str | None = "plms"):
+    """(pipeline, evaluator, manifest) of the verified reference model; `scheduler` None builds no pipeline (a
+    caller that builds its own per sampler), and the first item is then None."""
     from sdperf.model.pipelines import build_from_weights
 
     folder = Path(folder or default_dir())
     manifest = verify(folder)
     net, _ = load_evaluator(folder / EVALUATOR_DIR)
-    return build_from_weights(str(folder), scheduler), net, manifest
+    return (build_from_weights(str(folder), scheduler) if scheduler else None), net, manifest

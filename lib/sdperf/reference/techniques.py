@@ -77,14 +77,17 @@ class Plan:
     n_max: int = 256
     n_step: int = 64
     doses: tuple[float, ...] = (2.0, 4.0)  # the profiles' (params/*.yml say what each cost on the reference model)
-    ladder: tuple[int, ...] = converged.LADDER  # the convergence check's step counts (tests use shorter ones)
+    ladder: tuple[int, ...] = converged.LADDER  # the convergence check's step counts (smoke and tests: shorter)
     check_images: int = converged.CHECK_IMAGES
+    key_budget_s: float | None = None  # most seconds a key's first batch may take here, predicted from its own calls
 
     @classmethod
     def of(cls, s) -> "Plan":
         """From the profile's validated quality settings (sdperf.quality.settings)."""
         return cls(guidances=tuple(s.reference_judge_guidances), n_max=s.reference_delta_images,
-                   n_step=s.reference_delta_step, doses=tuple(s.reference_noise_doses))
+                   n_step=s.reference_delta_step, doses=tuple(s.reference_noise_doses),
+                   ladder=tuple(s.reference_convergence_steps), check_images=s.reference_check_images,
+                   key_budget_s=s.reference_key_budget_s)
 
     def text(self) -> str:
         return (f"guidance {', '.join(f'{g:g}' for g in self.guidances)}; images in batches of {self.n_step} up to "
@@ -143,6 +146,17 @@ class _Reference:
         return self.judged.take(n)
 
 
+class OverBudget(Exception):
+    """A key whose first batch would take longer than the plan's key_budget_s on this machine (half precision
+    without native CPU support, say): it is skipped, naming the prediction, instead of holding the run for it."""
+
+    def __init__(self, predicted_s: float, per_call_s: float, calls: int, budget_s: float, n: int):
+        self.predicted_s = predicted_s
+        super().__init__(f"its first {n} images would take about {predicted_s:.0f} s here ({calls} calls of "
+                         f"{per_call_s:.1f} s, timed on its second call) against the profile's "
+                         f"reference_key_budget_s of {budget_s:g} s: not judged on this machine")
+
+
 def _worst(verdicts) -> str:
     vs = [v for v in verdicts if v in SEVERITY]
     return max(vs, key=SEVERITY.get) if vs else UNDECIDED
@@ -164,7 +178,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
         raise ValueError(f"control {bad[0]!r} is not one of this plan's: {', '.join(known)}")
     stacks = {k: Stack.of(k) for k in keys if k not in known}  # an unknown key fails before any model is loaded
     folder = Path(folder or store.default_dir())
-    _, net, manifest = store.load(folder)  # verified once; each technique then loads the same files
+    _, net, manifest = store.load(folder, scheduler=None)  # verified once; each technique loads the same files
     real = quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
     items = quality.prompts(plan.n_max)
     captions, truth, seeds = [s.caption for s in items], domain.labels_many(items), list(range(plan.n_max))
@@ -173,8 +187,17 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
     def fresh(sampler: str):
         return build_from_weights(str(folder), sampler)
 
+    solvers: dict = {}
+
+    def solver_pipe(sampler: str):  # the solves' own fp32 pipelines, one per sampler: nothing ever patches them
+        if sampler not in solvers:
+            solvers[sampler] = fresh(sampler)
+        return solvers[sampler]
+
     def render_solve(sampler: str, steps: int, caps: list[str], sds: list[int], g: float) -> converged.Solve:
-        z, x = quality.generate_with_latents(fresh(sampler), caps, sds, g, steps, batch=SOLVE_BATCH)
+        # one call per cache chunk when it fits, never padded: an fp32 solve has no static shape to fill
+        z, x = quality.generate_with_latents(solver_pipe(sampler), caps, sds, g, steps,
+                                             batch=min(SOLVE_BATCH, len(caps)))
         return converged.Solve(z, x)
 
     fastest = fastest_sampler(list(stacks))
@@ -211,12 +234,17 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
                 if pipe is None:
                     pipe, steps, grad_mode, batch, aligned = _pipeline(key, control, stack, ctx, fresh,
                                                                        ref.convergence.steps)
-                got = _sequential(pipe, steps, grad_mode, g, ref, plan, real, batch, aligned)
+                got = _sequential(pipe, steps, grad_mode, g, ref, plan, real, batch, aligned, pad=control is None)
                 rows.append(dict(row, guidance=g, status="ok", steps=steps, note=_facts(ctx.facts), **got))
                 r = rows[-1]
                 say(f"{key} @ {g:g}: n={r['n_images']}, adherence {r['adherence_delta']:+.4f} "
                     f"[{r['adherence_delta_lo']:+.4f}, {r['adherence_delta_hi']:+.4f}], soft "
                     f"{r['soft_adherence_delta']:+.4f}, latent MSE {r['latent_mse']:.4f}: {r['quality_verdict']}")
+        except OverBudget as exc:  # every guidance: the same calls cost the same at another guidance
+            say(f"{key}: skipped: {exc}")
+            done = {r["guidance"] for r in rows if r["key"] == key}
+            rows += [dict(row, guidance=g, status="skipped", note=f"skipped: {exc}") for g in plan.guidances
+                     if g not in done]
         except Exception as exc:  # recorded with its error; the other keys still run
             msg = f"{type(exc).__name__}: {exc}"
             say(f"{key}: failed: {msg[:300]}")
@@ -227,7 +255,8 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
             release()
     table = pd.DataFrame(rows)
     for g, ref in refs.items():  # the reference's own absolute figures, at the most images any key used
-        n = int(table.loc[table.guidance == g, "n_images"].max()) if "n_images" in table else plan.n_step
+        most = table.loc[table.guidance == g, "n_images"].max() if "n_images" in table else None
+        n = plan.n_step if most is None or pd.isna(most) else int(most)  # no key judged here: one batch's worth
         base = ref.first(n)
         table = pd.concat([table, pd.DataFrame([dict(key=f"{REFERENCE}:{converged.SOLVER}@{ref.convergence.steps}",
                                                       label=ref.convergence.text(), family="reference", guidance=g,
@@ -256,23 +285,31 @@ def _pipeline(key, control, stack, ctx, fresh, n_converged: int):
 
 
 def _sequential(pipe, steps: int, grad_mode: str, guidance: float, ref: _Reference, plan: Plan,
-                real: quality.Real, batch: int = RENDER_BATCH, aligned: bool = False) -> dict:
+                real: quality.Real, batch: int = RENDER_BATCH, aligned: bool = False, pad: bool = True) -> dict:
     """Images in batches of plan.n_step until the adherence intervals settle or plan.n_max is reached (`aligned`:
-    each time the whole prefix again, in the reference's own chunks)."""
+    each time the whole prefix again, in the reference's own chunks; `pad`: every call at `batch` prompts, the
+    static shape an engine needs; the controls' fp32 pipelines are called like the solves, never padded)."""
     def render(caps: list[str], seeds: list[int]) -> converged.Solve:
-        return converged.Solve(*quality.generate_with_latents(pipe, caps, seeds, guidance, steps, batch=batch,
+        b = batch if pad else min(batch, len(caps))
+        return converged.Solve(*quality.generate_with_latents(pipe, caps, seeds, guidance, steps, batch=b,
                                                                grad_mode=grad_mode))
 
     done: list[converged.Solve] = []
-    n = 0
+    n, ready = 0, False  # ready: images up to n are rendered but not yet judged
+    if plan.key_budget_s is not None and not aligned:
+        done, n, ready = _gated_first_batch(render, ref, plan, batch), min(plan.n_step, plan.n_max), True
     while True:
-        stop = min(n + plan.n_step, plan.n_max)
-        if aligned:
+        if ready:
+            ready = False
+        elif aligned:
+            stop = min(n + plan.n_step, plan.n_max)
             done = [converged.Solver(lambda _s, _n, c, d: render(c, d), "", guidance).solve(
                 ref.captions[:stop], ref.seeds[:stop], steps)]
+            n = stop
         else:
+            stop = min(n + plan.n_step, plan.n_max)
             done.append(render(ref.captions[n:stop], ref.seeds[n:stop]))
-        n = stop
+            n = stop
         got = converged.Solve.cat(done)
         judged = paired.Judged.of(ref.net, got.latents, got.images, ref.truth[:n])
         base = ref.first(n)
@@ -280,6 +317,21 @@ def _sequential(pipe, steps: int, grad_mode: str, guidance: float, ref: _Referen
         if settled or n >= plan.n_max:
             break
     return dict(paired.measures(judged, base, real), settled=bool(settled))
+
+
+def _gated_first_batch(render, ref: _Reference, plan: Plan, batch: int) -> list[converged.Solve]:
+    """The first batch, one call of `batch` prompts at a time (the same calls as in one go); after its second call
+    (the first may carry a compile or a lazy build) the whole batch's time is predicted and, over
+    plan.key_budget_s, OverBudget is raised with the prediction."""
+    stop = min(plan.n_step, plan.n_max)
+    calls, done = -(-stop // batch), []
+    for j, i in enumerate(range(0, stop, batch)):
+        t0 = time.perf_counter()
+        done.append(render(ref.captions[i:min(i + batch, stop)], ref.seeds[i:min(i + batch, stop)]))
+        took = time.perf_counter() - t0
+        if (j == 1 or calls == 1) and took * calls > plan.key_budget_s:
+            raise OverBudget(took * calls, took, calls, plan.key_budget_s, stop)
+    return done
 
 
 def _absolute(base: paired.Judged, real: quality.Real) -> dict:
