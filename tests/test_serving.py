@@ -54,6 +54,52 @@ def test_a_request_failing_mid_stage_reaches_its_caller_only(sd, tiny_pipe):
         assert torch.equal(futures[s].result(timeout=0), _reference(tiny_pipe, sd.template, (s,)))
 
 
+def test_concurrent_requests_tokenize_one_at_a_time_and_get_their_own_padding():
+    """A stand-in tokenizer that, like transformers 5's, keeps its padding on shared state set per call: two
+    threads asking for max_length and for "longest" at once took each other's; behind SerialTokenizer never."""
+    import threading
+    import time
+    import types
+
+    from sdperf.serving.stages import SerialTokenizer, serial_tokenizers
+
+    class Shared:
+        model_max_length = 77
+
+        def __init__(self):
+            self.padding, self.inside, self.most_inside = None, 0, 0
+
+        def __call__(self, prompt, padding="longest", max_length=None):
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+            self.padding = padding  # shared, as the Rust tokenizer's padding setting is
+            time.sleep(0.002)  # the encode itself releases the GIL
+            got = 77 if self.padding == "max_length" else len(prompt.split())
+            self.inside -= 1
+            return got
+
+    def hammer(tok) -> set:
+        lengths = set()
+
+        def ask(padding):
+            for _ in range(40):
+                n = tok("a red circle", padding=padding, max_length=77)
+                lengths.add((padding, n))
+        ts = [threading.Thread(target=ask, args=(p,)) for p in ("max_length", "longest")]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        return lengths
+
+    raw = Shared()
+    assert ("max_length", 3) in hammer(raw) or ("longest", 77) in hammer(raw)  # the race, unprotected
+    pipe = types.SimpleNamespace(tokenizer=Shared(), tokenizer_2=None)
+    serial_tokenizers(pipe)
+    serial_tokenizers(pipe)  # idempotent: one wrapper, not two
+    assert isinstance(pipe.tokenizer, SerialTokenizer) and not isinstance(pipe.tokenizer._inner, SerialTokenizer)
+    assert hammer(pipe.tokenizer) == {("max_length", 77), ("longest", 3)}
+    assert pipe.tokenizer._inner.most_inside == 1 and pipe.tokenizer.model_max_length == 77
+
+
 def test_unknown_design_names_the_choices(sd):
     with pytest.raises(ValueError, match=r"'pipelined'.*stacked, staged"):
         build_design("pipelined", sd, 1, 1)

@@ -177,6 +177,11 @@ def test_the_reports_answer_is_written_from_the_headline_rows():
     assert "int8:openvino-nncf-ptq+scheduler:euler@25" in s and "9.12x [8.50-9.60]" in s
     assert "6.50x [6.40-6.90] per UNet step" in s and "+0.061 [+0.040, +0.080]" in s and "set-up 95 s" in s
     assert headline_sentences(rows[rows.notebook != "10_ladder"]) == []
+    from sdperf.report.findings import Legend
+
+    legend = Legend()  # on the page the method is a label; its text appears once, in the findings' legend
+    (short,) = headline_sentences(rows, legend)
+    assert short.endswith("Method [M1].") and legend.texts == ["fresh processes, 3 rounds"]
 
 
 def test_the_answer_says_when_no_stack_met_the_budget():

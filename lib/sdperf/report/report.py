@@ -360,8 +360,9 @@ def _range(v: dict, metric: str, digits: int = 2, unit: str = "x") -> str:
     return "not measured" if r is None else value_range(r["value"], r.get("lo"), r.get("hi"), digits, unit)
 
 
-def headline_sentences(results) -> list[str]:
-    """The study's answer, one sentence per chosen stack, written from 10's headline rows (no typed numbers)."""
+def headline_sentences(results, legend=None) -> list[str]:
+    """The study's answer, one sentence per chosen stack, written from 10's headline rows (no typed numbers); with
+    a `legend` (sdperf.report.findings.Legend) the method is cited by its label, its text given once below."""
     rows = results[results["notebook"] == LADDER] if len(results) else results
     out = []
     for kind in scenarios.HEADLINES:
@@ -386,7 +387,8 @@ def headline_sentences(results) -> list[str]:
             s += f", peak memory {v['peak_memory']['value']:.0f} MiB"
         if "roof_goal_x" in v:
             s += f"; per-step goal {v['roof_goal_x']['value']:.2f}x ({_esc(v['roof_goal_x']['note'])})"
-        out.append(s + f". Method: {_esc(mine['method'].iloc[0])}.")
+        method = mine["method"].iloc[0]
+        out.append(s + (f". Method {legend.cite(method)}." if legend is not None else f". Method: {_esc(method)}."))
     return out
 
 
@@ -408,11 +410,12 @@ def no_admissible_sentence(results) -> str | None:
             f"was {_esc(str(fastest['note']))}.")
 
 
-def _findings_section(results, names: list[str]) -> str:
-    """One verdict per notebook (sdperf.report.findings), each linking to its section."""
+def _findings_section(results, names: list[str], legend=None) -> str:
+    """One verdict per notebook (sdperf.report.findings), each linking to its section; the legend under them
+    holds every method the answer above and these sentences cite."""
     from sdperf.report.findings import Legend, verdicts
 
-    legend = Legend()
+    legend = Legend() if legend is None else legend
     found = verdicts(results, names, legend)
     items = "".join(f"<li><a href='#{_href(n)}'>{_esc(n)}</a>: {v}</li>" for n, v in found.items())
     methods = (f"<p class='legend'>Methods cited above:</p><ul class='legend'>{legend.html()}</ul>"
@@ -532,8 +535,8 @@ def _not_yet_measured_section(profile, results) -> str:
             f"figures below are what its rows will be set against.</p>")
 
 
-def _headline_section(results) -> str:
-    found = headline_sentences(results)
+def _headline_section(results, legend=None) -> str:
+    found = headline_sentences(results, legend)
     missing = no_admissible_sentence(results)
     found = ([missing] if missing else []) + found
     from sdperf.reference import transfer
@@ -562,14 +565,17 @@ def write_index(profile: str) -> Path:
     stamps = read_stamps(profile)
     results, refused = one_machine(read_results(profile))
     names = sorted(set(results["notebook"].astype(str)) | set(stamps))
+    from sdperf.report.findings import Legend
+
+    legend = Legend()  # the answer and the findings cite methods by label; each text appears once, under the findings
     title = f"sdperf study: profile {profile}"
     body = [f"<h1>{_esc(title)}</h1>",
             f"<p class='sub'>{_esc(settings.get('description', ''))}</p>",
             refused,
             _not_yet_measured_section(chosen, results),
             _doctor_section(profile, results),
-            _headline_section(results),
-            _findings_section(results, names),
+            _headline_section(results, legend),
+            _findings_section(results, names, legend),
             _published_section(results),
             _summary_section(names, stamps, results),
             _ladder_section(profile, results),

@@ -40,6 +40,36 @@ def request_latents(pipe, template: Workload, request: Request) -> torch.Tensor:
     return torch.cat(one)
 
 
+_TOKENIZING = threading.Lock()  # one for every tokenizer of the process: pipelines share theirs (lru_cache)
+
+
+class SerialTokenizer:
+    """A tokenizer whose calls run one at a time. transformers 5's CLIPTokenizer keeps its padding and truncation
+    settings on the shared Rust tokenizer and sets them per call (`set_truncation_and_padding`), so two requests
+    encoding at once can take each other's: diffusers' encode_prompt asks for max_length (77) and then for
+    "longest", and one concurrent request got 10-token embeddings (its image 0.145 off its own in 1 of 24
+    concurrent smoke requests here; nbval's parity cell failed the same way). Everything else passes through."""
+
+    def __init__(self, tokenizer):
+        object.__setattr__(self, "_inner", tokenizer)
+
+    def __call__(self, *args, **kwargs):
+        with _TOKENIZING:
+            return self._inner(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def serial_tokenizers(pipe) -> None:
+    """Put every tokenizer of `pipe` behind SerialTokenizer (set past diffusers' module registry: the pipeline's
+    config still names the tokenizer it was built with)."""
+    for name in ("tokenizer", "tokenizer_2"):
+        tok = getattr(pipe, name, None)
+        if tok is not None and not isinstance(tok, SerialTokenizer):
+            object.__setattr__(pipe, name, SerialTokenizer(tok))
+
+
 class SDStages:
     """encode -> denoise -> decode for one pipeline and one workload template (prompt, steps, size, guidance).
 
@@ -48,6 +78,7 @@ class SDStages:
 
     def __init__(self, pipe, template: Workload):
         self.pipe, self.template = pipe, template
+        serial_tokenizers(pipe)  # requests encode concurrently in both designs
         self.device, self.dtype = module_device(pipe.unet), module_dtype(pipe.unet)
         # SDXL's fp16 VAE is cast to fp32 and back around each decode: concurrent decodes must not interleave
         upcast = (is_sdxl(pipe) and module_dtype(pipe.vae) == torch.float16
