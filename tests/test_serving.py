@@ -79,10 +79,11 @@ def test_concurrent_requests_tokenize_one_at_a_time_and_get_their_own_padding():
             return got
 
     def hammer(tok) -> set:
-        lengths = set()
+        lengths, start = set(), threading.Barrier(2)
 
         def ask(padding):
-            for _ in range(40):
+            start.wait()  # both threads in the loop at once, however loaded the machine
+            for _ in range(60):
                 n = tok("a red circle", padding=padding, max_length=77)
                 lengths.add((padding, n))
         ts = [threading.Thread(target=ask, args=(p,)) for p in ("max_length", "longest")]
