@@ -129,6 +129,11 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_positive(v) -> bool:
+    """A finite number > 0 (a bool is not a number here)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+
+
 def _path(profile: str, key: str, value, spec: Key) -> Path | None:
     """An existing file or folder, or None; relative paths are taken from the working directory."""
     if value is None:
@@ -169,8 +174,7 @@ def _value(profile: str, key: str, value, spec: Key):
             raise _fail(profile, key, value, spec, "repeats a scale")
         return tuple(float(v) for v in value)
     if spec.kind == "seconds_or_none":
-        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                      and 0 < value < float("inf")):
+        if value is not None and not _is_positive(value):
             raise _fail(profile, key, value, spec)
         return None if value is None else float(value)
     if spec.kind == "step_ladder":
@@ -179,8 +183,7 @@ def _value(profile: str, key: str, value, spec: Key):
             raise _fail(profile, key, value, spec)
         return tuple(value)
     if spec.kind == "dose_list":
-        if not isinstance(value, list) or not value or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf") for v in value):
+        if not isinstance(value, list) or not value or not all(_is_positive(v) for v in value):
             raise _fail(profile, key, value, spec)
         return tuple(float(v) for v in value)
     if spec.kind == "choice":

@@ -40,8 +40,7 @@ def run(pipe, net: evaluator.Evaluator, real: quality.Real, guidance_scales, n: 
         start = time.perf_counter()
 
         def render(sampler, k, caps, sds, g=g):
-            # one call per cache chunk, never padded (an fp32 pipeline has no static shape to fill)
-            return converged.Solve(*quality.generate_with_latents(pipe, caps, sds, g, k, batch=len(caps)))
+            return converged.Solve(*quality.generate_with_latents(pipe, caps, sds, g, k, pad=False))
 
         solver = converged.Solver(render, model_hash, g, cache)
         images = solver.solve(captions, list(range(n)), steps, sampler=SAMPLER).images

@@ -24,15 +24,18 @@ def prompts(n: int) -> list[domain.Scene]:
 
 
 def generate(pipe, captions: list[str], seeds: list[int], guidance: float, steps: int,
-             batch: int = 100, grad_mode: str = "inference_mode") -> np.ndarray:
+             batch: int = 100, grad_mode: str = "inference_mode", pad: bool = True) -> np.ndarray:
     """uint8 NHWC images, caption i with latent seed i, `batch` prompts per UNet call, under `grad_mode`.
-    A last, shorter batch is padded with repeats of its last prompt (and the padding dropped), so every UNet call
-    has one shape: what an engine compiled for static shapes needs."""
-    return generate_with_latents(pipe, captions, seeds, guidance, steps, batch, grad_mode)[1]
+    With `pad` a last, shorter batch is padded with repeats of its last prompt (and the padding dropped), so every
+    UNet call has one shape: what an engine compiled for static shapes needs. An fp32 pipeline has no static shape
+    to fill: without `pad` the last call is just shorter (a 64-image chunk padded to 100 cost 43.1 s, unpadded
+    24.4 s, reference model at PLMS-50)."""
+    return generate_with_latents(pipe, captions, seeds, guidance, steps, batch, grad_mode, pad)[1]
 
 
 def generate_with_latents(pipe, captions: list[str], seeds: list[int], guidance: float, steps: int,
-                          batch: int = 100, grad_mode: str = "inference_mode") -> tuple[torch.Tensor, np.ndarray]:
+                          batch: int = 100, grad_mode: str = "inference_mode",
+                          pad: bool = True) -> tuple[torch.Tensor, np.ndarray]:
     """(final float32 latents, uint8 NHWC images) of `generate`: the same call, the latents kept."""
     from sdperf.model.generation import GRAD_MODES, Workload
     from sdperf.imagegen.render import render_with_latents
@@ -44,7 +47,7 @@ def generate_with_latents(pipe, captions: list[str], seeds: list[int], guidance:
     with GRAD_MODES[grad_mode]():
         for i in range(0, len(work), batch):
             part = work[i:i + batch]
-            z, x = render_with_latents(pipe, part + [part[-1]] * (batch - len(part)))
+            z, x = render_with_latents(pipe, part + [part[-1]] * (batch - len(part)) if pad else part)
             latents.append(z[:len(part)])
             images.append(x[:len(part)])
     return torch.cat(latents), np.concatenate(images)
@@ -127,7 +130,7 @@ def paired_delta(variant: np.ndarray, base: np.ndarray, seed: int = 0) -> tuple[
 def judge(pipe, net: evaluator.Evaluator, real: Real, n: int, guidance: float, steps: int) -> dict:
     """Adherence (mean and interval) and domain FID (value and interval) of n images at one guidance scale."""
     items = prompts(n)
-    images = generate(pipe, [s.caption for s in items], list(range(n)), guidance, steps, batch=min(100, n))
+    images = generate(pipe, [s.caption for s in items], list(range(n)), guidance, steps, pad=False)
     scores = evaluator.adherence_checks(evaluator.predict(net, images), domain.labels_many(items))
     feats = evaluator.features(net, images)
     mean, lo, hi = mean_interval(scores)

@@ -21,6 +21,7 @@ lack, and verdicts are recomputed from the interval columns when read back (neve
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, replace
@@ -187,17 +188,10 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
     def fresh(sampler: str):
         return build_from_weights(str(folder), sampler)
 
-    solvers: dict = {}
-
-    def solver_pipe(sampler: str):  # the solves' own fp32 pipelines, one per sampler: nothing ever patches them
-        if sampler not in solvers:
-            solvers[sampler] = fresh(sampler)
-        return solvers[sampler]
+    solver_pipe = functools.cache(fresh)  # the solves' own fp32 pipelines, one per sampler: nothing patches them
 
     def render_solve(sampler: str, steps: int, caps: list[str], sds: list[int], g: float) -> converged.Solve:
-        # one call per cache chunk when it fits, never padded: an fp32 solve has no static shape to fill
-        z, x = quality.generate_with_latents(solver_pipe(sampler), caps, sds, g, steps,
-                                             batch=min(SOLVE_BATCH, len(caps)))
+        z, x = quality.generate_with_latents(solver_pipe(sampler), caps, sds, g, steps, batch=SOLVE_BATCH, pad=False)
         return converged.Solve(z, x)
 
     fastest = fastest_sampler(list(stacks))
@@ -290,26 +284,21 @@ def _sequential(pipe, steps: int, grad_mode: str, guidance: float, ref: _Referen
     each time the whole prefix again, in the reference's own chunks; `pad`: every call at `batch` prompts, the
     static shape an engine needs; the controls' fp32 pipelines are called like the solves, never padded)."""
     def render(caps: list[str], seeds: list[int]) -> converged.Solve:
-        b = batch if pad else min(batch, len(caps))
-        return converged.Solve(*quality.generate_with_latents(pipe, caps, seeds, guidance, steps, batch=b,
-                                                               grad_mode=grad_mode))
+        return converged.Solve(*quality.generate_with_latents(pipe, caps, seeds, guidance, steps, batch=batch,
+                                                               grad_mode=grad_mode, pad=pad))
 
     done: list[converged.Solve] = []
-    n, ready = 0, False  # ready: images up to n are rendered but not yet judged
-    if plan.key_budget_s is not None and not aligned:
-        done, n, ready = _gated_first_batch(render, ref, plan, batch), min(plan.n_step, plan.n_max), True
+    n = 0
     while True:
-        if ready:
-            ready = False
-        elif aligned:
-            stop = min(n + plan.n_step, plan.n_max)
+        stop = min(n + plan.n_step, plan.n_max)
+        if aligned:
             done = [converged.Solver(lambda _s, _n, c, d: render(c, d), "", guidance).solve(
                 ref.captions[:stop], ref.seeds[:stop], steps)]
-            n = stop
+        elif n == 0 and plan.key_budget_s is not None:
+            done = _gated_first_batch(render, ref, plan, batch)
         else:
-            stop = min(n + plan.n_step, plan.n_max)
             done.append(render(ref.captions[n:stop], ref.seeds[n:stop]))
-            n = stop
+        n = stop
         got = converged.Solve.cat(done)
         judged = paired.Judged.of(ref.net, got.latents, got.images, ref.truth[:n])
         base = ref.first(n)
