@@ -26,3 +26,19 @@ def test_each_part_is_expected_from_its_last_run_here_or_says_where_its_figure_c
         eta.plan_text([r, here, failed]).split("no run on record of ")[1]
     assert eta.left([r, here, there], {eta.ROUNDS}) == 180.0
     assert eta.left([here, failed], set()) is None
+
+
+def test_with_no_run_on_record_the_profiles_own_estimate_is_used_and_named(tmp_path):
+    guess = {"measured_on": "AMD EPYC, 2 cores, commit abc", "rounds_per_worker_s": 4.0,
+             "notebooks_s": {"a": 100.0}}
+    missing = tmp_path / "none.json"
+    r = eta.rounds(missing, 30, "m1", "", guess)
+    a, b = eta.notebook(missing, "a", "m1", "", guess), eta.notebook(missing, "b", "m1", "", guess)
+    assert (r.seconds, a.seconds, b.seconds) == (120.0, 100.0, None)
+    assert "4 s per worker x 30" in r.source and "measured on AMD EPYC, 2 cores, commit abc" in a.source
+    assert eta.plan_text([r, a]) == ("expected time: about 4 min; from the profile's estimate (measured on AMD EPYC, "
+                                     "2 cores, commit abc)")
+    assert eta.plan_text([r, a, b]).endswith("; no run on record of b")
+    # a run on record wins over the estimate: it is this profile's own last run
+    here = eta.notebook(_stamp(tmp_path / "a.json", duration_s=50.0, machine="m1"), "a", "m1", "", guess)
+    assert here.seconds == 50.0 and here.kind == "the last run here"

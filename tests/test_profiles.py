@@ -235,3 +235,26 @@ def test_the_runner_checks_every_section_before_any_notebook(params_dir, section
     with pytest.raises(ConfigError, match=expect):
         runner.validate(name, None)
     assert time.perf_counter() - t0 < 5
+
+
+@pytest.mark.parametrize("expected,match", [
+    ({"notebooks_s": {"00_baseline": 30}}, "measured_on must say"),
+    ({"measured_on": "here", "rounds_per_worker_s": 0}, r"rounds_per_worker_s must be a positive number .* got 0"),
+    ({"measured_on": "here", "notebooks_s": {"00_baseline": "soon"}}, r"notebooks_s\['00_baseline'\] .* got 'soon'"),
+    ({"measured_on": "here", "notebooks_s": [30]}, "notebooks_s must be a mapping"),
+    ({"measured_on": "here", "total_s": 30}, "unknown key 'total_s'; valid keys: measured_on, rounds_per_worker_s"),
+])
+def test_a_profiles_time_estimate_names_its_machine_and_holds_positive_seconds(params_dir, expected, match):
+    assert load_profile(params_dir(expected={"measured_on": "x", "notebooks_s": {"00_baseline": 1.5}}),
+                        check_runtime=False).expected["notebooks_s"] == {"00_baseline": 1.5}
+    with pytest.raises(ConfigError, match=match):
+        load_profile(params_dir(expected=expected), check_runtime=False)
+
+
+def test_an_estimate_for_a_notebook_that_does_not_exist_fails_before_anything_runs(params_dir):
+    from sdperf.run import runner
+
+    name = params_dir(expected={"measured_on": "x", "notebooks_s": {"00_baselin": 30}})
+    with pytest.raises(ConfigError, match="expected: notebooks_s: unknown notebook '00_baselin'; valid notebooks: "
+                                          "00_baseline"):
+        runner.validate(name, None)

@@ -23,7 +23,7 @@ SCHEDULERS = ("plms", "ddim", "euler", "dpmpp-2m")
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
 AUTO = "auto"
-SECTIONS = ("training", "quality", "serving", "notebooks")
+SECTIONS = ("training", "quality", "serving", "notebooks", "expected")
 PROFILE_ENV = "SDPERF_PROFILE"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # a profile name is a folder name under reports/: no '..', no hidden or path-like names ('...yml' was profile '..')
@@ -72,6 +72,9 @@ class Profile:
     # Notebook parameters `sdperf run` sets over a notebook's own defaults: {notebook: {parameter: value}}, checked
     # by sdperf.run.runner against the notebooks' parameter cells before anything runs (nbval runs the defaults)
     notebooks: dict = field(default_factory=dict)
+    # What `sdperf run` expects a part to take where no run of it is on record (sdperf.run.eta): figures measured by
+    # one whole run, {measured_on: what ran where, rounds_per_worker_s: s, notebooks_s: {notebook: s}}
+    expected: dict = field(default_factory=dict)
 
     @property
     def latent_size(self) -> int:
@@ -266,6 +269,35 @@ def weights_source(weights: str) -> tuple[str, bool]:
     return str(Path(weights).expanduser()), True
 
 
+EXPECTED_KEYS = ("measured_on", "rounds_per_worker_s", "notebooks_s")
+
+
+def _check_expected(profile: str, expected: dict) -> None:
+    """The expected: section: where its figures were measured (required with any figure), seconds per rounds
+    worker, and seconds per notebook, each a positive number."""
+    if not expected:
+        return
+    where = f"profile {profile!r}: expected"
+    for key in expected:
+        if key not in EXPECTED_KEYS:
+            raise ConfigError(f"{where}: unknown key {short(key)}; valid keys: {_choices(list(EXPECTED_KEYS))}")
+    if not isinstance(expected.get("measured_on"), str) or not expected["measured_on"].strip():
+        raise ConfigError(f"{where}: measured_on must say which run on which machine gave the figures, got "
+                          f"{short(expected.get('measured_on'))}")
+
+    def positive(what: str, v) -> None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            raise ConfigError(f"{where}: {what} must be a positive number of seconds, got {short(v)}")
+
+    if "rounds_per_worker_s" in expected:
+        positive("rounds_per_worker_s", expected["rounds_per_worker_s"])
+    per = expected.get("notebooks_s", {})
+    if not isinstance(per, dict):
+        raise ConfigError(f"{where}: notebooks_s must be a mapping of notebook: seconds, got {short(per)}")
+    for name, v in per.items():
+        positive(f"notebooks_s[{short(name)}]", v)
+
+
 def _check_weights(profile: str, weights) -> None:
     """An existing diffusers folder, or a hub id written as 'hub:org/model': a bare 'models/sd15' whose folder is
     missing is a typo'd path, not a model to download 25 s later."""
@@ -375,6 +407,7 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
     for key in SECTIONS:
         if not isinstance(raw.get(key, {}), dict):
             raise ConfigError(f"profile {name!r}: {key} must be a mapping of key: value, got {short(raw[key])}")
+    _check_expected(name, raw.get("expected") or {})
     notes = raw.get("notes") or []
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise ConfigError(f"profile {name!r}: notes must be a list of strings, got {short(raw.get('notes'))}")

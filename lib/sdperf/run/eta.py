@@ -5,8 +5,10 @@ Why. A cpu study is an hour of a 2-core machine; a user deciding whether to star
 a hang) needs the whole run's expected time first, and what is left after each part. The parts are the rounds
 measured up front (sdperf.run.prefetch) and each notebook. A part's expectation comes from its last timed run on this
 machine (its stamp, sdperf.runner); failing that, from the last run of the profile on record (the committed
-report's stamps, on the CPU named there), said so, since another CPU may be several times faster or slower.
-The rounds' expectation is per worker process, times the workers still to run (a resumed run has fewer).
+report's stamps, on the CPU named there); failing that, from the profile's own estimate (its `expected:` section,
+figures measured by a whole run on the machine it names), each said so, since another CPU may be several times
+faster or slower. The rounds' expectation is per worker process, times the workers still to run (a resumed run has
+fewer).
 """
 from __future__ import annotations
 
@@ -46,22 +48,38 @@ def _source(stamp: dict, machine: str, cpu_on_record: str) -> str:
     return f"{_kind(stamp, machine, cpu_on_record)} ({stamp.get('finished_utc', '?')})"
 
 
-def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "") -> Expected:
+def _estimated(part: str, seconds, estimate: dict) -> Expected:
+    where = f"the profile's estimate (measured on {estimate.get('measured_on', '?')})"
+    return Expected(part, float(seconds), where, where)
+
+
+def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "",
+             estimate: dict | None = None) -> Expected:
     """Notebook `name`'s expected seconds from its stamp, when that run completed ok (a failed run stopped early
-    and would promise too little)."""
+    and would promise too little); else from the profile's `estimate` (its expected: section) when it has one."""
     stamp = _read(stamp_path)
     if stamp is None or stamp.get("status") != "ok":
+        seconds = (estimate or {}).get("notebooks_s", {}).get(name)
+        if seconds is not None:
+            return _estimated(name, seconds, estimate)
         return Expected(name, None, "no complete run on record")
     return Expected(name, float(stamp["duration_s"]), _source(stamp, machine, cpu_on_record),
                     _kind(stamp, machine, cpu_on_record))
 
 
-def rounds(stamp_path: Path, workers_left: int, machine: str, cpu_on_record: str = "") -> Expected:
-    """The rounds up front: seconds per worker of their last run, times the workers this run still launches."""
+def rounds(stamp_path: Path, workers_left: int, machine: str, cpu_on_record: str = "",
+           estimate: dict | None = None) -> Expected:
+    """The rounds up front: seconds per worker of their last run (else the profile's estimate per worker), times the
+    workers this run still launches."""
     stamp = _read(stamp_path)
     if workers_left == 0:
         return Expected(ROUNDS, 0.0, "all measured already")
     if stamp is None or not stamp.get("workers"):
+        per = (estimate or {}).get("rounds_per_worker_s")
+        if per is not None:
+            found = _estimated(ROUNDS, float(per) * workers_left, estimate)
+            return Expected(ROUNDS, found.seconds, f"{float(per):.0f} s per worker x {workers_left}, {found.source}",
+                            found.kind)
         return Expected(ROUNDS, None, "no run on record")
     per = float(stamp["duration_s"]) / int(stamp["workers"])
     return Expected(ROUNDS, per * workers_left,
@@ -82,7 +100,8 @@ def plan_text(parts: list[Expected]) -> str:
     unknown = [p.part for p in parts if p.seconds is None]
     total = sum(p.seconds for p in known)
     if not known:
-        return "expected time: unknown (no run of these parts on record here or in the profile's report)"
+        return ("expected time: unknown (no run of these parts on record here or in the profile's report, and no "
+                "estimate in the profile)")
     sources = sorted({p.kind for p in known if p.kind})
     head = f"expected time: {'at least ' if unknown else 'about '}{minutes(total)}"
     tail = f"; from {', '.join(sources)}" if sources else ""

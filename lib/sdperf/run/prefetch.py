@@ -154,21 +154,27 @@ def _ledger(profile: Profile) -> Path:
                                                               getattr(profile, "rounds", rounds.MIN_ROUNDS), None)
 
 
-def pending(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None) -> int:
+def pending(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None,
+            owners: dict[str, list[rounds.Config]] | None = None) -> int:
     """The workers the batch-1 rounds up front still launch (a resumed run: only its missing rounds'); 07's
-    batch sweep, decided from those rounds, is not counted."""
-    configs = plan(profile, notebooks, notebooks_dir)
+    batch sweep, decided from those rounds, is not counted. `owners`: by_notebook's plan when the caller has it."""
+    if owners is None:
+        owners = by_notebook(profile, notebooks, notebooks_dir)
+    configs = [c for cs in owners.values() for c in cs]
     if not configs:
         return 0
     return rounds.pending(profile, configs, ledger=_ledger(profile), every=EVERY)
 
 
 def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None,
-        say: Callable[[str], None] = print, launcher: Callable | None = None) -> float:
+        say: Callable[[str], None] = print, launcher: Callable | None = None,
+        owners: dict[str, list[rounds.Config]] | None = None) -> float:
     """Measure the selected notebooks' stand-alone configurations into the run's ledger; the seconds it took.
-    `launcher` replaces the worker launch (the tests' simulated machine)."""
+    `launcher` replaces the worker launch (the tests' simulated machine); `owners`: by_notebook's plan when the
+    caller made it already (sdperf.run.runner plans once, for the expected time and for this)."""
     started = time.time()
-    owners = by_notebook(profile, notebooks, notebooks_dir)
+    if owners is None:
+        owners = by_notebook(profile, notebooks, notebooks_dir)
     configs = [c for cs in owners.values() for c in cs]
     if not configs:
         return 0.0

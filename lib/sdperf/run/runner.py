@@ -329,7 +329,7 @@ def write_environment(profile: Profile) -> Path:
     return path
 
 
-def _prefetch(profile: Profile, notebooks: list[str], folder: Path, workers: int) -> float:
+def _prefetch(profile: Profile, notebooks: list[str], folder: Path, workers: int, owners: dict | None) -> float:
     """The notebooks' stand-alone comparisons in one schedule (sdperf.run.prefetch); a failure there only means each
     notebook measures its own, as when it runs alone. Its time and `workers` (launched at batch 1) are stamped
     for the next run's expected time (sdperf.run.eta)."""
@@ -340,7 +340,7 @@ def _prefetch(profile: Profile, notebooks: list[str], folder: Path, workers: int
     started = time.time()
     try:
         with logging_to(part_log(profile.name, eta.ROUNDS_STAMP_NAME)):
-            seconds = prefetch.run(profile, notebooks, folder, say=tqdm.write)
+            seconds = prefetch.run(profile, notebooks, folder, say=tqdm.write, owners=owners)
     except Exception as exc:  # noqa: BLE001 - the notebooks still measure everything themselves
         tqdm.write(f"stand-alone rounds up front failed ({type(exc).__name__}: {exc}); each notebook measures its own")
         return 0.0
@@ -370,9 +370,10 @@ def logging_to(log: Path):
         os.environ.pop(LOG_ENV, None)
 
 
-def expected_parts(profile: Profile, stale: list[str], folder: Path) -> tuple[list, int]:
+def expected_parts(profile: Profile, stale: list[str], folder: Path) -> tuple[list, int, dict | None]:
     """Each part of this run with its expected seconds (sdperf.run.eta): the rounds up front, then every notebook that
-    runs (an up-to-date one is skipped and costs nothing); and the workers the rounds launch."""
+    runs (an up-to-date one is skipped and costs nothing); the workers the rounds launch; and the rounds' plan
+    (sdperf.run.prefetch.by_notebook, None when it failed), made once here and measured by _prefetch."""
     from sdperf.run import prefetch
 
     machine = environment.fingerprint(profile.device)
@@ -382,11 +383,14 @@ def expected_parts(profile: Profile, stale: list[str], folder: Path) -> tuple[li
     except (OSError, ValueError):
         cpu = ""
     try:
-        workers = prefetch.pending(profile, stale, folder)
+        owners = prefetch.by_notebook(profile, stale, folder)
+        workers = prefetch.pending(profile, stale, folder, owners)
     except Exception:  # noqa: BLE001 - the rounds then fail (and say why) where they run; no estimate here
-        workers = 0
-    parts = [eta.rounds(stamp_path(profile.name, eta.ROUNDS_STAMP_NAME), workers, machine, cpu)] if workers else []
-    return parts + [eta.notebook(stamp_path(profile.name, n), n, machine, cpu) for n in stale], workers
+        owners, workers = None, 0
+    guess = profile.expected
+    parts = [eta.rounds(stamp_path(profile.name, eta.ROUNDS_STAMP_NAME), workers, machine, cpu, guess)] if workers \
+        else []
+    return parts + [eta.notebook(stamp_path(profile.name, n), n, machine, cpu, guess) for n in stale], workers, owners
 
 
 def run(profile_name: str | None, only: list[str] | None = None, force: bool = False,
@@ -451,9 +455,9 @@ def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_di
     # What could run here, judged before anything is built: the catalog's rungs are the study notebooks' rungs, so a
     # run of another notebooks folder (the tests' stand-ins) has nothing for the doctor to judge.
     found = doctor.record(profile) if notebooks_dir is None else None
-    parts, workers = expected_parts(profile, stale, folder)
+    parts, workers, owners = expected_parts(profile, stale, folder)
     tqdm.write(eta.plan_text(parts))
-    prefetch_s = _prefetch(profile, stale, folder, workers)
+    prefetch_s = _prefetch(profile, stale, folder, workers, owners)
     outcomes, done = [], {eta.ROUNDS}
     with tqdm(selected, desc=f"sdperf {profile.name}", unit="notebook") as bar:
         for name in bar:
