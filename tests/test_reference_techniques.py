@@ -247,3 +247,23 @@ def test_rows_round_trip_and_for_study_measures_only_what_is_missing(measured, s
     assert set(got.key) >= {controls.TWIN, "grad:no_grad", "scheduler:euler@10"}
     with pytest.raises(ConfigError, match="unknown technique 'warp'"):
         techniques.for_study(study, ["warp"], plan)
+
+
+@pytest.mark.parametrize("harm,extra", [(True, True), (False, False)])
+def test_ptqs_alternatives_are_judged_when_and_only_when_ptq_alone_is_over(measured, scratch_reports, monkeypatch,
+                                                                           harm, extra):
+    from sdperf.measure.study import open_study
+    from sdperf.optimizations import quantization
+
+    ptq = "int8:openvino-nncf-ptq"
+    study = open_study("smoke", notebook="12_fid_clip")
+    source = measured[measured.key == (controls.noise_key(4.0) if harm else controls.TWIN)]
+    techniques.record(study, measured)
+    techniques.record(study, source.assign(key=ptq, label="PTQ stand-in: the rows of a known verdict"))
+    asked = []
+    monkeypatch.setattr(techniques, "measure", lambda ks, *a, **k: asked.append(ks) or measured.iloc[:0])
+    got = techniques.for_study(study, [ptq], techniques.Plan(**{**PLAN.__dict__}), say=lambda _: None)
+    assert got.set_index("key").loc[ptq, "quality_verdict"] == (paired.OVER if harm else paired.WITHIN)
+    alternatives = list(quantization.PTQ_ALTERNATIVES)
+    assert asked == [[techniques.SEEDS_SAMPLER]] + ([[techniques.SEEDS_SAMPLER] + alternatives] if extra else [])
+    assert got.why_judged.notna().sum() == 0  # no alternative has rows here (measure was stubbed): none is shown

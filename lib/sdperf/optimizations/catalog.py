@@ -97,6 +97,9 @@ class Technique:
     loop_only: bool = False
     note: str = ""
     call_kinds: Callable[[list], list[str]] | None = None
+    # What the field uses instead when this technique alone is over the quality budget: catalog keys judged on the
+    # reference model then, and only then (sdperf.reference.techniques.for_study), since each costs renders
+    fallbacks: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.family not in FAMILIES:

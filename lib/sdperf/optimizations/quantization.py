@@ -45,12 +45,35 @@ SCHEMES = {
     "openvino-nncf-hybrid": "OpenVINO IR + NNCF hybrid (optimum-intel's diffusion recipe): nncf.compress_weights int8 "
                             "on all weights but the convolutions', then nncf.quantize of the convolutions (and "
                             "attention inputs) with the weighted matmuls ignored, calibrated like the PTQ scheme",
+    "openvino-nncf-ptq-sq": "the PTQ scheme with SmoothQuant at alpha 0.5 on the matmuls (the SmoothQuant paper's "
+                            "value; NNCF's default is 0.95) and on the convolutions at 0.05 (NNCF's own alpha for "
+                            "them, off by default): activation outliers moved into the weights before rounding",
+    "openvino-nncf-ptq-wide": "the PTQ scheme calibrated on many captions: a few UNet calls spread over each "
+                              "caption's trajectory (first and last included) instead of whole trajectories of a few, "
+                              "in the same number of calls",
+    "openvino-nncf-ptq-mixed": "the PTQ scheme keeping the layers post-training studies of diffusion UNets find "
+                               "sensitive in float: the first and last convolutions and the attention matmuls of two "
+                               "activations (query x key, scores x value)",
 }
+# The PTQ scheme's alternatives: what the field uses when plain 8-bit post-training quantization of the SD UNet
+# costs quality (Intel / Hugging Face: it "does not work" for the SD UNet; optimum-intel recommends the hybrid
+# mode). Judged on the reference model only when PTQ alone is over the quality budget
+# (sdperf.reference.techniques.for_study): each costs a calibration and a quantization of its own.
+PTQ_ALTERNATIVES = ("int8:openvino-nncf-hybrid", "int8:openvino-nncf-ptq-sq", "int8:openvino-nncf-ptq-wide",
+                    "int8:openvino-nncf-ptq-mixed")
+SMOOTH_QUANT_ALPHAS = {"matmul": 0.5, "convolution": 0.05}
+SMOOTHING_SUFFIX = "/nncf_smooth_quant"  # how NNCF names the scale it inserts before a smoothed layer
+WIDE_PER_CAPTION = 4  # UNet calls per caption in the many-caption calibration (trajectory's ends and two between)
 # What NNCF does in each OpenVINO scheme (the `nncf_step` fact), and which of them calibrate on UNet inputs.
 NNCF_STEPS = {"openvino-nncf-weights": "compress_weights", "openvino-nncf-ptq": "quantize (post-training)",
               "openvino-nncf-hybrid": "hybrid: compress_weights (convolutions ignored) + quantize (weighted matmuls "
-                                      "ignored)"}
-CALIBRATED = ("openvino-nncf-ptq", "openvino-nncf-hybrid")
+                                      "ignored)",
+              "openvino-nncf-ptq-sq": "quantize (post-training), SmoothQuant alpha matmul 0.5, convolution 0.05",
+              "openvino-nncf-ptq-wide": f"quantize (post-training), calibrated on {WIDE_PER_CAPTION} calls per caption",
+              "openvino-nncf-ptq-mixed": "quantize (post-training), first/last convolution and activation x "
+                                         "activation matmuls ignored"}
+CALIBRATED = ("openvino-nncf-ptq", "openvino-nncf-hybrid", "openvino-nncf-ptq-sq", "openvino-nncf-ptq-wide",
+              "openvino-nncf-ptq-mixed")
 # The most UNet calls a calibration set holds: nncf.quantize's own default subset_size (optimum-intel's hybrid
 # default is 200). Whole trajectories only, one generation per caption: on the cpu profile (PLMS, 2 steps: 3 calls
 # a generation) 8 captions give 24 samples, far under it; on the reference model (PLMS, 50 steps: 51 calls) it
@@ -65,7 +88,8 @@ INT_MM_CPU_FLAGS = ("avx512_vnni", "amx_int8")
 INT8_CPU_FLAGS = ("avx512_vnni", "amx_int8", "avx_vnni")
 LABELS = {"torch-ao-dynamic": "torch.ao dynamic int8 (Linear)", "torchao-int8-dynamic": "torchao int8 dyn. (Linear)",
           "openvino-nncf-weights": "OpenVINO + NNCF int8 weights", "openvino-nncf-ptq": "OpenVINO + NNCF int8 PTQ",
-          "openvino-nncf-hybrid": "OpenVINO + NNCF hybrid int8"}
+          "openvino-nncf-hybrid": "OpenVINO + NNCF hybrid int8", "openvino-nncf-ptq-sq": "NNCF int8 PTQ, SmoothQuant 0.5",
+          "openvino-nncf-ptq-wide": "NNCF int8 PTQ, many captions", "openvino-nncf-ptq-mixed": "NNCF int8 PTQ, mixed"}
 
 
 def check_scheme(scheme: str) -> None:
@@ -207,17 +231,30 @@ def captions_digest(captions: tuple[str, ...]) -> str:
     return hashlib.sha256(json.dumps(list(captions)).encode()).hexdigest()[:16]
 
 
-def calibration_set(pipe, workload: Workload, prompts=(), limit: int = CALIBRATION_SAMPLES) -> tuple[list, int]:
-    """(UNet inputs, captions used): one generation per caption at the workload's steps, whole trajectories only,
-    as many captions as fit in `limit` samples (always at least one generation, so every timestep the schedule
-    visits is covered for every caption used)."""
+def spread(calls: list, k: int | None) -> list:
+    """`k` of a trajectory's calls evenly spaced, its first and last among them (all of them when k is None or
+    covers them)."""
+    if k is None or k >= len(calls):
+        return list(calls)
+    if k < 2:
+        raise ValueError(f"calls per caption must be at least 2 (the trajectory's ends), got {k!r}")
+    picks = sorted({round(i * (len(calls) - 1) / (k - 1)) for i in range(k)})
+    return [calls[i] for i in picks]
+
+
+def calibration_set(pipe, workload: Workload, prompts=(), limit: int = CALIBRATION_SAMPLES,
+                    per_caption: int | None = None) -> tuple[list, int]:
+    """(UNet inputs, captions used): one generation per caption at the workload's steps, as many captions as fit in
+    `limit` samples (always at least one generation). Whole trajectories by default, so every timestep the schedule
+    visits is covered for every caption used; with `per_caption`, that many calls spread over each trajectory
+    (spread), so the same number of samples covers more captions."""
     if limit < 1:
         raise ValueError(f"calibration limit must be a positive number of UNet calls, got {limit!r}")
     captions = calibration_captions(prompts, workload)
-    samples = unet_inputs(pipe, replace(workload, prompt=captions[0]))
+    samples = spread(unet_inputs(pipe, replace(workload, prompt=captions[0])), per_caption)
     used = max(1, min(len(captions), limit // len(samples)))
     for caption in captions[1:used]:
-        samples += unet_inputs(pipe, replace(workload, prompt=caption))
+        samples += spread(unet_inputs(pipe, replace(workload, prompt=caption)), per_caption)
     return samples, used
 
 
@@ -267,6 +304,39 @@ def hybrid_quantize(model, data, subset_size: int):
                              smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1)))
 
 
+ATTENTION = "ScaledDotProductAttention"  # the op OpenVINO converts torch's SDPA into (query x key, scores x value)
+
+
+def sensitive_ops(model) -> tuple[list[str], list[str]]:
+    """(names, types) of the layers the mixed scheme keeps in float: the first and the last convolution of the graph
+    (the UNet's conv_in and conv_out, next to the latents) and the attention products of two activations (OpenVINO's
+    ScaledDotProductAttention op, or MatMuls of two activations where attention is decomposed), which PTQ studies of
+    diffusion UNets (Q-Diffusion, PTQ4DM) single out as the sensitive ones. Read before quantization: afterwards an
+    int8 weight reaches its MatMul through a dequantizing Multiply and would look like an activation."""
+    ordered = model.get_ordered_ops()
+    convs = [op.get_friendly_name() for op in ordered if op.get_type_name() in CONVOLUTIONS]
+    pairs = [op.get_friendly_name() for op in ordered if op.get_type_name() == "MatMul"
+             and not (_const_source(op, 0) or _const_source(op, 1))]
+    types = [ATTENTION] if any(op.get_type_name() == ATTENTION for op in ordered) else []  # absent: an NNCF error
+    return list(dict.fromkeys(convs[:1] + convs[-1:] + pairs)), types
+
+
+def _ptq(model, data, scheme: str, subset_size: int):
+    """nncf.quantize as `scheme` asks: the plain PTQ, or one of its alternatives (SmoothQuant alphas, sensitive
+    layers ignored); the many-caption one differs in its data only."""
+    import nncf
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
+
+    kwargs = {}
+    if scheme == "openvino-nncf-ptq-sq":
+        kwargs["advanced_parameters"] = AdvancedQuantizationParameters(
+            smooth_quant_alphas=AdvancedSmoothQuantParameters(**SMOOTH_QUANT_ALPHAS))
+    elif scheme == "openvino-nncf-ptq-mixed":
+        names, types = sensitive_ops(model)
+        kwargs["ignored_scope"] = nncf.IgnoredScope(names=names, types=types)
+    return nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=subset_size, **kwargs)
+
+
 def int8_census(model) -> dict:
     """What NNCF left in the IR: FakeQuantize nodes (activations quantized at run time) and int8/u8 constants
     (weights stored in 8 bits), so a row says how much of the graph each scheme actually made int8."""
@@ -274,7 +344,8 @@ def int8_census(model) -> dict:
     types = collections.Counter(op.get_type_name() for op in ops)
     int8 = sum(op.get_type_name() == "Constant" and op.get_element_type().get_type_name() in ("i8", "u8")
                for op in ops)
-    return {"fake_quantize_nodes": types["FakeQuantize"], "int8_constants": int8}
+    smoothing = sum(op.get_friendly_name().endswith(SMOOTHING_SUFFIX) for op in ops)
+    return {"fake_quantize_nodes": types["FakeQuantize"], "int8_constants": int8, "smooth_quant_scales": smoothing}
 
 
 def _nncf_transform(scheme: str, calibration):
@@ -291,7 +362,7 @@ def _nncf_transform(scheme: str, calibration):
         if scheme == "openvino-nncf-hybrid":
             model = hybrid_quantize(model, data, subset_size=len(feeds))
         else:
-            model = nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(feeds))
+            model = _ptq(model, data, scheme, subset_size=len(feeds))
         return model, {"calibration_captions": captions, "calibration_inputs": len(feeds), **int8_census(model)}
     return transform
 
@@ -316,7 +387,7 @@ def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prom
 
     def calibration() -> tuple[list[dict], int]:
         if "inputs" not in seen:
-            samples, used = calibration_set(pipe, workload, captions)
+            samples, used = calibration_set(pipe, workload, captions, per_caption=_per_caption(scheme))
             seen.update(inputs=[graph_inputs(*inputs, {}) for inputs in samples], captions=used)
         return seen["inputs"], seen["captions"]
 
@@ -324,6 +395,8 @@ def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prom
            "nncf": nncf.__version__}
     if scheme in CALIBRATED:
         key["calibration"] = {"captions": captions_digest(captions), "limit": CALIBRATION_SAMPLES}
+        if _per_caption(scheme) is not None:
+            key["calibration"]["per_caption"] = _per_caption(scheme)
     model, facts, cache_dir = openvino_engine.ir_model(
         float32_unet(pipe.unet), lambda: tuple(calibration()[0][0][k] for k in INPUTS), scratch_root,
         kind=f"nncf-{scheme.removeprefix('openvino-nncf-')}", transform=_nncf_transform(scheme, calibration), key=key)
@@ -342,6 +415,10 @@ def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prom
     facts.update({"engine": "openvino + nncf", "nncf": nncf.__version__, "precision": used,
                   "nncf_step": NNCF_STEPS[scheme]})
     return EngineUNet(run, pipe.unet.config, device="cpu", facts=facts, keep=(pipe.unet, model))
+
+
+def _per_caption(scheme: str) -> int | None:
+    return WIDE_PER_CAPTION if scheme == "openvino-nncf-ptq-wide" else None
 
 
 def static_shapes(pipe, workload: Workload) -> dict:
@@ -374,4 +451,6 @@ def techniques() -> list[Technique]:
     """int8:<scheme>: the UNet quantized by that scheme (see SCHEMES)."""
     return [Technique(f"int8:{scheme}", LABELS[scheme], EXECUTOR, NOTEBOOK, apply=_quantized(scheme),
                       availability=lambda ctx, s=scheme: availability(ctx.device, s), changes_output=True,
-                      loop_only=True, note=SCHEMES[scheme]) for scheme in SCHEMES]
+                      loop_only=True, note=SCHEMES[scheme],
+                      fallbacks=PTQ_ALTERNATIVES if scheme == "openvino-nncf-ptq" else ())
+            for scheme in SCHEMES]

@@ -41,7 +41,7 @@ def table(study, quality: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in quality.to_dict("records"):
         row = {"key": r["key"], "technique": r.get("label"), "status": r["status"],
-               **{c: r.get(c) for c in COLUMNS}}
+               **{c: r.get(c) for c in COLUMNS}, "why_judged": r.get("why_judged")}
         if r["status"] != "ok":
             row["quality_verdict"] = r.get("note")
         s = speed.loc[r["key"]] if r["key"] in speed.index else None

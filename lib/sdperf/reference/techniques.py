@@ -38,7 +38,7 @@ from sdperf.reference.paired import ADHERENCE_BUDGET, OVER, UNDECIDED, WITHIN
 GUIDANCE = 7.5  # the seeds' guidance: the reference model's quality is first stated there
 RENDER_BATCH = 16  # prompts per UNet call (UNet batch 32 with guidance: the exported engines' dynamic maximum)
 SOLVE_BATCH = 64  # prompts per UNet call of the fp32 solves (no engine: a larger batch is several times cheaper)
-CALIBRATION_CAPTIONS = 8  # captions a calibrated int8 technique generates from (Context.prompts; see quantization)
+CALIBRATION_CAPTIONS = 64  # captions a calibrated int8 technique may generate from (Context.prompts): whole-trajectory schemes stop at CALIBRATION_SAMPLES calls (12 at 25 steps), the many-caption one takes 4 calls of each (see quantization)
 CALIBRATION_SEED = 7  # its captions come from another seed than the judged ones: calibrating on the test set flatters
 SEEDS_STEPS = 50  # the seeds' PLMS step count
 SEEDS_SAMPLER = f"scheduler:plms@{SEEDS_STEPS}"
@@ -494,20 +494,50 @@ def for_study(study, keys: list[str], plan: Plan, *, folder: Path | None = None,
         Stack.of(k)
     wanted = [c.key for c in controls.defaults(plan.doses)] + [SEEDS_SAMPLER] + [k for k in keys
                                                                                  if k != SEEDS_SAMPLER]
-    have = _matching(from_rows(study.recorder.current()), plan)
-    missing = [k for k in wanted if have.empty or have[have.key == k].guidance.nunique() < len(plan.guidances)]
-    if missing:
-        say(f"judging {len(missing)} key(s) against the converged solve: {', '.join(missing)}")
-        table = measure(missing, study.profile, plan=plan, folder=folder or store.default_dir(),
-                        scratch=scratch_dir(study.profile.name) / "reference-techniques", say=say)
-        record(study, table)
+
+    def judged(wanted: list[str]) -> pd.DataFrame:
         have = _matching(from_rows(study.recorder.current()), plan)
-    per_guidance = have[have.key.isin(wanted + [k for k in have.key if str(k).startswith(REFERENCE)])]
+        missing = [k for k in wanted if have.empty or have[have.key == k].guidance.nunique() < len(plan.guidances)]
+        if missing:
+            say(f"judging {len(missing)} key(s) against the converged solve: {', '.join(missing)}")
+            table = measure(missing, study.profile, plan=plan, folder=folder or store.default_dir(),
+                            scratch=scratch_dir(study.profile.name) / "reference-techniques", say=say)
+            record(study, table)
+            have = _matching(from_rows(study.recorder.current()), plan)
+        return have[have.key.isin(wanted + [k for k in have.key if str(k).startswith(REFERENCE)])]
+
+    per_guidance = judged(wanted)
     out = overall(per_guidance, plan.guidances)
+    instead = fallbacks(out)
+    extra = [a for alts in instead.values() for a in alts if a not in wanted]
+    if extra:
+        say(f"over the budget alone: {', '.join(instead)}; judging what the field uses instead: {', '.join(extra)}")
+        wanted += list(dict.fromkeys(extra))
+        per_guidance = judged(wanted)
+        out = overall(per_guidance, plan.guidances)
+    why = {a: f"judged because {k} alone is over the budget" for k, alts in instead.items() for a in alts}
+    out["why_judged"] = out.key.map(why)
     order = {k: i for i, k in enumerate(wanted)}
     out = out.sort_values("key", key=lambda s: s.map(lambda k: order.get(k, -1))).reset_index(drop=True)
     out.attrs.update(per_guidance=per_guidance, trusted=trust(per_guidance, plan),
                      convergence=convergence_from_rows(study.recorder.current()))
+    return out
+
+
+def fallbacks(table: pd.DataFrame) -> dict[str, list[str]]:
+    """{technique key over the budget alone: what the field uses instead (its techniques' catalog `fallbacks`)},
+    read from an overall table's quality_verdict column (controls and the reference never have any)."""
+    from sdperf.optimizations.catalog import Stack
+
+    out = {}
+    if table.empty or "quality_verdict" not in table:
+        return out
+    for key, verdict in zip(table.key, table.quality_verdict):
+        if verdict != OVER or controls.is_control(key) or str(key).startswith(REFERENCE):
+            continue
+        parts = Stack.of(key).techniques
+        if len(parts) == 1 and parts[0].fallbacks:  # a stack over the budget says nothing of one part alone
+            out[key] = list(parts[0].fallbacks)
     return out
 
 
