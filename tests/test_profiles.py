@@ -251,10 +251,12 @@ def test_a_profiles_time_estimate_names_its_machine_and_holds_positive_seconds(p
         load_profile(params_dir(expected=expected), check_runtime=False)
 
 
-def test_an_estimate_for_a_notebook_that_does_not_exist_fails_before_anything_runs(params_dir):
-    from sdperf.run import runner
-
-    name = params_dir(expected={"measured_on": "x", "notebooks_s": {"00_baselin": 30}})
-    with pytest.raises(ConfigError, match="expected: notebooks_s: unknown notebook '00_baselin'; valid notebooks: "
-                                          "00_baseline"):
-        runner.validate(name, None)
+def test_every_committed_estimate_names_the_studys_notebooks_and_parts():
+    """A profile's expected: figures are only read by name (a name nothing runs under is never used, and the ETA
+    line then says which part has no figure): the committed ones must name real notebooks."""
+    names = {p.stem for p in (paths.REPO_ROOT / "notebooks").glob("*.ipynb")}
+    with_estimate = [p for p in available_profiles() if load_profile(p, check_runtime=False).expected]
+    assert {"smoke", "cpu"} <= set(with_estimate)
+    for name in with_estimate:
+        per = load_profile(name, check_runtime=False).expected["notebooks_s"]
+        assert set(per) == names, (name, set(per) ^ names)

@@ -55,10 +55,6 @@ def check_notebook_parameters(profile: Profile, selected: list[str], notebooks_d
     that its `parameters` cell declares: a typo fails here, naming the valid choices, instead of papermill
     silently adding a variable the notebook never reads."""
     known = notebook_names()
-    for name in profile.expected.get("notebooks_s", {}):
-        if name not in known:
-            raise ConfigError(f"profile {profile.name!r}: expected: notebooks_s: unknown notebook {short(name)}; "
-                              f"valid notebooks: {', '.join(known)}")
     for name, params in profile.notebooks.items():
         if name not in known:
             raise ConfigError(f"profile {profile.name!r}: notebooks: unknown notebook {name!r}; valid notebooks: "
