@@ -43,6 +43,22 @@ def tiny_pipe(smoke):
     return build_pipeline(smoke)
 
 
+@pytest.fixture(scope="module")
+def workload(smoke):
+    """The smoke profile's batch-1 generation; a module timing other steps defines its own."""
+    from sdperf.model.generation import Workload
+
+    return Workload.from_profile(smoke, batch_size=1)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pipe, workload):
+    """The tiny pipeline's fp32 generation of `workload`: the int8 modules' drift baseline."""
+    from sdperf.model.generation import generate
+
+    return generate(tiny_pipe, workload)
+
+
 @pytest.fixture(autouse=True)
 def own_run_keys(monkeypatch):
     """A test that runs `sdperf run` in-process sets the run's ledger key and log (sdperf.ledger, sdperf.worker);

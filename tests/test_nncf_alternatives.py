@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from sdperf.measure import drift
-from sdperf.model.generation import Workload, generate
+from sdperf.model.generation import generate
 from sdperf.model.pipelines import build_pipeline
 from sdperf.optimizations import catalog
 from sdperf.optimizations import quantization as opt
@@ -18,16 +18,6 @@ PTQ = "int8:openvino-nncf-ptq"
 CAPTIONS = ("a red square on a white background", "two blue circles", "a green triangle above a yellow line")
 MAX_LATENT_REL_ERROR = 0.1  # as for the hybrid scheme (tests/test_nncf_hybrid.py): errors of order 1 mean a bug
 MIN_PSNR_DB = 35.0
-
-
-@pytest.fixture(scope="module")
-def workload(smoke):
-    return Workload.from_profile(smoke, batch_size=1)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_pipe, workload):
-    return generate(tiny_pipe, workload)
 
 
 @pytest.fixture(scope="module")

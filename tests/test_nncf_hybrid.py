@@ -26,16 +26,6 @@ PASS_THROUGH = ("Convert", "Reshape", "Transpose", "Unsqueeze", "Squeeze", "Subt
 
 
 @pytest.fixture(scope="module")
-def workload(smoke):
-    return Workload.from_profile(smoke, batch_size=1)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_pipe, workload):
-    return generate(tiny_pipe, workload)
-
-
-@pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
     return tmp_path_factory.mktemp("artefacts")
 

@@ -9,7 +9,7 @@ import torch
 from sdperf.measure import drift
 from sdperf.core.errors import ConfigError
 from sdperf.experiments import quantization as qx
-from sdperf.model.generation import Workload, generate, initial_latents
+from sdperf.model.generation import generate, initial_latents
 from sdperf.optimizations import quantization as opt
 from sdperf.model.pipelines import build_pipeline
 from sdperf.measure.roofline import fit_size
@@ -18,16 +18,6 @@ from sdperf.measure.roofline import fit_size
 # The bounds leave room for other int8 kernels (VNNI, AMX) rounding differently, and fail on a broken scheme.
 MAX_LATENT_REL_ERROR = 0.05
 MIN_PSNR_DB = 35.0
-
-
-@pytest.fixture(scope="module")
-def workload(smoke):
-    return Workload.from_profile(smoke, batch_size=1)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_pipe, workload):
-    return generate(tiny_pipe, workload)
 
 
 def test_torch_ao_dynamic_drift_is_finite_and_bounded(smoke, workload, reference):
