@@ -52,8 +52,8 @@ SCHEMES = {
                               "caption's trajectory (first and last included) instead of whole trajectories of a few, "
                               "in the same number of calls",
     "openvino-nncf-ptq-mixed": "the PTQ scheme keeping the layers post-training studies of diffusion UNets find "
-                               "sensitive in float: the first and last convolutions and the attention matmuls of two "
-                               "activations (query x key, scores x value)",
+                               "sensitive in float: the first and last convolutions and attention's products of two "
+                               "activations (query x key, scores x value: OpenVINO's attention op, or such matmuls)",
 }
 # The PTQ scheme's alternatives: what the field uses when plain 8-bit post-training quantization of the SD UNet
 # costs quality (Intel / Hugging Face: it "does not work" for the SD UNet; optimum-intel recommends the hybrid
@@ -64,14 +64,15 @@ PTQ_ALTERNATIVES = ("int8:openvino-nncf-hybrid", "int8:openvino-nncf-ptq-sq", "i
 SMOOTH_QUANT_ALPHAS = {"matmul": 0.5, "convolution": 0.05}
 SMOOTHING_SUFFIX = "/nncf_smooth_quant"  # how NNCF names the scale it inserts before a smoothed layer
 WIDE_PER_CAPTION = 4  # UNet calls per caption in the many-caption calibration (trajectory's ends and two between)
+PER_CAPTION = {"openvino-nncf-ptq-wide": WIDE_PER_CAPTION}  # schemes that calibrate on part of each trajectory
 # What NNCF does in each OpenVINO scheme (the `nncf_step` fact), and which of them calibrate on UNet inputs.
 NNCF_STEPS = {"openvino-nncf-weights": "compress_weights", "openvino-nncf-ptq": "quantize (post-training)",
               "openvino-nncf-hybrid": "hybrid: compress_weights (convolutions ignored) + quantize (weighted matmuls "
                                       "ignored)",
               "openvino-nncf-ptq-sq": "quantize (post-training), SmoothQuant alpha matmul 0.5, convolution 0.05",
               "openvino-nncf-ptq-wide": f"quantize (post-training), calibrated on {WIDE_PER_CAPTION} calls per caption",
-              "openvino-nncf-ptq-mixed": "quantize (post-training), first/last convolution and activation x "
-                                         "activation matmuls ignored"}
+              "openvino-nncf-ptq-mixed": "quantize (post-training), first/last convolution and attention "
+                                         "(activation x activation) ignored"}
 CALIBRATED = ("openvino-nncf-ptq", "openvino-nncf-hybrid", "openvino-nncf-ptq-sq", "openvino-nncf-ptq-wide",
               "openvino-nncf-ptq-mixed")
 # The most UNet calls a calibration set holds: nncf.quantize's own default subset_size (optimum-intel's hybrid
@@ -88,7 +89,8 @@ INT_MM_CPU_FLAGS = ("avx512_vnni", "amx_int8")
 INT8_CPU_FLAGS = ("avx512_vnni", "amx_int8", "avx_vnni")
 LABELS = {"torch-ao-dynamic": "torch.ao dynamic int8 (Linear)", "torchao-int8-dynamic": "torchao int8 dyn. (Linear)",
           "openvino-nncf-weights": "OpenVINO + NNCF int8 weights", "openvino-nncf-ptq": "OpenVINO + NNCF int8 PTQ",
-          "openvino-nncf-hybrid": "OpenVINO + NNCF hybrid int8", "openvino-nncf-ptq-sq": "NNCF int8 PTQ, SmoothQuant 0.5",
+          "openvino-nncf-hybrid": "OpenVINO + NNCF hybrid int8",
+          "openvino-nncf-ptq-sq": "NNCF int8 PTQ, SmoothQuant 0.5",
           "openvino-nncf-ptq-wide": "NNCF int8 PTQ, many captions", "openvino-nncf-ptq-mixed": "NNCF int8 PTQ, mixed"}
 
 
@@ -387,7 +389,7 @@ def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prom
 
     def calibration() -> tuple[list[dict], int]:
         if "inputs" not in seen:
-            samples, used = calibration_set(pipe, workload, captions, per_caption=_per_caption(scheme))
+            samples, used = calibration_set(pipe, workload, captions, per_caption=PER_CAPTION.get(scheme))
             seen.update(inputs=[graph_inputs(*inputs, {}) for inputs in samples], captions=used)
         return seen["inputs"], seen["captions"]
 
@@ -395,8 +397,8 @@ def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prom
            "nncf": nncf.__version__}
     if scheme in CALIBRATED:
         key["calibration"] = {"captions": captions_digest(captions), "limit": CALIBRATION_SAMPLES}
-        if _per_caption(scheme) is not None:
-            key["calibration"]["per_caption"] = _per_caption(scheme)
+        if scheme in PER_CAPTION:
+            key["calibration"]["per_caption"] = PER_CAPTION[scheme]
     model, facts, cache_dir = openvino_engine.ir_model(
         float32_unet(pipe.unet), lambda: tuple(calibration()[0][0][k] for k in INPUTS), scratch_root,
         kind=f"nncf-{scheme.removeprefix('openvino-nncf-')}", transform=_nncf_transform(scheme, calibration), key=key)
@@ -415,10 +417,6 @@ def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prom
     facts.update({"engine": "openvino + nncf", "nncf": nncf.__version__, "precision": used,
                   "nncf_step": NNCF_STEPS[scheme]})
     return EngineUNet(run, pipe.unet.config, device="cpu", facts=facts, keep=(pipe.unet, model))
-
-
-def _per_caption(scheme: str) -> int | None:
-    return WIDE_PER_CAPTION if scheme == "openvino-nncf-ptq-wide" else None
 
 
 def static_shapes(pipe, workload: Workload) -> dict:

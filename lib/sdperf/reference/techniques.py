@@ -38,7 +38,9 @@ from sdperf.reference.paired import ADHERENCE_BUDGET, OVER, UNDECIDED, WITHIN
 GUIDANCE = 7.5  # the seeds' guidance: the reference model's quality is first stated there
 RENDER_BATCH = 16  # prompts per UNet call (UNet batch 32 with guidance: the exported engines' dynamic maximum)
 SOLVE_BATCH = 64  # prompts per UNet call of the fp32 solves (no engine: a larger batch is several times cheaper)
-CALIBRATION_CAPTIONS = 64  # captions a calibrated int8 technique may generate from (Context.prompts): whole-trajectory schemes stop at CALIBRATION_SAMPLES calls (12 at 25 steps), the many-caption one takes 4 calls of each (see quantization)
+# captions a calibrated int8 technique may generate from (Context.prompts): the whole-trajectory schemes stop at
+# quantization.CALIBRATION_SAMPLES calls (12 captions at 25 steps), the many-caption one takes 4 calls of each
+CALIBRATION_CAPTIONS = 64
 CALIBRATION_SEED = 7  # its captions come from another seed than the judged ones: calibrating on the test set flatters
 SEEDS_STEPS = 50  # the seeds' PLMS step count
 SEEDS_SAMPLER = f"scheduler:plms@{SEEDS_STEPS}"

@@ -48,9 +48,8 @@ def _source(stamp: dict, machine: str, cpu_on_record: str) -> str:
     return f"{_kind(stamp, machine, cpu_on_record)} ({stamp.get('finished_utc', '?')})"
 
 
-def _estimated(part: str, seconds, estimate: dict) -> Expected:
-    where = f"the profile's estimate (measured on {estimate.get('measured_on', '?')})"
-    return Expected(part, float(seconds), where, where)
+def _estimate_source(estimate: dict) -> str:
+    return f"the profile's estimate (measured on {estimate.get('measured_on', '?')})"
 
 
 def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "",
@@ -61,7 +60,8 @@ def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "",
     if stamp is None or stamp.get("status") != "ok":
         seconds = (estimate or {}).get("notebooks_s", {}).get(name)
         if seconds is not None:
-            return _estimated(name, seconds, estimate)
+            where = _estimate_source(estimate)
+            return Expected(name, float(seconds), where, where)
         return Expected(name, None, "no complete run on record")
     return Expected(name, float(stamp["duration_s"]), _source(stamp, machine, cpu_on_record),
                     _kind(stamp, machine, cpu_on_record))
@@ -77,9 +77,9 @@ def rounds(stamp_path: Path, workers_left: int, machine: str, cpu_on_record: str
     if stamp is None or not stamp.get("workers"):
         per = (estimate or {}).get("rounds_per_worker_s")
         if per is not None:
-            found = _estimated(ROUNDS, float(per) * workers_left, estimate)
-            return Expected(ROUNDS, found.seconds, f"{float(per):.0f} s per worker x {workers_left}, {found.source}",
-                            found.kind)
+            where = _estimate_source(estimate)
+            return Expected(ROUNDS, float(per) * workers_left,
+                            f"{float(per):.0f} s per worker x {workers_left}, {where}", where)
         return Expected(ROUNDS, None, "no run on record")
     per = float(stamp["duration_s"]) / int(stamp["workers"])
     return Expected(ROUNDS, per * workers_left,

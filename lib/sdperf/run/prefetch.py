@@ -113,9 +113,13 @@ def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
     return out
 
 
-def plan(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None) -> list[rounds.Config]:
-    """One configuration per distinct stack the selected notebooks compare, in study order."""
-    return [c for cs in by_notebook(profile, notebooks, notebooks_dir).values() for c in cs]
+def plan(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None,
+         owners: dict[str, list[rounds.Config]] | None = None) -> list[rounds.Config]:
+    """One configuration per distinct stack the selected notebooks compare, in study order. `owners`: by_notebook's
+    result when the caller made it already (sdperf.run.runner plans once, for the expected time and the run)."""
+    if owners is None:
+        owners = by_notebook(profile, notebooks, notebooks_dir)
+    return [c for cs in owners.values() for c in cs]
 
 
 def by_notebook(profile: Profile, notebooks: list[str],
@@ -157,10 +161,8 @@ def _ledger(profile: Profile) -> Path:
 def pending(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None,
             owners: dict[str, list[rounds.Config]] | None = None) -> int:
     """The workers the batch-1 rounds up front still launch (a resumed run: only its missing rounds'); 07's
-    batch sweep, decided from those rounds, is not counted. `owners`: by_notebook's plan when the caller has it."""
-    if owners is None:
-        owners = by_notebook(profile, notebooks, notebooks_dir)
-    configs = [c for cs in owners.values() for c in cs]
+    batch sweep, decided from those rounds, is not counted. `owners`: as for plan."""
+    configs = plan(profile, notebooks, notebooks_dir, owners)
     if not configs:
         return 0
     return rounds.pending(profile, configs, ledger=_ledger(profile), every=EVERY)
@@ -170,12 +172,11 @@ def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = Non
         say: Callable[[str], None] = print, launcher: Callable | None = None,
         owners: dict[str, list[rounds.Config]] | None = None) -> float:
     """Measure the selected notebooks' stand-alone configurations into the run's ledger; the seconds it took.
-    `launcher` replaces the worker launch (the tests' simulated machine); `owners`: by_notebook's plan when the
-    caller made it already (sdperf.run.runner plans once, for the expected time and for this)."""
+    `launcher` replaces the worker launch (the tests' simulated machine); `owners`: as for plan."""
     started = time.time()
     if owners is None:
         owners = by_notebook(profile, notebooks, notebooks_dir)
-    configs = [c for cs in owners.values() for c in cs]
+    configs = plan(profile, notebooks, notebooks_dir, owners)
     if not configs:
         return 0.0
     scratch = scratch_dir(profile.name)
