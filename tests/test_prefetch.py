@@ -58,6 +58,60 @@ def test_the_plan_reads_each_notebooks_keys_from_its_parameters(smoke):
     # needs interpreters of its own; a notebook that compares nothing adds nothing
 
 
+def _probe_at(speedup: float):
+    from sdperf.measure import half_budget
+
+    def probe(study, dtype):
+        return half_budget.Probe(dtype, "down_blocks.0", speedup, speedup, speedup, 1e-3, 1.0, [0.01], [0.01 / speedup])
+    return probe
+
+
+@pytest.mark.parametrize("speedup, kept", [(0.03, False), (1.0, True)])
+def test_a_search_precision_over_the_half_budget_is_not_measured_up_front(smoke, monkeypatch, speedup, kept):
+    """On an AVX2 EPYC one bf16 worker of 10's search parts ran over 15 min per round: the rounds up front apply
+    the rule the search applies (sdperf.measure.half_budget.skips), from the run's one block probe."""
+    from sdperf.measure import half_budget
+
+    asked = []
+    probe = _probe_at(speedup)
+    monkeypatch.setattr(half_budget, "probe", lambda study, dtype: asked.append(dtype) or probe(study, dtype))
+    search = replace(smoke, variant_budget_s=100.0,
+                     notebooks={"10_ladder": {"search_unets": ["precision:bfloat16", "deepcache:3"],
+                                              "check_method": False}})
+    got = [c.stack for c in prefetch.plan(search, ["10_ladder"])]
+    # fp32 takes 1 s per generation; smoke times 3 rounds x 4 generations: 400 s at 0.03x, 12 s at 1x
+    assert got == (["precision:bfloat16", "deepcache:3"] if kept else ["deepcache:3"])
+    assert asked == ["bfloat16"]
+    asked.clear()  # a search without a precision asks for no probe (no pipeline built before the run)
+    plain = replace(search, notebooks={"10_ladder": {"search_unets": ["deepcache:3"], "check_method": False}})
+    assert [c.stack for c in prefetch.plan(plain, ["10_ladder"])] == ["deepcache:3"] and asked == []
+
+
+def test_the_search_leaves_out_what_the_half_budget_skips(smoke, monkeypatch):
+    """recipe.run asks the same rule before its parts are read back or measured, and returns why."""
+    from sdperf.experiments import recipe
+    from sdperf.measure import half_budget
+
+    monkeypatch.setattr(half_budget, "probe", _probe_at(0.03))
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def parts(study, unets, stages, say=print):
+        seen["unets"] = list(unets)
+        raise Stop
+
+    monkeypatch.setattr(recipe, "parts", parts)
+    said = []
+    study = SimpleNamespace(profile=replace(smoke, variant_budget_s=100.0))
+    with pytest.raises(Stop):
+        recipe.run(study, ["precision:bfloat16", "deepcache:3"], ["scheduler:euler@10"], [], max_quality=1,
+                   say=said.append)
+    assert seen["unets"] == ["deepcache:3"]
+    assert any(s.startswith("precision:bfloat16: left out of the search, skipped: one UNet block") for s in said)
+
+
 def test_a_notebook_can_list_its_keys_in_more_than_one_parameter(smoke):
     """07 compares its UNet engines (`engines`) and, apart, the stages around the loop (`stage_engines`)."""
     assert prefetch.KEY_LISTS["07_engine_export"] == ("engines", "stage_engines")

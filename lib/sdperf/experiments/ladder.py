@@ -106,23 +106,6 @@ def plan(study: Study, name: str, keys, skips: dict[str, str] | None = None) -> 
     return Ladder(name, out)
 
 
-def half_budget_skips(study: Study, keys, say: Callable[[str], None] = print) -> dict[str, str]:
-    """For each half-precision key: when one real UNet block in it (sdperf.measure.half_budget, measured once per run)
-    predicts that the configuration's whole generations over the rounds would overrun `variant_budget_s`, the
-    reason to skip it."""
-    p, out = study.profile, {}
-    calls = p.rounds * (p.warmup + p.repeats)
-    for key in sorted(k for k in keys if catalog.get(k).family == catalog.PRECISION
-                      and catalog.get(k).availability(Context(study.profile))[0]):
-        probe = half_budget.probe(study, catalog.get(key).dtype)
-        say(f"{key}: one UNet block takes {1 / probe.speedup:.2f}x the float32 time; predicted "
-            f"{probe.predicted_s(calls):.0f} s for {calls} generations (budget {p.variant_budget_s} s)")
-        why = probe.skip_reason(calls, p.variant_budget_s, f"{calls} whole generations ({p.rounds} rounds)")
-        if why:
-            out[key] = why
-    return out
-
-
 # ---------------------------------------------------------------- choosing the best order
 
 def best_order(alone: pd.DataFrame, allow_lossy: bool = False) -> tuple[list[str], pd.DataFrame]:
@@ -280,7 +263,7 @@ def run(study: Study, *, allow_lossy: bool = False, check: bool = True,
     """Choose the best order from the stand-alone rows, plan both ladders, measure them in one run."""
     alone = with_quality(study, standalone(study), say=say)
     order, choice = best_order(alone, allow_lossy=allow_lossy)
-    skips = half_budget_skips(study, list(CEREBRIUM_ORDER) + order, say=say)
+    skips = half_budget.skips(study, list(CEREBRIUM_ORDER) + order, say=say)
     cerebrium = plan(study, CEREBRIUM, CEREBRIUM_ORDER, skips)
     best = plan(study, BEST, order, skips)
     cmp = measure(study, [cerebrium, best], check=check, say=say)

@@ -16,6 +16,7 @@ import pandas as pd
 from sdperf.store import plots
 from sdperf.select import scenarios
 from sdperf.select import stack_search as ss
+from sdperf.measure import half_budget
 from sdperf.measure.comparison import Comparison, run_variants
 from sdperf.core.errors import ConfigError
 from sdperf.optimizations import catalog
@@ -296,6 +297,10 @@ def run(study: Study, unets: list[str], schedulers: list[str], stages: list[str]
     then the best admissible and the best lossless stack measured whole (and the best under each allocator that
     was faster alone, `allocators` being 10's allocator rung). Returns what the notebook shows."""
     check(unets, schedulers, stages)
+    skipped = half_budget.skips(study, unets, say=say)  # the ladder's rule: not measured up front either
+    for key, why in skipped.items():
+        say(f"{key}: left out of the search, skipped: {why}")
+    unets = [u for u in unets if u not in skipped]
     cmp = parts(study, unets, stages, say=say)
     verdicts = part_verdicts(study, list(unets) + list(schedulers) + list(stages), say=say)
     say(f"quality reference: {reference_text(verdicts)}; controls "
@@ -329,4 +334,4 @@ def run(study: Study, unets: list[str], schedulers: list[str], stages: list[str]
             heads.append(dict(h, judged=judged_text(base, verdicts)))
     record(study, heads, found, verdicts)
     return {"parts": cmp, "verdicts": verdicts, "found": found, "band": band, "whole": whole, "heads": heads,
-            "roof": roof}
+            "roof": roof, "skipped": skipped}

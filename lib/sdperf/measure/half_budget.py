@@ -6,7 +6,9 @@ whole fp16 generations would take hours. Before such a configuration is launched
 this process, with one fp32 generation for scale; when the generations asked for would overrun
 `variant_budget_s` the configuration is skipped with the measured reason.
 
-01 (precision), 10 (the ladder's stacks) and 12 (the quality rungs) all ask the same question in one run. The
+01 (precision), 10 (the ladder's rungs and its stack search's parts) and 12 (the quality rungs) all ask the same
+question in one run, and `sdperf run` asks it before its rounds up front (sdperf.run.prefetch) so that a part the
+search would skip is not measured there either (on an AVX2 EPYC one bf16 worker ran over 15 min per round). The
 first to ask measures and keeps the answer beside the run's ledger (named by run id, profile, commit-free
 workload and dtype), the others read it: the same block timing is not taken three times (~40 s each on cpu).
 """
@@ -94,3 +96,24 @@ def probe(study, dtype: str) -> Probe:
         known[key] = asdict(found)
         atomic_write_text(path, json.dumps(known))
     return found
+
+
+def skips(study, keys, say=print) -> dict[str, str]:
+    """For each half-precision key among `keys` that runs here: when one real UNet block in it predicts that the
+    configuration's whole generations over the rounds (rounds x (warmup + repeats)) would overrun
+    `variant_budget_s`, the reason to skip it. The ladder's rungs, the stack search's parts and the rounds measured
+    up front for them ask this one rule."""
+    from sdperf.optimizations import catalog
+    from sdperf.optimizations.catalog import Context
+
+    p, out = study.profile, {}
+    calls = p.rounds * (p.warmup + p.repeats)
+    for key in sorted(k for k in keys if catalog.get(k).family == catalog.PRECISION
+                      and catalog.get(k).availability(Context(p))[0]):
+        found = probe(study, catalog.get(key).dtype)
+        say(f"{key}: one UNet block takes {1 / found.speedup:.2f}x the float32 time; predicted "
+            f"{found.predicted_s(calls):.0f} s for {calls} generations (budget {p.variant_budget_s} s)")
+        why = found.skip_reason(calls, p.variant_budget_s, f"{calls} whole generations ({p.rounds} rounds)")
+        if why:
+            out[key] = why
+    return out

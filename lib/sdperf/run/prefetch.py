@@ -63,13 +63,45 @@ def parameters(name: str, profile: Profile, notebooks_dir: Path | None = None) -
     return {**out, **notebook_parameters(profile, name)}
 
 
-def _half_precisions(profile: Profile) -> list[str]:
-    """01's precisions that run here and fit the budget (sdperf.measure.half_budget: the probe 01 then reads back)."""
+def _study(profile: Profile):
+    """A recorder-less handle for the probes asked before the notebooks (they read its answers back)."""
     from sdperf.core import environment as env
-    from sdperf.measure import half_budget
     from sdperf.measure.study import Study
 
-    study = Study(notebook="prefetch", profile=profile, env=env.record(profile.name, profile.device), recorder=None)
+    return Study(notebook="prefetch", profile=profile, env=env.record(profile.name, profile.device), recorder=None)
+
+
+def _trim_heap() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # the probe's pipeline is freed: give its heap back to the
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # system before this process waits out hours of notebooks
+
+
+def _search_parts(profile: Profile, keys: list[str]) -> list[str]:
+    """10's search parts less the half precisions its search would skip (sdperf.measure.half_budget.skips, the rule
+    recipe.run applies to the same keys): a part the search leaves out is not worth rounds up front."""
+    from sdperf.measure import half_budget
+
+    known = [k for k in keys if _is_key(k)]
+    if not any(catalog.get(k).family == catalog.PRECISION for k in known):
+        return keys
+    skipped = half_budget.skips(_study(profile), known, say=lambda _: None)
+    _trim_heap()
+    return [k for k in keys if k not in skipped]
+
+
+def _is_key(key: str) -> bool:
+    try:
+        catalog.get(key)
+    except (ConfigError, ValueError, KeyError):
+        return False
+    return True
+
+
+def _half_precisions(profile: Profile) -> list[str]:
+    """01's precisions that run here and fit the budget (sdperf.measure.half_budget: the probe 01 then reads back)."""
+    from sdperf.measure import half_budget
+
+    study = _study(profile)
     ctx, out = Context(profile), []
     for key in catalog.keys(notebook=PRECISION_NOTEBOOK, family=catalog.PRECISION):
         t = catalog.get(key)
@@ -78,8 +110,7 @@ def _half_precisions(profile: Profile) -> list[str]:
         probe = half_budget.probe(study, t.dtype)
         if probe.skip_reason(profile.warmup + profile.repeats, profile.variant_budget_s, "") is None:
             out.append(key)
-    with contextlib.suppress(OSError, AttributeError):  # the probe's pipeline is freed: give its heap back to the
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # system before this process waits out hours of notebooks
+    _trim_heap()
     return out
 
 
@@ -99,7 +130,7 @@ def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
     elif name == "06_deepspeed":
         wanted = catalog.keys(notebook=name)
     elif name == LADDER_NOTEBOOK:
-        wanted = [k for p in SEARCH_LISTS for k in (params.get(p) or [])]
+        wanted = _search_parts(profile, [k for p in SEARCH_LISTS for k in (params.get(p) or [])])
         if params.get("check_method", True):
             wanted += catalog.keys(notebook=name, family=catalog.CALIBRATION)
     else:
