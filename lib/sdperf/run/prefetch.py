@@ -78,23 +78,14 @@ def _trim_heap() -> None:
 
 def _search_parts(profile: Profile, keys: list[str]) -> list[str]:
     """10's search parts less the half precisions its search would skip (sdperf.measure.half_budget.skips, the rule
-    recipe.run applies to the same keys): a part the search leaves out is not worth rounds up front."""
+    recipe.run applies to the same keys): a part the search leaves out is not worth rounds up front. Only a
+    precision among them is probed: without one, no pipeline is built."""
     from sdperf.measure import half_budget
 
-    known = [k for k in keys if _is_key(k)]
-    if not any(catalog.get(k).family == catalog.PRECISION for k in known):
-        return keys
-    skipped = half_budget.skips(_study(profile), known, say=lambda _: None)
-    _trim_heap()
+    single = [k for k in keys if len(catalog.split(k)) == 1]  # a stack listed here is the notebook's error to report
+    skipped = half_budget.skips(_study(profile), single, say=lambda _: None)
+    _trim_heap()  # cheap when no probe built a pipeline
     return [k for k in keys if k not in skipped]
-
-
-def _is_key(key: str) -> bool:
-    try:
-        catalog.get(key)
-    except (ConfigError, ValueError, KeyError):
-        return False
-    return True
 
 
 def _half_precisions(profile: Profile) -> list[str]:
@@ -130,7 +121,7 @@ def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
     elif name == "06_deepspeed":
         wanted = catalog.keys(notebook=name)
     elif name == LADDER_NOTEBOOK:
-        wanted = _search_parts(profile, [k for p in SEARCH_LISTS for k in (params.get(p) or [])])
+        wanted = [k for p in SEARCH_LISTS for k in (params.get(p) or [])]
         if params.get("check_method", True):
             wanted += catalog.keys(notebook=name, family=catalog.CALIBRATION)
     else:
@@ -141,7 +132,7 @@ def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
             out.append(Stack.of(key).key)
         except (ConfigError, ValueError, KeyError):
             continue
-    return out
+    return _search_parts(profile, out) if name == LADDER_NOTEBOOK else out
 
 
 def plan(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None,
