@@ -101,7 +101,7 @@ def test_the_quality_finding_is_recomputed_from_the_interval_columns():
     rows = pd.DataFrame([_row(**{"notebook": "12_fid_clip", **r}) for r in study.recorder], columns=COLUMNS)
     rows["note"] = rows["note"].fillna("")  # nothing in a note decides: the verdicts come from lo and hi
     text = findings.verdict("12_fid_clip", rows)
-    assert "fp32 PLMS-50 (the seeds' sampler) is over budget against the converged fp32 solve" in text
+    assert "fp32 PLMS-50, the seeds' sampler, is over budget against the converged solve" in text
     assert "controls as required" in text
     assert "3 techniques alone" in text and "1 over budget" in text and "1 within budget" in text
     assert "1 undecided" in text and "<b>tome:0.5</b> -0.040 [-0.044, -0.036]" in text
@@ -112,6 +112,58 @@ def test_the_quality_finding_is_recomputed_from_the_interval_columns():
     rows = pd.DataFrame([_row(**{"notebook": "12_fid_clip", **r}) for r in study.recorder], columns=COLUMNS)
     assert "controls failed (control:fp32-twin over budget): the budget cannot be trusted" in \
         findings.verdict("12_fid_clip", rows)
+
+
+def test_12s_finding_states_the_controls_and_plms50_that_10_recorded():
+    """10 and 12 share one measurement per run: the controls and fp32 PLMS-50 judged by 10 (recorded under 10) are
+    still in 12's finding, and a stack 10's search judged is not counted as a technique alone."""
+    from types import SimpleNamespace
+
+    from sdperf.reference import controls, techniques
+
+    class Recorder(list):
+        add_many = list.extend
+
+    def rows(notebook, judged):
+        study = SimpleNamespace(recorder=Recorder())
+        techniques.record(study, pd.DataFrame(judged))
+        return [_row(**{"notebook": notebook, **r}) for r in study.recorder]
+
+    ten = rows("10_ladder", [_judged(controls.TWIN, 0.0, 0.0), _judged(controls.noise_key(0.2), -0.2),
+                             _judged(techniques.SEEDS_SAMPLER, -0.06), _judged("deepcache:2+scheduler:euler@10", -0.07)])
+    twelve = rows("12_fid_clip", [_judged("compile:default", 0.0, 0.0)])
+    results = pd.DataFrame(ten + twelve, columns=COLUMNS)
+    text = findings.verdicts(results, ["12_fid_clip"])["12_fid_clip"]
+    assert "fp32 PLMS-50, the seeds' sampler, is over budget" in text and "controls as required" in text
+    assert "1 techniques alone: 1 within budget" in text  # the stack is 10's finding
+    assert "PLMS-50" not in findings.verdict("12_fid_clip", results[results.notebook == "12_fid_clip"])
+
+
+def test_a_lossless_headline_shows_plms50s_own_cost_against_the_converged_solve():
+    """A lossless stack's pictures are fp32 PLMS-50's: the answer states that sampler's own judged delta (its value
+    inside its interval), never a 0 beside PLMS-50's interval as 63f8373's headline row held."""
+    from types import SimpleNamespace
+
+    from sdperf.reference import techniques
+    from sdperf.select import scenarios
+
+    class Recorder(list):
+        add_many = list.extend
+
+    study = SimpleNamespace(recorder=Recorder())
+    techniques.record(study, pd.DataFrame([_judged(techniques.SEEDS_SAMPLER, -0.06)]))
+    judged = [_row(**{"notebook": "10_ladder", **r}) for r in study.recorder]
+    key = "engine:openvino-f32"
+    sc = scenarios.named(scenarios.LOSSLESS_STACK, key)
+    head = [_row(notebook="10_ladder", scenario=sc, key=key, metric="seed_speedup_vs_fp32", value=1.58, lo=1.5,
+                 hi=1.79, note="per image; faster"),
+            _row(notebook="10_ladder", scenario=sc, key=key, metric="reference_adherence_delta", value=0.0, lo=-0.069,
+                 hi=-0.025, note="trained reference model; over budget; lossless")]
+    (s,) = report.headline_sentences(pd.DataFrame(judged + head, columns=COLUMNS))
+    assert "fp32 PLMS-50's own" in s and "adherence -0.060 [-0.064, -0.056]" in s and "over budget" in s
+    assert "+0.000" not in s and "n=128" in s
+    (without,) = report.headline_sentences(pd.DataFrame(head, columns=COLUMNS))  # not judged: the row speaks
+    assert "+0.000 [-0.069, -0.025]" in without
 
 
 def test_a_notebook_without_comparisons_says_what_it_measured():

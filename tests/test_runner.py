@@ -414,3 +414,22 @@ def test_a_run_keys_its_rounds_by_commit_machine_and_profile_and_clears_the_othe
     runner.resume_rounds(smoke, force=True)
     assert not mine.exists()
     assert ledgers.resume_key("a", "m", "p") != ledgers.resume_key("b", "m", "p") != ledgers.resume_key("a", "n", "p")
+
+
+def test_a_skipped_notebook_whose_html_is_older_than_its_run_gets_fresh_html(tmp_path, monkeypatch):
+    """A study killed before its HTML step leaves the notebooks it finished beside an earlier run's HTML; the
+    resumed run skips them, and must still export their pages again, while an HTML newer than its run stays."""
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
+    out = runner.outputs_dir("smoke")
+    out.mkdir(parents=True)
+    stale, fresh = (make_notebook(out / f"{n}.ipynb", ["1"]) for n in ("00_stale", "01_fresh"))
+    for nb, age in ((stale, 100), (fresh, -100)):  # the earlier run's page is older (newer) than the executed copy
+        html = nb.with_suffix(".html")
+        html.write_text("an earlier run's page")
+        t = nb.stat().st_mtime - age
+        os.utime(html, (t, t))
+    said = []
+    assert runner.convert("smoke", [runner.Outcome("00_stale", runner.SKIPPED),
+                                    runner.Outcome("01_fresh", runner.SKIPPED)], said.append) and not said
+    assert "<html" in stale.with_suffix(".html").read_text()
+    assert fresh.with_suffix(".html").read_text() == "an earlier run's page"

@@ -72,7 +72,7 @@ def test_a_stack_over_the_budget_is_never_chosen_however_fast():
                     (("", "scheduler:euler@10"), 1.02, 0.99, 1.05)])   # within noise
     asked = []
     verdicts = {f"{PTQ}+scheduler:euler@15": OVER, f"{PTQ}+scheduler:euler@20": UNDECIDED,
-                f"{PTQ}+scheduler:euler@25": WITHIN}
+                f"{PTQ}+scheduler:euler@25": WITHIN, "scheduler:plms@50": OVER}  # the lossless one's pictures
     parts = {PTQ: WITHIN, "scheduler:dpmpp-2m@10": OVER, "scheduler:euler@15": WITHIN, "scheduler:euler@20": WITHIN,
              "scheduler:euler@25": WITHIN}
 
@@ -94,7 +94,26 @@ def test_a_stack_over_the_budget_is_never_chosen_however_fast():
     # with a rendering budget too small to reach an admissible stack, nothing is chosen
     asked.clear()
     short = ss.search(table, (0.97, 1.03), judge, parts, max_quality=1, batch=1)
-    assert ss.best(short) is None and len(asked) == 1
+    assert ss.best(short) is None and [k for k in asked if k != "scheduler:plms@50"] == [f"{PTQ}+scheduler:euler@15"]
+
+
+def test_a_lossless_candidates_quality_is_plms50s_own_read_back_never_zero():
+    """Its pictures are fp32 PLMS-50's: against the converged solve it carries that sampler's deficit, from the
+    seeds' sampler's rows (read back, not counted as a rendering), so no 0 sits beside PLMS-50's interval."""
+    table = _table([(("engine:openvino-f32",), 1.4, 1.3, 1.5), (("", "scheduler:euler@10"), 1.02, 0.99, 1.05)])
+    asked = []
+
+    def judge(keys):
+        asked.append(list(keys))
+        return pd.DataFrame([{"key": k, "quality_verdict": OVER, "adherence_delta": -0.04,
+                              "adherence_delta_lo": -0.07, "adherence_delta_hi": -0.025} for k in keys])
+
+    found = ss.search(table, (0.97, 1.03), judge, {"scheduler:plms@50": OVER}, max_quality=0)
+    assert asked == [["scheduler:plms@50"]]
+    best = ss.best(found, lossless=True)
+    assert best.key == "engine:openvino-f32" and best.admissible == ss.ADMISSIBLE
+    assert (best.adherence_delta, best.adherence_delta_lo, best.adherence_delta_hi) == (-0.04, -0.07, -0.025)
+    assert best.quality_verdict == OVER
 
 
 def test_one_parts_gain_never_pays_for_anothers_loss():

@@ -293,12 +293,18 @@ def to_html(ipynb: Path) -> Path:
     return html
 
 
+def _fresh(html: Path, ipynb: Path) -> bool:
+    return html.is_file() and html.stat().st_mtime >= ipynb.stat().st_mtime
+
+
 def convert(profile: str, outcomes: list[Outcome], say) -> bool:
-    """HTML for everything run now, and for skipped notebooks whose HTML went missing; False if any failed."""
+    """HTML for everything run now, and for skipped notebooks whose HTML is missing or older than their executed
+    copy (a run killed before this step leaves the notebooks it finished without fresh HTML: the resumed run skips
+    them, and their pages would show an earlier run's figures); False if any failed."""
     ok = True
     for outcome in outcomes:
         ipynb = executed_copy(profile, outcome.name)
-        if ipynb is None or (outcome.status == SKIPPED and ipynb.with_suffix(".html").is_file()):
+        if ipynb is None or (outcome.status == SKIPPED and _fresh(ipynb.with_suffix(".html"), ipynb)):
             continue
         try:
             to_html(ipynb)

@@ -25,8 +25,9 @@ the converged sampler, a sampler with fp32 weights) AND the stack rendered whole
 for another part's loss; and only when the run's controls read as they must (an fp32 twin "within", known harms
 "over"), else no candidate is admitted at all. Its speed range must also clear the noise floor. Candidates are
 judged fastest first; one with a part that is not within alone is not rendered (its row names the part); a lossless
-candidate (no technique may change the picture: the fp32 PLMS-50 pictures themselves) needs no rendering. The
-search stops at the first admissible candidate, or after `max_quality` renderings.
+candidate (no technique may change the picture: the fp32 PLMS-50 pictures themselves) needs no rendering, and its
+quality columns are its pictures' own: the seeds' sampler's rows against the converged solve (read back), never a
+zero that would hide PLMS-50's own deficit. The search stops at the first admissible candidate, or after `max_quality` renderings.
 """
 from __future__ import annotations
 
@@ -240,11 +241,14 @@ def search(table: pd.DataFrame, band: tuple[float, float], judge: Callable[[list
         t.at[i, "why"] = f"quality {verdict}"
         if verdict == WITHIN:
             break
+    lossless = {c.picture_key for c in t.candidate if c.lossless} - set(quality)
+    if lossless:  # their pictures are the seeds' sampler's own: its rows against the converged solve, read back
+        for _, q in judge(sorted(lossless)).iterrows():
+            quality[q["key"]] = q.to_dict()
     t["judged_as"] = [c.picture_key for c in t.candidate]
     for col in ("quality_verdict", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi", "fid_delta",
                 "fid_delta_lo", "fid_delta_hi"):
         t[col] = [quality.get(c.picture_key, {}).get(col) for c in t.candidate]
-    t.loc[[c.lossless for c in t.candidate], ["adherence_delta", "fid_delta"]] = 0.0
     return t
 
 
