@@ -134,8 +134,9 @@ def test_the_paired_distance_interval_is_narrower_than_the_unpaired_spread():
 
 def test_the_time_gate_predicts_the_first_batch_from_its_second_call(monkeypatch):
     """Calls of 4 prompts for a first batch of 16: the first call (a compile, say) is not the one timed; the second
-    predicts 4 calls; over the budget it stops there, under it every call is made."""
-    clock = iter([0.0, 50.0, 50.0, 52.5, 52.5, 55.0, 55.0, 57.5, 100.0, 150.0, 150.0, 152.5])
+    predicts 4 calls; over the budget it stops there, under it every call is made. A first call longer than the
+    whole budget stops at once."""
+    clock = iter([0.0, 10.0, 10.0, 12.5, 12.5, 15.0, 15.0, 17.5, 100.0, 108.0, 108.0, 110.5, 200.0, 220.0])
     monkeypatch.setattr(techniques.time, "perf_counter", lambda: next(clock))
     made = []
 
@@ -148,11 +149,15 @@ def test_the_time_gate_predicts_the_first_batch_from_its_second_call(monkeypatch
     got = techniques._gated_first_batch(render, ref, plan, batch=4)
     assert made == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]] and len(got) == 4
     made.clear()
-    with pytest.raises(techniques.OverBudget) as err:  # a 50 s first call, then 2.5 s: 4 x 2.5 = 10 s > 9 s
+    with pytest.raises(techniques.OverBudget) as err:  # an 8 s first call, then 2.5 s: 4 x 2.5 = 10 s > 9 s
         techniques._gated_first_batch(render, ref, replace(plan, key_budget_s=9.0), batch=4)
     assert len(made) == 2 and err.value.predicted_s == pytest.approx(10.0)
     assert "first 16 images would take about 10 s here (4 calls of 2.5 s" in str(err.value)
     assert "reference_key_budget_s of 9 s" in str(err.value)
+    made.clear()
+    with pytest.raises(techniques.OverBudget) as err:  # a 20 s first call alone is over a 9 s budget: no second
+        techniques._gated_first_batch(render, ref, replace(plan, key_budget_s=9.0), batch=4)
+    assert len(made) == 1 and "timed on its first call" in str(err.value)
 
 
 def test_a_key_over_the_time_budget_is_skipped_at_every_guidance(smoke_profile, monkeypatch, tmp_path):
