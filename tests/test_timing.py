@@ -67,11 +67,13 @@ def test_interleaved_times_every_call_each_round_after_their_first_calls():
 
 def test_interleaved_shares_a_drift_between_the_calls():
     """A machine that speeds up as it goes: timed one after the other, the later call looks faster than it is;
-    timed in turn, two identical calls come out equal."""
+    timed in turn, two identical calls come out equal (to the drift between neighbours: ABBA of a 15% per-call drift
+    gives 0.85 at best). The calls sleep long enough (64-200 ms) that a loaded machine's wake-up jitter of a few ms
+    cannot push that ratio past the bounds: at 20 ms a 2-core CI run under load once read 0.726."""
     speed = [1.0]
 
     def work():
-        time.sleep(0.02 * speed[0])
+        time.sleep(0.2 * speed[0])
         speed[0] *= 0.85
 
     a = measure(work, device="cpu", warmup=1, repeats=3)
