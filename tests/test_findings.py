@@ -130,12 +130,14 @@ def test_12s_finding_states_the_controls_and_plms50_that_10_recorded():
         return [_row(**{"notebook": notebook, **r}) for r in study.recorder]
 
     ten = rows("10_ladder", [_judged(controls.TWIN, 0.0, 0.0), _judged(controls.noise_key(0.2), -0.2),
-                             _judged(techniques.SEEDS_SAMPLER, -0.06), _judged("deepcache:2+scheduler:euler@10", -0.07)])
-    twelve = rows("12_fid_clip", [_judged("compile:default", 0.0, 0.0)])
+                             _judged(techniques.SEEDS_SAMPLER, -0.06),
+                             _judged("deepcache:2+scheduler:euler@10", -0.07)])
+    twelve = rows("12_fid_clip", [_judged("compile:default", 0.0, 0.0),
+                                  _judged("compile:channels_last+freezing", 0.0, 0.0)])
     results = pd.DataFrame(ten + twelve, columns=COLUMNS)
     text = findings.verdicts(results, ["12_fid_clip"])["12_fid_clip"]
     assert "fp32 PLMS-50, the seeds' sampler, is over budget" in text and "controls as required" in text
-    assert "1 techniques alone: 1 within budget" in text  # the stack is 10's finding
+    assert "2 techniques alone: 2 within budget" in text  # the stack is 10's; a '+' inside one key is no stack
     assert "PLMS-50" not in findings.verdict("12_fid_clip", results[results.notebook == "12_fid_clip"])
 
 

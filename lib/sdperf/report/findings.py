@@ -91,6 +91,7 @@ def baseline_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | 
 def quality_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | None:
     """The reference model's verdicts against the converged solve: the seeds' PLMS-50, the controls, and how many
     techniques stayed within the budget, each recomputed from the rows' interval columns (never from prose)."""
+    from sdperf.optimizations import catalog
     from sdperf.reference import controls, techniques
 
     table = techniques.from_rows(rows[rows["status"].isin(["ok", "failed", "not_applicable"])])
@@ -99,7 +100,7 @@ def quality_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | N
     per_key = techniques.overall(table[table.status == "ok"], tuple(dict.fromkeys(table.guidance)))
     ctrl = per_key[per_key.key.map(controls.is_control)]
     judged = per_key[per_key.key.map(lambda k: not controls.is_control(k) and not str(k).startswith(
-        techniques.REFERENCE) and k != techniques.SEEDS_SAMPLER and "+" not in str(k))]  # stacks: 10's finding
+        techniques.REFERENCE) and k != techniques.SEEDS_SAMPLER and len(catalog.split(str(k))) == 1)]  # stacks: 10's
     text = ""
     seeds = per_key[per_key.key == techniques.SEEDS_SAMPLER]
     if len(seeds):
