@@ -32,9 +32,13 @@ def smoke_profile():
 
 
 @pytest.fixture(scope="module")
-def measured(smoke_profile, tmp_path_factory):
-    return techniques.measure(KEYS, smoke_profile, plan=PLAN, scratch=tmp_path_factory.mktemp("art"),
-                              say=lambda _: None)
+def art(tmp_path_factory):
+    return tmp_path_factory.mktemp("art")
+
+
+@pytest.fixture(scope="module")
+def measured(smoke_profile, art):
+    return techniques.measure(KEYS, smoke_profile, plan=PLAN, scratch=art, say=lambda _: None)
 
 
 def test_the_twin_is_identical_and_within_and_a_known_harm_is_over(measured):
@@ -69,6 +73,34 @@ def test_every_measure_has_its_interval_and_the_sampler_runs_its_own_steps(measu
     conv = measured.attrs["convergence"]
     assert list(conv.steps)[:1] == [5] and (conv.doubled == 2 * conv.steps).all()
     assert conv.iloc[-1].share < 0.05 or not conv.iloc[-1].converged
+
+
+def test_a_second_run_reads_the_techniques_renders_back_builds_nothing_and_renders_the_controls(
+        measured, smoke_profile, art, monkeypatch):
+    """The render cache (sdperf.reference.renders): a run on the same machine and model, with the same technique
+    code and libraries, reads each technique's batches back and builds no pipeline for them; its numbers are the
+    first run's; the controls are rendered again; other technique code is another key."""
+    from sdperf.reference import renders
+
+    built, build = [], techniques._build
+    monkeypatch.setattr(techniques, "_build", lambda control, stack, *a: built.append(
+        control.key if control else stack.key) or build(control, stack, *a))
+    keys = [controls.TWIN, "grad:no_grad", "scheduler:euler@10"]
+    said = []
+    again = techniques.measure(keys, smoke_profile, plan=PLAN, scratch=art, say=said.append).set_index("key")
+    first = measured.set_index("key")
+    assert built == [controls.TWIN]
+    assert again.loc[controls.TWIN, "cached_images"] == 0 and first.loc[controls.TWIN, "cached_images"] == 0
+    for key in ("grad:no_grad", "scheduler:euler@10"):
+        assert first.loc[key, "cached_images"] == 0  # the first run rendered them
+        assert again.loc[key, "cached_images"] == again.loc[key, "n_images"] == first.loc[key, "n_images"]
+        for col in ("adherence_delta", "adherence_delta_lo", "soft_adherence_delta", "latent_mse", "ssim",
+                    "fid_delta", "kid_delta", "quality_verdict"):
+            assert again.loc[key, col] == first.loc[key, col], (key, col)
+    assert any("grad:no_grad @ 7.5: n=8 (8 read back from the render cache)" in s for s in said)
+    monkeypatch.setattr(renders, "code_hash", lambda: "technique code edited")
+    third = techniques.measure(["scheduler:euler@10"], smoke_profile, plan=PLAN, scratch=art, say=lambda _: None)
+    assert built[-1] == "scheduler:euler@10" and third.set_index("key").loc["scheduler:euler@10", "cached_images"] == 0
 
 
 def test_soft_adherence_equals_the_checks_for_certain_predictions():
@@ -241,6 +273,7 @@ def test_rows_round_trip_and_for_study_measures_only_what_is_missing(measured, s
             assert back.loc[key, col] == pytest.approx(want.loc[key, col]), (key, col)
         assert back.loc[key, "quality_verdict"] == want.loc[key, "quality_verdict"]  # recomputed from the columns
         assert back.loc[key, "steps"] == want.loc[key, "steps"]
+        assert back.loc[key, "cached_images"] == want.loc[key, "cached_images"]
     assert back.loc["cuda_graphs", "status"] == "not_applicable"
     assert len(techniques.convergence_from_rows(study.recorder.current())) == len(measured.attrs["convergence"])
     asked = []
@@ -272,3 +305,17 @@ def test_ptqs_alternatives_are_judged_when_and_only_when_ptq_alone_is_over(measu
     alternatives = list(quantization.PTQ_ALTERNATIVES)
     assert asked == [[techniques.SEEDS_SAMPLER]] + ([[techniques.SEEDS_SAMPLER] + alternatives] if extra else [])
     assert got.why_judged.notna().sum() == 0  # no alternative has rows here (measure was stubbed): none is shown
+
+
+def test_the_report_says_how_many_technique_images_came_from_the_render_cache(measured):
+    """Controls (always rendered) and the reference's own rows do not count; a row read back wholly does."""
+    rows = []
+    study = type("S", (), {"recorder": type("R", (), {"add_many": lambda self, r: rows.extend(r)})()})()
+    techniques.record(study, measured.assign(cached_images=[8 if k == "scheduler:euler@10" else 0
+                                                            for k in measured.key]))
+    table = pd.DataFrame(rows).assign(status=lambda d: d.get("status", pd.Series(dtype=object)).fillna("ok"))
+    said = techniques.reuse_sentence(table)
+    judged = [k for k in measured[measured.status == "ok"].key if not controls.is_control(k)
+              and not k.startswith(techniques.REFERENCE)]
+    assert said.startswith(f"Render cache: 8 of the {8 * len(judged)} technique images") and "1 of them wholly" in said
+    assert techniques.reuse_sentence(table[table.metric != "reference_cached_images"]) is None

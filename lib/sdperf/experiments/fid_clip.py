@@ -82,6 +82,9 @@ class FidClip:
         trusted, why = judged.attrs["trusted"]
         print("controls:", "as required" if trusted else "FAILED, the budget cannot be trusted: " + "; ".join(why))
         print(judged.attrs["convergence"].round(5).to_string(index=False))
+        reuse = techniques.reuse_sentence(self.study.recorder.current())
+        if reuse:
+            print(reuse)
         return technique_report.table(self.study, judged)
 
     def plot_techniques(self):

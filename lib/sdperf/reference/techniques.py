@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sdperf.reference import controls, converged, domain, paired, quality
+from sdperf.core import environment
+from sdperf.reference import controls, converged, domain, paired, quality, renders
 from sdperf.reference.paired import ADHERENCE_BUDGET, OVER, UNDECIDED, WITHIN
 
 GUIDANCE = 7.5  # the seeds' guidance: the reference model's quality is first stated there
@@ -216,6 +217,8 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
                       for r in conv.rows]
 
     rows = []
+    machine, mhash = environment.fingerprint("cpu"), converged.model_hash(manifest)
+    stored = renders.cache_dir(scratch.parent) if scratch else None
     for key in keys:
         control, stack = known.get(key), stacks.get(key)
         row = dict(key=key, label=control.label if control else stack.label,
@@ -230,17 +233,26 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
                 rows += [dict(row, guidance=g, status="not_applicable", note=f"not applicable: {reason}")
                          for g in plan.guidances]
                 continue
-        pipe = None
+        built = {}
+
+        def pipe():  # built on the first batch the render cache lacks, once for every guidance
+            if "pipe" not in built:
+                built["pipe"] = _build(control, stack, ctx, fresh)
+            return built["pipe"]
+
+        steps, grad_mode, batch, aligned = _how(control, stack, refs[plan.guidances[0]].convergence.steps)
         try:
             for g in plan.guidances:
                 ref = refs[g]
-                if pipe is None:
-                    pipe, steps, grad_mode, batch, aligned = _pipeline(key, control, stack, ctx, fresh,
-                                                                       ref.convergence.steps)
-                got = _sequential(pipe, steps, grad_mode, g, ref, plan, real, batch, aligned, pad=control is None)
-                rows.append(dict(row, guidance=g, status="ok", steps=steps, note=_facts(ctx.facts), **got))
+                cache = renders.Cache(None if control else stored, mhash, machine, key, steps, g,  # controls: live
+                                      dict(batch=batch, pad=control is None, grad_mode=grad_mode), facts=ctx.facts)
+                got = _sequential(pipe, steps, grad_mode, g, ref, plan, real, batch, aligned, pad=control is None,
+                                  cache=cache)
+                rows.append(dict(row, guidance=g, status="ok", steps=steps, cached_images=cache.hits,
+                                 note=_facts(ctx.facts), **got))
                 r = rows[-1]
-                say(f"{key} @ {g:g}: n={r['n_images']}, adherence {r['adherence_delta']:+.4f} "
+                said = f" ({cache.hits} read back from the render cache)" if cache.hits else ""
+                say(f"{key} @ {g:g}: n={r['n_images']}{said}, adherence {r['adherence_delta']:+.4f} "
                     f"[{r['adherence_delta_lo']:+.4f}, {r['adherence_delta_hi']:+.4f}], soft "
                     f"{r['soft_adherence_delta']:+.4f}, latent MSE {r['latent_mse']:.4f}: {r['quality_verdict']}")
         except OverBudget as exc:  # every guidance: the same calls cost the same at another guidance
@@ -254,7 +266,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
             done = {r["guidance"] for r in rows if r["key"] == key}
             rows += [dict(row, guidance=g, status="failed", note=msg[:500]) for g in plan.guidances if g not in done]
         finally:
-            pipe = None
+            built.clear()
             release()
     table = pd.DataFrame(rows)
     for g, ref in refs.items():  # the reference's own absolute figures, at the most images any key used
@@ -271,30 +283,51 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
     return table
 
 
-def _pipeline(key, control, stack, ctx, fresh, n_converged: int):
-    """(pipeline, steps, grad mode, prompts per UNet call, aligned) that renders `key` alone: a sampler its own,
-    anything else the converged one; a control at the converged solve's own batch, the twin also in the solve's own
-    chunks (`aligned`: the same computation, so its deltas are exactly 0); a technique at RENDER_BATCH (an engine's
-    static shapes)."""
+def _how(control, stack, n_converged: int) -> tuple[int, str, int, bool]:
+    """(steps, grad mode, prompts per UNet call, aligned) with which `key` is rendered alone: a sampler its own
+    steps, anything else the converged solve's; a control at the converged solve's own batch, the twin also in the
+    solve's own chunks (`aligned`: the same computation, so its deltas are exactly 0); a technique at RENDER_BATCH
+    (an engine's static shapes)."""
+    if control is not None:
+        return (control.steps or n_converged, "inference_mode", SOLVE_BATCH,
+                not control.noise and control.steps is None)
+    return (stack.steps if stack.steps is not None else n_converged), stack.grad_mode, RENDER_BATCH, False
+
+
+def _build(control, stack, ctx, fresh):
+    """The pipeline that renders a control or a stack alone: a stack that names its sampler starts from PLMS (its
+    scheduler part replaces it), anything else from the converged solver."""
     if control is not None:
         pipe = fresh(converged.SOLVER)
         if control.noise:
             controls.add_output_noise(pipe, control.noise)
-        twin = not control.noise and control.steps is None
-        return pipe, control.steps or n_converged, "inference_mode", SOLVE_BATCH, twin
-    named = stack.steps is not None  # a stack that names its sampler runs it at its steps
-    pipe = stack.apply(fresh("plms" if named else converged.SOLVER), ctx)
-    return pipe, stack.steps if named else n_converged, stack.grad_mode, RENDER_BATCH, False
+        return pipe
+    return stack.apply(fresh("plms" if stack.steps is not None else converged.SOLVER), ctx)
 
 
-def _sequential(pipe, steps: int, grad_mode: str, guidance: float, ref: _Reference, plan: Plan,
-                real: quality.Real, batch: int = RENDER_BATCH, aligned: bool = False, pad: bool = True) -> dict:
-    """Images in batches of plan.n_step until the adherence intervals settle or plan.n_max is reached (`aligned`:
-    each time the whole prefix again, in the reference's own chunks; `pad`: every call at `batch` prompts, the
-    static shape an engine needs; the controls' fp32 pipelines are called like the solves, never padded)."""
+def _sequential(pipe: Callable, steps: int, grad_mode: str, guidance: float, ref: _Reference, plan: Plan,
+                real: quality.Real, batch: int = RENDER_BATCH, aligned: bool = False, pad: bool = True,
+                cache: renders.Cache | None = None) -> dict:
+    """Images in batches of plan.n_step until the adherence intervals settle or plan.n_max is reached (`pipe()`
+    gives the pipeline, built when first called; `aligned`: each time the whole prefix again, in the reference's
+    own chunks; `pad`: every call at `batch` prompts, the static shape an engine needs; the controls' fp32
+    pipelines are called like the solves, never padded). With `cache`, a batch stored by an earlier run is read
+    back instead of rendered (and the pipeline is not built for it); a batch rendered here is stored."""
     def render(caps: list[str], seeds: list[int]) -> converged.Solve:
-        return converged.Solve(*quality.generate_with_latents(pipe, caps, seeds, guidance, steps, batch=batch,
+        return converged.Solve(*quality.generate_with_latents(pipe(), caps, seeds, guidance, steps, batch=batch,
                                                                grad_mode=grad_mode, pad=pad))
+
+    def block(lo: int, stop: int) -> converged.Solve:
+        caps, seeds = ref.captions[lo:stop], ref.seeds[lo:stop]
+        hit = cache.get(caps, seeds) if cache is not None else None
+        if hit is not None:
+            return hit
+        parts = (_gated_first_batch(render, ref, plan, batch) if lo == 0 and plan.key_budget_s is not None
+                 else [render(caps, seeds)])
+        got = converged.Solve.cat(parts)
+        if cache is not None:
+            cache.put(caps, seeds, got)
+        return got
 
     done: list[converged.Solve] = []
     n = 0
@@ -303,10 +336,8 @@ def _sequential(pipe, steps: int, grad_mode: str, guidance: float, ref: _Referen
         if aligned:
             done = [converged.Solver(lambda _s, _n, c, d: render(c, d), "", guidance).solve(
                 ref.captions[:stop], ref.seeds[:stop], steps)]
-        elif n == 0 and plan.key_budget_s is not None:
-            done = _gated_first_batch(render, ref, plan, batch)
         else:
-            done.append(render(ref.captions[n:stop], ref.seeds[n:stop]))
+            done.append(block(n, stop))
         n = stop
         got = converged.Solve.cat(done)
         judged = paired.Judged.of(ref.net, got.latents, got.images, ref.truth[:n])
@@ -347,6 +378,9 @@ def _facts(facts: dict) -> str:
 
 # ---------------------------------------------------------------- rows
 SCENARIO = "quality vs the converged solve"
+CACHED = ("of the row's images, those read back from the render cache of an earlier run on this machine "
+          "(sdperf.reference.renders: same model, technique code, libraries, captions and noise); the rest were "
+          "rendered in this run; controls are always rendered")
 CONVERGENCE = "converged reference"
 
 
@@ -376,6 +410,9 @@ def record(study, table: pd.DataFrame) -> None:
         rows.append(dict(common, metric="reference_sampler_steps", value=float(r["steps"]), unit="steps", n=n,
                          note="the steps its sampler ran: its own scheduler's, else the converged solve's"))
         rows.append(dict(common, metric="reference_guidance", value=float(r["guidance"]), unit="", n=n))
+        if not str(r["key"]).startswith(REFERENCE):  # the reference's own images are the solves cache's
+            rows.append(dict(common, metric="reference_cached_images", value=float(_count(r.get("cached_images"))),
+                             unit="images", n=n, note=CACHED))
         if "psnr_db_median" in r and not pd.isna(r.get("psnr_db_median")):
             rows.append(dict(common, metric="reference_image_psnr_db", value=_finite(r["psnr_db_median"]), unit="dB",
                              p10=_finite(r["psnr_db_p10"]), n=n, note="median over images vs the converged twin "
@@ -398,6 +435,26 @@ def record(study, table: pd.DataFrame) -> None:
                      dict(common, metric="convergence_guidance", value=float(c["guidance"]), unit=""),
                      dict(common, metric="convergence_chosen", value=float(chosen), unit="")]
     study.recorder.add_many(rows)
+
+
+def reuse_sentence(results) -> str | None:
+    """What the quality judging read back from the render cache of an earlier run on this machine instead of
+    rendering (sdperf.reference.renders), from the rows' reference_cached_images column; None without such rows."""
+    rows = results[results["metric"] == "reference_cached_images"] if "metric" in results else results.iloc[:0]
+    rows = rows[(rows["status"] == "ok") & ~rows["key"].astype(str).map(
+        lambda k: controls.is_control(k) or k.startswith(REFERENCE))]
+    if rows.empty:
+        return None
+    read, judged = int(rows["value"].sum()), int(rows["n"].sum())
+    whole = int((rows["value"] >= rows["n"]).sum())
+    return (f"Render cache: {read:,} of the {judged:,} technique images judged against the converged solve "
+            f"({len(rows)} key-and-guidance rows, {whole} of them wholly) were read back from an earlier run on this "
+            f"machine (same model, technique code, libraries, captions and noise) instead of rendered; the controls "
+            f"are rendered in every run.")
+
+
+def _count(x) -> int:
+    return 0 if x is None or (isinstance(x, float) and math.isnan(x)) else int(x)
 
 
 def _finite(x: float) -> float | None:
@@ -439,6 +496,8 @@ def from_rows(rows: pd.DataFrame) -> pd.DataFrame:
                 row.update(paired.decide(row))
             if "reference_sampler_steps" in by:
                 row["steps"] = int(by["reference_sampler_steps"].value)
+            if "reference_cached_images" in by:
+                row["cached_images"] = int(by["reference_cached_images"].value)
         out.append(row)
     return pd.DataFrame(out)
 

@@ -183,7 +183,11 @@ def _summary_section(names: list[str], stamps: dict, results) -> str:
     df = pd.DataFrame(rows)
     classes = pd.DataFrame([[s] * len(df.columns) for s in statuses], columns=df.columns)
     classes["status"] = [f"{s} status" for s in statuses]
-    return "<h2 id='summary'>Study summary</h2>" + _styled_table(df, classes, "summary")
+    from sdperf.reference.techniques import reuse_sentence
+
+    reuse = reuse_sentence(results)
+    return ("<h2 id='summary'>Study summary</h2>" + _styled_table(df, classes, "summary") +
+            (f"<p>{_esc(reuse)}</p>" if reuse else ""))
 
 
 NOT_RECORDED = "not recorded (environment.json from an earlier sdperf)"

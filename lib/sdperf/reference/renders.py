@@ -1,0 +1,121 @@
+"""A judged technique's renders on the reference model, cached on disk across runs of one machine (issue 33).
+
+Judging a technique against the converged solve (sdperf.reference.techniques) renders its images batch by batch,
+and on a 2-core CPU that is most of 10's and 12's time. A batch's latents and images are a pure function of what
+goes in: the model's files, the technique's key, the code that builds and runs it (this package's technique, model
+and generation modules, hashed by content, so a commit that only touches the report keeps the cache), the
+libraries it runs on, the steps, guidance, captions, noise seeds and call shape (prompts per call, padding, grad
+mode), and the machine (an int8 kernel or an engine's summation order differs from one CPU to the next). A batch
+is stored under a key of exactly those, whole or not at all, so a resumed or repeated run on this machine renders
+and builds only what it lacks, and every row says how many of its images were read back.
+
+The controls are never cached: they check this run's rendering and judging, every run.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sdperf.reference.converged import Solve
+
+# the code a render runs, relative to the sdperf package: a change to any of these files is a new key
+CODE = ("optimizations", "model", "imagegen/render.py", "reference/quality.py", "reference/techniques.py",
+        "reference/model.py", "reference/store.py", "config/architectures.py")
+# the libraries a technique may run on: a new version of any is a new key (absent ones are named absent)
+LIBRARIES = ("torch", "diffusers", "transformers", "openvino", "nncf", "onnxruntime", "onnx", "torchao",
+             "deepspeed", "tomesd", "DeepCache", "numpy")
+
+
+def cache_dir(scratch: Path) -> Path:
+    """Beside the converged solves' cache under a profile's scratch folder (sdperf.reference.converged)."""
+    return Path(scratch) / "reference-techniques" / "renders"
+
+
+@functools.cache
+def code_hash() -> str:
+    """sha256 over the contents of CODE's .py files, in path order."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for part in CODE:
+        p = root / part
+        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:32]
+
+
+@functools.cache
+def library_versions() -> dict:
+    out = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+@dataclass
+class Cache:
+    """The renders of one technique (`key`) of one model on one machine. `folder` None: nothing is read or stored."""
+
+    folder: Path | None
+    model_hash: str
+    machine: str
+    key: str
+    steps: int
+    guidance: float
+    call: dict  # how the pipeline is called: prompts per call, padding, grad mode
+    facts: dict = field(default_factory=dict)  # the build's facts (catalog.Context.facts): stored, and filled on a hit
+    hits: int = field(default=0)  # images read back in this process
+    made: int = field(default=0)  # images rendered and stored
+
+    def name(self, captions: list[str], seeds: list[int]) -> str:
+        what = json.dumps({"model": self.model_hash, "machine": self.machine, "key": self.key,
+                           "code": code_hash(), "libraries": library_versions(), "steps": int(self.steps),
+                           "guidance": float(self.guidance), "call": self.call, "captions": list(captions),
+                           "seeds": [int(s) for s in seeds]}, sort_keys=True)
+        return hashlib.sha256(what.encode()).hexdigest()[:32]
+
+    def _path(self, captions: list[str], seeds: list[int]) -> Path | None:
+        return self.folder / f"{self.name(captions, seeds)}.npz" if self.folder is not None else None
+
+    def get(self, captions: list[str], seeds: list[int]) -> Solve | None:
+        """The batch when stored whole for exactly these captions and seeds; the facts its build recorded fill in
+        what `facts` lacks (no build ran here when every batch is read back)."""
+        path = self._path(captions, seeds)
+        if path is None or not path.exists():
+            return None
+        try:
+            with np.load(path) as f:
+                got, facts = Solve(torch.from_numpy(f["latents"]), f["images"]), json.loads(str(f["facts"]))
+        except (OSError, ValueError, KeyError):  # unreadable: rendered again and stored over it
+            return None
+        if len(got) != len(captions):
+            return None
+        self.hits += len(got)
+        for k, v in facts.items():
+            self.facts.setdefault(k, v)
+        return got
+
+    def put(self, captions: list[str], seeds: list[int], solve: Solve) -> None:
+        """Stored whole or not at all (a temp file renamed into place): a killed run leaves no torn entry."""
+        from sdperf.store.results import atomic_write_bytes
+
+        self.made += len(solve)
+        path = self._path(captions, seeds)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        np.savez(buf, latents=solve.latents.numpy(), images=solve.images,
+                 facts=np.array(json.dumps(self.facts, default=str)))
+        atomic_write_bytes(path, buf.getvalue())
