@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sdperf.core.errors import ConfigError
-from sdperf.reference import controls, paired, quality, store, techniques
+from sdperf.reference import controls, paired, quality, store, technique_setup, techniques
 
 STEPS = 10
 # the smoke scale: one batch of 8 images, a short convergence ladder; noise of std 4 on the UNet's output cost 42
@@ -82,8 +82,8 @@ def test_a_second_run_reads_the_techniques_renders_back_builds_nothing_and_rende
     first run's; the controls are rendered again; other technique code is another key."""
     from sdperf.reference import renders
 
-    built, build = [], techniques._build
-    monkeypatch.setattr(techniques, "_build", lambda control, stack, *a: built.append(
+    built, build = [], technique_setup.build
+    monkeypatch.setattr(technique_setup, "build", lambda control, stack, *a: built.append(
         control.key if control else stack.key) or build(control, stack, *a))
     keys = [controls.TWIN, "grad:no_grad", "scheduler:euler@10"]
     said = []
@@ -235,7 +235,7 @@ def test_deepcache_runs_the_deep_branch_only_every_interval_calls():
     pipe.unet.mid_block.forward = lambda *a, **k: deep.append(1) or compute(*a, **k)
     pipe.unet.register_forward_pre_hook(lambda *a: calls.append(len(deep)))
     feature_reuse.apply(pipe, 3)
-    techniques.render(pipe, ["a small red circle at the top left on a light background"], [0], STEPS)
+    technique_setup.render(pipe, ["a small red circle at the top left on a light background"], [0], STEPS)
     timesteps = list(pipe.scheduler.timesteps)
     assert len(calls) == len(timesteps) == STEPS + 1  # PLMS evaluates its first timestep twice
     # DeepCache counts steps by the timestep's first index in the schedule: a full UNet at every third
@@ -250,14 +250,14 @@ def test_token_merging_patches_the_highest_resolution_blocks_and_changes_the_pic
 
     caption = ["a large blue square at the bottom right on a dark background"]
     pipe = store.load()[0]
-    base, _ = techniques.render(pipe, caption, [0], STEPS)
+    base, _ = technique_setup.render(pipe, caption, [0], STEPS)
     token_merging.apply(pipe, 0.5, seed=0)
     assert token_merging.merged_blocks(pipe.unet) > 0
-    merged, _ = techniques.render(pipe, caption, [0], STEPS)
+    merged, _ = technique_setup.render(pipe, caption, [0], STEPS)
     again = store.load()[0]
     token_merging.apply(again, 0.5, seed=0)
     assert not np.array_equal(base, merged)
-    assert np.array_equal(merged, techniques.render(again, caption, [0], STEPS)[0])  # seeded: the same merges
+    assert np.array_equal(merged, technique_setup.render(again, caption, [0], STEPS)[0])  # seeded: the same merges
 
 
 def test_rows_round_trip_and_for_study_measures_only_what_is_missing(measured, scratch_reports, monkeypatch):
@@ -319,3 +319,29 @@ def test_the_report_says_how_many_technique_images_came_from_the_render_cache(me
               and not k.startswith(techniques.REFERENCE)]
     assert said.startswith(f"Render cache: 8 of the {8 * len(judged)} technique images") and "1 of them wholly" in said
     assert techniques.reuse_sentence(table[table.metric != "reference_cached_images"]) is None
+
+
+def test_the_time_gate_times_the_renders_not_the_build(monkeypatch):
+    """A key whose pipeline takes 1,000 s to build (a calibration, an export) and 1 s a call is not over a 12 s
+    budget: the build happens before the gated first batch, untimed. A cached batch builds nothing."""
+    now = [0.0]
+    monkeypatch.setattr(techniques.time, "perf_counter", lambda: now[0])
+    built = []
+
+    def build():
+        if not built:
+            now[0] += 1000.0
+            built.append(True)
+
+    def render(caps, seeds):
+        build()  # as the real one: it asks for the pipeline, built once
+        now[0] += 1.0
+        return techniques.converged.Solve(torch.zeros(len(caps), 4, 2, 2), np.zeros((len(caps), 2, 2, 3), np.uint8))
+
+    ref = type("R", (), {"captions": [f"c{i}" for i in range(16)], "seeds": list(range(16))})()
+    plan = techniques.Plan(n_max=16, n_step=16, key_budget_s=12.0)
+    got = techniques._batch(0, 16, render, build, ref, plan, 4, None)
+    assert len(got) == 16 and built == [True]
+    stored = type("C", (), {"get": lambda self, c, s: got.take(len(c)), "put": None})()
+    built.clear()
+    assert len(techniques._batch(0, 16, render, build, ref, plan, 4, stored)) == 16 and not built

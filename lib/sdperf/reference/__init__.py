@@ -11,7 +11,8 @@ Training: `recipe` (every setting, checked first), `loop` (resumable, checkpoint
 autoencoder and the latents), `unet_stage` (the UNet under torchrun), `train` (`sdperf train-reference`).
 Judging: `converged` (the converged fp32 solve every verdict is judged against), `paired` (paired measures and the
 budget), `controls` (the twin and known harms each run carries), `techniques` (each key judged alone and stacked),
-`renders` (a judged technique's renders, cached across runs of one machine),
+`technique_setup` (how a judged key renders: its profile, pipeline, steps and call shape), `renders` (those
+renders, cached across runs of one machine),
 `technique_report` (12's table and figure), `transfer` (what may carry over to SD 1.5), `curve` (NeMo's protocol
 on this model).
 """

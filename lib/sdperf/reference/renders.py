@@ -3,9 +3,9 @@
 Judging a technique against the converged solve (sdperf.reference.techniques) renders its images batch by batch,
 and on a 2-core CPU that is most of 10's and 12's time. A batch's latents and images are a pure function of what
 goes in: the model's files, the technique's key, the code that builds and runs it (this package's technique, model
-and generation modules, hashed by content, so a commit that only touches the report keeps the cache), the
-libraries it runs on, the steps, guidance, captions, noise seeds and call shape (prompts per call, padding, grad
-mode), and the machine (an int8 kernel or an engine's summation order differs from one CPU to the next). A batch
+and generation modules and sdperf.reference.technique_setup, hashed by content, so a commit that only touches the
+judging or the report keeps the cache), the libraries it runs on, the steps, guidance, captions, noise seeds and
+call shape (prompts per call, padding, grad mode), and the machine (an int8 kernel or an engine's summation order differs from one CPU to the next). A batch
 is stored under a key of exactly those, whole or not at all, so a resumed or repeated run on this machine renders
 and builds only what it lacks, and every row says how many of its images were read back.
 
@@ -27,7 +27,7 @@ import torch
 from sdperf.reference.converged import Solve
 
 # the code a render runs, relative to the sdperf package: a change to any of these files is a new key
-CODE = ("optimizations", "model", "imagegen/render.py", "reference/quality.py", "reference/techniques.py",
+CODE = ("optimizations", "model", "imagegen/render.py", "reference/quality.py", "reference/technique_setup.py",
         "reference/model.py", "reference/store.py", "config/architectures.py")
 # the libraries a technique may run on: a new version of any is a new key (absent ones are named absent)
 LIBRARIES = ("torch", "diffusers", "transformers", "openvino", "nncf", "onnxruntime", "onnx", "torchao",

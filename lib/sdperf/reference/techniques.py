@@ -24,25 +24,18 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pandas as pd
-import torch
 
 from sdperf.core import environment
-from sdperf.reference import controls, converged, domain, paired, quality, renders
+from sdperf.reference import controls, converged, domain, paired, quality, renders, technique_setup
+from sdperf.reference.technique_setup import GUIDANCE, RENDER_BATCH, SOLVE_BATCH
 from sdperf.reference.paired import ADHERENCE_BUDGET, OVER, UNDECIDED, WITHIN
 
-GUIDANCE = 7.5  # the seeds' guidance: the reference model's quality is first stated there
-RENDER_BATCH = 16  # prompts per UNet call (UNet batch 32 with guidance: the exported engines' dynamic maximum)
-SOLVE_BATCH = 64  # prompts per UNet call of the fp32 solves (no engine: a larger batch is several times cheaper)
-# captions a calibrated int8 technique may generate from (Context.prompts): the whole-trajectory schemes stop at
-# quantization.CALIBRATION_SAMPLES calls (12 captions at 25 steps), the many-caption one takes 4 calls of each
-CALIBRATION_CAPTIONS = 64
-CALIBRATION_SEED = 7  # its captions come from another seed than the judged ones: calibrating on the test set flatters
 SEEDS_STEPS = 50  # the seeds' PLMS step count
 SEEDS_SAMPLER = f"scheduler:plms@{SEEDS_STEPS}"
 REFERENCE = "converged"  # key prefix of the reference's own rows: converged:<solver>@<steps>
@@ -105,26 +98,6 @@ class Plan:
                 f"{', '.join(f'{d:g}' for d in self.doses)}")
 
 
-def profile_for(base, folder: Path, steps: int):
-    """The profile the techniques see (resolution, latent size, static shapes, calibration prompt): the reference
-    model's, on the CPU, at the given steps and GUIDANCE, with a domain caption as its prompt."""
-    from sdperf.config.architectures import ARCHS
-    from sdperf.reference import model
-
-    side = ARCHS[model.ARCH].vae["sample_size"]  # the image side the reference model was trained at
-    return replace(base, name=f"{base.name}-reference", arch=model.ARCH, resolution=side, steps=steps,
-                   scheduler="plms", guidance_scale=GUIDANCE, batch_sizes=(RENDER_BATCH,), dtype="float32",
-                   device="cpu", weights=str(folder), prompt=quality.prompts(1)[0].caption)
-
-
-def render(pipe, captions: list[str], seeds: list[int], steps: int, grad_mode: str = "inference_mode",
-           batch: int = RENDER_BATCH, guidance: float = GUIDANCE) -> tuple[np.ndarray, float]:
-    """(uint8 NHWC images, seconds): quality.generate, timed (every call one shape)."""
-    start = time.perf_counter()
-    images = quality.generate(pipe, captions, seeds, guidance, steps, batch=batch, grad_mode=grad_mode)
-    return images, time.perf_counter() - start
-
-
 def fastest_sampler(keys: list[str]) -> tuple[str, int]:
     """The sampler with the fewest steps among FASTEST_DEFAULT and the judged keys' schedulers: the candidate whose
     distance from the doubled solve sets the convergence tolerance."""
@@ -179,7 +152,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
     control keys (sdperf.reference.controls). The reference's own rows are appended, its convergence check is in
     `attrs`."""
     from sdperf.measure.comparison import release
-    from sdperf.optimizations.catalog import Context, Stack
+    from sdperf.optimizations.catalog import Stack
     from sdperf.model.pipelines import build_from_weights
     from sdperf.reference import store
 
@@ -223,9 +196,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
         control, stack = known.get(key), stacks.get(key)
         row = dict(key=key, label=control.label if control else stack.label,
                    family="control" if control else ", ".join(t.family for t in stack.techniques))
-        ctx = Context(profile_for(base_profile, folder, refs[plan.guidances[0]].convergence.steps),
-                      batch_size=RENDER_BATCH, scratch=scratch, artefacts=scratch,
-                      prompts=tuple(s.caption for s in domain.scenes(CALIBRATION_SEED, CALIBRATION_CAPTIONS)))
+        ctx = technique_setup.context(base_profile, folder, refs[plan.guidances[0]].convergence.steps, scratch)
         if stack is not None:
             ok, reason = stack.availability(ctx)
             if not ok:
@@ -237,10 +208,10 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
 
         def pipe():  # built on the first batch the render cache lacks, once for every guidance
             if "pipe" not in built:
-                built["pipe"] = _build(control, stack, ctx, fresh)
+                built["pipe"] = technique_setup.build(control, stack, ctx, fresh)
             return built["pipe"]
 
-        steps, grad_mode, batch, aligned = _how(control, stack, refs[plan.guidances[0]].convergence.steps)
+        steps, grad_mode, batch, aligned = technique_setup.how(control, stack, refs[plan.guidances[0]].convergence.steps)
         try:
             for g in plan.guidances:
                 ref = refs[g]
@@ -283,28 +254,6 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
     return table
 
 
-def _how(control, stack, n_converged: int) -> tuple[int, str, int, bool]:
-    """(steps, grad mode, prompts per UNet call, aligned) with which `key` is rendered alone: a sampler its own
-    steps, anything else the converged solve's; a control at the converged solve's own batch, the twin also in the
-    solve's own chunks (`aligned`: the same computation, so its deltas are exactly 0); a technique at RENDER_BATCH
-    (an engine's static shapes)."""
-    if control is not None:
-        return (control.steps or n_converged, "inference_mode", SOLVE_BATCH,
-                not control.noise and control.steps is None)
-    return (stack.steps if stack.steps is not None else n_converged), stack.grad_mode, RENDER_BATCH, False
-
-
-def _build(control, stack, ctx, fresh):
-    """The pipeline that renders a control or a stack alone: a stack that names its sampler starts from PLMS (its
-    scheduler part replaces it), anything else from the converged solver."""
-    if control is not None:
-        pipe = fresh(converged.SOLVER)
-        if control.noise:
-            controls.add_output_noise(pipe, control.noise)
-        return pipe
-    return stack.apply(fresh("plms" if stack.steps is not None else converged.SOLVER), ctx)
-
-
 def _sequential(pipe: Callable, steps: int, grad_mode: str, guidance: float, ref: _Reference, plan: Plan,
                 real: quality.Real, batch: int = RENDER_BATCH, aligned: bool = False, pad: bool = True,
                 cache: renders.Cache | None = None) -> dict:
@@ -317,18 +266,6 @@ def _sequential(pipe: Callable, steps: int, grad_mode: str, guidance: float, ref
         return converged.Solve(*quality.generate_with_latents(pipe(), caps, seeds, guidance, steps, batch=batch,
                                                                grad_mode=grad_mode, pad=pad))
 
-    def block(lo: int, stop: int) -> converged.Solve:
-        caps, seeds = ref.captions[lo:stop], ref.seeds[lo:stop]
-        hit = cache.get(caps, seeds) if cache is not None else None
-        if hit is not None:
-            return hit
-        parts = (_gated_first_batch(render, ref, plan, batch) if lo == 0 and plan.key_budget_s is not None
-                 else [render(caps, seeds)])
-        got = converged.Solve.cat(parts)
-        if cache is not None:
-            cache.put(caps, seeds, got)
-        return got
-
     done: list[converged.Solve] = []
     n = 0
     while True:
@@ -337,7 +274,7 @@ def _sequential(pipe: Callable, steps: int, grad_mode: str, guidance: float, ref
             done = [converged.Solver(lambda _s, _n, c, d: render(c, d), "", guidance).solve(
                 ref.captions[:stop], ref.seeds[:stop], steps)]
         else:
-            done.append(block(n, stop))
+            done.append(_batch(n, stop, render, pipe, ref, plan, batch, cache))
         n = stop
         got = converged.Solve.cat(done)
         judged = paired.Judged.of(ref.net, got.latents, got.images, ref.truth[:n])
@@ -346,6 +283,24 @@ def _sequential(pipe: Callable, steps: int, grad_mode: str, guidance: float, ref
         if settled or n >= plan.n_max:
             break
     return dict(paired.measures(judged, base, real), settled=bool(settled))
+
+
+def _batch(lo: int, stop: int, render: Callable, build: Callable, ref: _Reference, plan: Plan, batch: int,
+           cache: renders.Cache | None) -> converged.Solve:
+    """Images lo..stop: read back from `cache` when stored there; else the pipeline is built first (`build()`,
+    untimed: a calibration or an export is set-up, not the renders the time gate predicts), the batch rendered (the
+    first one through the gate) and stored."""
+    caps, seeds = ref.captions[lo:stop], ref.seeds[lo:stop]
+    hit = cache.get(caps, seeds) if cache is not None else None
+    if hit is not None:
+        return hit
+    build()
+    parts = (_gated_first_batch(render, ref, plan, batch) if lo == 0 and plan.key_budget_s is not None
+             else [render(caps, seeds)])
+    got = converged.Solve.cat(parts)
+    if cache is not None:
+        cache.put(caps, seeds, got)
+    return got
 
 
 def _gated_first_batch(render, ref: _Reference, plan: Plan, batch: int) -> list[converged.Solve]:
