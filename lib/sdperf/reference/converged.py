@@ -106,19 +106,20 @@ class Solver:
         got = self.render(sampler, steps, captions, seeds)
         self.made += len(got)
         if path is not None:
-            _store(path, got)
+            store(path, got)
         return got
 
 
-def _store(path: Path, solve: Solve) -> None:
-    """Written whole or not at all (a temp file renamed into place): a killed run leaves no torn cache entry."""
+def store(path: Path, solve: Solve, **extra: np.ndarray) -> None:
+    """Written whole or not at all (a temp file renamed into place): a killed run leaves no torn cache entry.
+    `extra` arrays are stored beside the latents and images (sdperf.reference.renders keeps a build's facts)."""
     import io
 
     from sdperf.store.results import atomic_write_bytes
 
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
-    np.savez(buf, latents=solve.latents.numpy(), images=solve.images)
+    np.savez(buf, latents=solve.latents.numpy(), images=solve.images, **extra)
     atomic_write_bytes(path, buf.getvalue())
 
 

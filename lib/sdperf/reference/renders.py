@@ -5,9 +5,10 @@ and on a 2-core CPU that is most of 10's and 12's time. A batch's latents and im
 goes in: the model's files, the technique's key, the code that builds and runs it (this package's technique, model
 and generation modules and sdperf.reference.technique_setup, hashed by content, so a commit that only touches the
 judging or the report keeps the cache), the libraries it runs on, the steps, guidance, captions, noise seeds and
-call shape (prompts per call, padding, grad mode), and the machine (an int8 kernel or an engine's summation order differs from one CPU to the next). A batch
-is stored under a key of exactly those, whole or not at all, so a resumed or repeated run on this machine renders
-and builds only what it lacks, and every row says how many of its images were read back.
+call shape (prompts per call, padding, grad mode), and the machine (an int8 kernel or an engine's summation order
+differs from one CPU to the next). A batch is stored under a key of exactly those, whole or not at all, so a resumed
+or repeated run on this machine renders and builds only what it lacks, and every row says how many of its images
+were read back.
 
 The controls are never cached: they check this run's rendering and judging, every run.
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sdperf.reference.converged import Solve
+from sdperf.reference.converged import Solve, store
 
 # the code a render runs, relative to the sdperf package: a change to any of these files is a new key
 CODE = ("optimizations", "model", "imagegen/render.py", "reference/quality.py", "reference/technique_setup.py",
@@ -76,7 +76,6 @@ class Cache:
     call: dict  # how the pipeline is called: prompts per call, padding, grad mode
     facts: dict = field(default_factory=dict)  # the build's facts (catalog.Context.facts): stored, and filled on a hit
     hits: int = field(default=0)  # images read back in this process
-    made: int = field(default=0)  # images rendered and stored
 
     def name(self, captions: list[str], seeds: list[int]) -> str:
         what = json.dumps({"model": self.model_hash, "machine": self.machine, "key": self.key,
@@ -107,15 +106,7 @@ class Cache:
         return got
 
     def put(self, captions: list[str], seeds: list[int], solve: Solve) -> None:
-        """Stored whole or not at all (a temp file renamed into place): a killed run leaves no torn entry."""
-        from sdperf.store.results import atomic_write_bytes
-
-        self.made += len(solve)
+        """Stored whole or not at all (sdperf.reference.converged.store), with the build's facts."""
         path = self._path(captions, seeds)
-        if path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        np.savez(buf, latents=solve.latents.numpy(), images=solve.images,
-                 facts=np.array(json.dumps(self.facts, default=str)))
-        atomic_write_bytes(path, buf.getvalue())
+        if path is not None:
+            store(path, solve, facts=np.array(json.dumps(self.facts, default=str)))

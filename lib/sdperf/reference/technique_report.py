@@ -23,8 +23,9 @@ def published() -> pd.DataFrame:
     return data.table("published_technique_quality.csv")
 
 
-COLUMNS = ("n_images", "cached_images", "steps", "adherence", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi",
-           "soft_adherence_delta", "soft_adherence_delta_lo", "soft_adherence_delta_hi", "latent_mse", "ssim",
+COLUMNS = ("n_images", "cached_images", "steps", "adherence", "adherence_delta", "adherence_delta_lo",
+           "adherence_delta_hi", "soft_adherence_delta", "soft_adherence_delta_lo", "soft_adherence_delta_hi",
+           "latent_mse", "ssim",
            "psnr_db_median", "fid_delta", "fid_delta_lo", "fid_delta_hi", "fid_verdict", "kid_delta", "kid_delta_lo",
            "kid_delta_hi", "kid_verdict", "quality_verdict", "verdict_by_guidance")
 

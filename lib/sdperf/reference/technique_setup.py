@@ -23,6 +23,7 @@ SOLVE_BATCH = 64  # prompts per UNet call of the fp32 solves (no engine: a large
 CALIBRATION_CAPTIONS = 64
 CALIBRATION_SEED = 7  # its captions come from another seed than the judged ones: calibrating on the test set flatters
 
+
 def profile_for(base, folder: Path, steps: int):
     """The profile the techniques see (resolution, latent size, static shapes, calibration prompt): the reference
     model's, on the CPU, at the given steps and GUIDANCE, with a domain caption as its prompt."""
@@ -53,10 +54,10 @@ def context(base, folder: Path, steps: int, scratch: Path | None):
 
 
 def how(control, stack, n_converged: int) -> tuple[int, str, int, bool]:
-    """(steps, grad mode, prompts per UNet call, aligned) with which `key` is rendered alone: a sampler its own
-    steps, anything else the converged solve's; a control at the converged solve's own batch, the twin also in the
-    solve's own chunks (`aligned`: the same computation, so its deltas are exactly 0); a technique at RENDER_BATCH
-    (an engine's static shapes)."""
+    """(steps, grad mode, prompts per UNet call, aligned) with which a control or a stack is rendered alone: a
+    sampler its own steps, anything else the converged solve's; a control at the converged solve's own batch, the
+    twin also in the solve's own chunks (`aligned`: the same computation, so its deltas are exactly 0); a technique
+    at RENDER_BATCH (an engine's static shapes)."""
     if control is not None:
         return (control.steps or n_converged, "inference_mode", SOLVE_BATCH,
                 not control.noise and control.steps is None)

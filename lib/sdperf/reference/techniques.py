@@ -211,7 +211,8 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
                 built["pipe"] = technique_setup.build(control, stack, ctx, fresh)
             return built["pipe"]
 
-        steps, grad_mode, batch, aligned = technique_setup.how(control, stack, refs[plan.guidances[0]].convergence.steps)
+        steps, grad_mode, batch, aligned = technique_setup.how(control, stack,
+                                                               refs[plan.guidances[0]].convergence.steps)
         try:
             for g in plan.guidances:
                 ref = refs[g]
