@@ -235,7 +235,8 @@ def test_deepcache_runs_the_deep_branch_only_every_interval_calls():
     pipe.unet.mid_block.forward = lambda *a, **k: deep.append(1) or compute(*a, **k)
     pipe.unet.register_forward_pre_hook(lambda *a: calls.append(len(deep)))
     feature_reuse.apply(pipe, 3)
-    technique_setup.render(pipe, ["a small red circle at the top left on a light background"], [0], STEPS)
+    quality.generate(pipe, ["a small red circle at the top left on a light background"], [0], technique_setup.GUIDANCE,
+                     STEPS, batch=technique_setup.RENDER_BATCH)
     timesteps = list(pipe.scheduler.timesteps)
     assert len(calls) == len(timesteps) == STEPS + 1  # PLMS evaluates its first timestep twice
     # DeepCache counts steps by the timestep's first index in the schedule: a full UNet at every third
@@ -245,19 +246,24 @@ def test_deepcache_runs_the_deep_branch_only_every_interval_calls():
     assert feature_reuse.call_kinds([float(t) for t in timesteps], 3) == ran
 
 
+def _render(pipe, captions: list[str]) -> np.ndarray:
+    """Images as a judged technique renders them: seed 0, the seeds' guidance, RENDER_BATCH prompts per call."""
+    return quality.generate(pipe, captions, [0], technique_setup.GUIDANCE, STEPS, batch=technique_setup.RENDER_BATCH)
+
+
 def test_token_merging_patches_the_highest_resolution_blocks_and_changes_the_picture():
     from sdperf.optimizations import token_merging
 
     caption = ["a large blue square at the bottom right on a dark background"]
     pipe = store.load()[0]
-    base, _ = technique_setup.render(pipe, caption, [0], STEPS)
+    base = _render(pipe, caption)
     token_merging.apply(pipe, 0.5, seed=0)
     assert token_merging.merged_blocks(pipe.unet) > 0
-    merged, _ = technique_setup.render(pipe, caption, [0], STEPS)
+    merged = _render(pipe, caption)
     again = store.load()[0]
     token_merging.apply(again, 0.5, seed=0)
     assert not np.array_equal(base, merged)
-    assert np.array_equal(merged, technique_setup.render(again, caption, [0], STEPS)[0])  # seeded: the same merges
+    assert np.array_equal(merged, _render(again, caption))  # seeded: the same merges
 
 
 def test_rows_round_trip_and_for_study_measures_only_what_is_missing(measured, scratch_reports, monkeypatch):

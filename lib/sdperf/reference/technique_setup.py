@@ -7,11 +7,8 @@ techniques, whose edits leave the cached renders valid.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
 
 from sdperf.reference import controls, converged, domain, quality
 
@@ -34,14 +31,6 @@ def profile_for(base, folder: Path, steps: int):
     return replace(base, name=f"{base.name}-reference", arch=model.ARCH, resolution=side, steps=steps,
                    scheduler="plms", guidance_scale=GUIDANCE, batch_sizes=(RENDER_BATCH,), dtype="float32",
                    device="cpu", weights=str(folder), prompt=quality.prompts(1)[0].caption)
-
-
-def render(pipe, captions: list[str], seeds: list[int], steps: int, grad_mode: str = "inference_mode",
-           batch: int = RENDER_BATCH, guidance: float = GUIDANCE) -> tuple[np.ndarray, float]:
-    """(uint8 NHWC images, seconds): quality.generate, timed (every call one shape)."""
-    start = time.perf_counter()
-    images = quality.generate(pipe, captions, seeds, guidance, steps, batch=batch, grad_mode=grad_mode)
-    return images, time.perf_counter() - start
 
 
 def context(base, folder: Path, steps: int, scratch: Path | None):

@@ -192,11 +192,12 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
     rows = []
     machine, mhash = environment.fingerprint("cpu"), converged.model_hash(manifest)
     stored = renders.cache_dir(scratch.parent) if scratch else None
+    n_converged = refs[plan.guidances[0]].convergence.steps  # the steps a key that names no sampler renders at
     for key in keys:
         control, stack = known.get(key), stacks.get(key)
         row = dict(key=key, label=control.label if control else stack.label,
                    family="control" if control else ", ".join(t.family for t in stack.techniques))
-        ctx = technique_setup.context(base_profile, folder, refs[plan.guidances[0]].convergence.steps, scratch)
+        ctx = technique_setup.context(base_profile, folder, n_converged, scratch)
         if stack is not None:
             ok, reason = stack.availability(ctx)
             if not ok:
@@ -211,8 +212,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
                 built["pipe"] = technique_setup.build(control, stack, ctx, fresh)
             return built["pipe"]
 
-        steps, grad_mode, batch, aligned = technique_setup.how(control, stack,
-                                                               refs[plan.guidances[0]].convergence.steps)
+        steps, grad_mode, batch, aligned = technique_setup.how(control, stack, n_converged)
         try:
             for g in plan.guidances:
                 ref = refs[g]
