@@ -187,6 +187,17 @@ def test_allocator_rung_takes_allocator_keys_only(study):
         ladder.allocator_rung(study, ["allocator:jemalloc", "grad:no_grad"])
 
 
+def test_no_allocator_runs_nothing_and_leaves_no_allocator_to_stack(study, monkeypatch):
+    from sdperf.experiments import recipe
+
+    def boom(*_a, **_k):
+        raise AssertionError("an empty allocator rung launched rounds of its own")
+    monkeypatch.setattr(ladder, "run_variants", boom)
+    alloc = ladder.allocator_rung(study, [])
+    assert alloc.empty and list(alloc.columns) == ladder.ALLOCATOR_COLUMNS
+    assert recipe.faster_allocators(alloc) == []
+
+
 def test_measure_runs_every_rung_in_one_call_and_stores_rows_the_report_shows(study, monkeypatch):
     from sdperf.report import report
 
