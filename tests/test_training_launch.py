@@ -109,3 +109,24 @@ def test_fp16_autocast_under_zero_is_not_applicable_without_spawning(smoke, smok
     s = dataclasses.replace(smoke_settings, autocast="float16")
     row = launch.run_config(smoke, s, launch.Config("zero1", 1, 1, 1), None)
     assert row["status"] == "not_applicable" and "loss scaler" in row["note"]
+
+
+def test_zero_runs_skip_deepspeeds_shared_memory_comm_build(monkeypatch):
+    """DeepSpeed JIT-compiles its CPU shared-memory all-reduce in init_distributed (25-40 s of g++ per new venv),
+    which ZeRO training never calls: marked unavailable, init_distributed's builder returns None without building."""
+    import importlib
+
+    deepspeed_ops = pytest.importorskip("deepspeed.ops")
+    ds_torch = importlib.import_module("deepspeed.comm.torch")  # deepspeed.comm's `torch` attribute is torch itself
+    from deepspeed.accelerator import get_accelerator
+
+    from sdperf.training import zero
+
+    table = deepspeed_ops.__compatible_ops__
+    monkeypatch.setitem(table, zero.SHM_COMM_OP, table.get(zero.SHM_COMM_OP, False))  # restored after the test
+
+    def no_build(*_a, **_k):
+        raise AssertionError("the shared-memory comm op was built")
+    monkeypatch.setattr(type(get_accelerator().create_op_builder("ShareMemCommBuilder")), "load", no_build)
+    zero.without_shm_comm()
+    assert table[zero.SHM_COMM_OP] is False and ds_torch.build_shm_op() is None

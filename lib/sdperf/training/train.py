@@ -86,6 +86,9 @@ def _init_process_group(spec: RunSpec) -> None:
     else:
         import deepspeed
 
+        from sdperf.training import zero
+
+        zero.without_shm_comm()
         deepspeed.init_distributed(dist_backend=spec.backend)
 
 

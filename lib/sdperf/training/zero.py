@@ -49,6 +49,22 @@ def write_config(path: Path, cfg: dict) -> Path:
     return Path(path)
 
 
+SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's shared-memory all-reduce for CPU ranks (ShareMemCommBuilder.NAME)
+
+
+def without_shm_comm() -> None:
+    """Tell DeepSpeed its shared-memory comm op is unavailable, before deepspeed.init_distributed builds it.
+
+    On a CPU, init_distributed JIT-compiles that op with g++ (25-40 s on 2 cores, again for every new venv path)
+    for inference_all_reduce, which ZeRO training never calls: its reduce-scatter and all-gather go through
+    torch.distributed (gloo), as they do where the op is not compatible. The compile landed in the first ZeRO
+    configuration's launch time and bought nothing. DeepSpeed keeps one probed dict of compatible ops and reads
+    edits to it (deepspeed/ops/__init__.py)."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+
+
 def initialize(unet, optimizer, config_path: Path):
     """deepspeed.initialize with the client optimizer; returns the engine (its .module is the UNet)."""
     import deepspeed
