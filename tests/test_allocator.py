@@ -70,3 +70,38 @@ def test_openvino_compiles_under_each_preloaded_allocator(setting):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-600:]
     assert "(1, 8, 6, 6)" in done.stdout
+
+
+def test_a_rung_worker_measures_a_generation_in_a_new_interpreter_under_the_preload(tmp_path):
+    """What 10's allocator rung launches for each of its processes (rounds.run starts every process of a run with an
+    allocator key as a new interpreter under its setting): one such worker on the smoke profile measures a whole
+    generation and says which allocator it ran under, and the launcher's own process keeps glibc's malloc."""
+    import os
+
+    from sdperf.config.profiles import load_profile
+    from sdperf.measure import rounds
+
+    ok, reason = allocator.availability("jemalloc")
+    if not ok:
+        pytest.skip(reason)
+    smoke = load_profile("smoke", check_runtime=False)
+    config = rounds.Config("jemalloc", "allocator:jemalloc")
+    spec = rounds._spec(smoke, config, 0, tmp_path / "scratch", {}, save_output=False)
+    result, output = rounds.launch(spec, setting=catalog.Stack.of(config.stack).allocator, fresh_interpreter=True,
+                                   timeout_s=300)
+    assert result["status"] == "ok", result.get("note")
+    assert result["allocator"] == "jemalloc" and result["allocator_in_effect"] is True  # the library is mapped
+    assert result["pid"] != os.getpid() and output is None
+    assert result["latency_s"] > 0 and result["unet_step_s"] > 0 and result["process_peak_mib"] > 0
+    assert allocator.in_effect("default") is True and allocator.in_effect("jemalloc") is False  # this process
+
+
+def test_in_effect_reads_the_process_map(tmp_path, monkeypatch):
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4\n"
+                    "7f02-7f03 r--p 0 00:00 0 [heap]\n")
+    assert allocator.in_effect("tcmalloc", maps) is True and allocator.in_effect("jemalloc", maps) is False
+    assert allocator.in_effect("default", maps) is False and allocator.in_effect("tcmalloc", tmp_path / "no") is None
+    for k, v in allocator.GLIBC_TUNED.items():
+        monkeypatch.setenv(k, v)
+    assert allocator.in_effect("glibc-tuned") is True

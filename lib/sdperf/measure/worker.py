@@ -119,6 +119,7 @@ def measure(spec: dict) -> tuple[dict, object | None]:
     from sdperf.config.profiles import load_profile
     from sdperf.model.prompts import smoke_captions
     from sdperf.measure.timing import peak_memory, reset_peak_memory
+    from sdperf.optimizations import allocator
 
     profile = load_profile(spec["profile"], check_runtime=False)
     profile = replace(profile, **{k: spec[k] for k in ("warmup", "repeats") if spec.get(k) is not None})
@@ -171,7 +172,8 @@ def measure(spec: dict) -> tuple[dict, object | None]:
         "peak_memory_mib": s["peak_memory_mib"], "memory_kind": run.timing.memory_kind,
         "process_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "t_start": started, "t_end": finished, "threads": torch.get_num_threads(), "pid": os.getpid(),
-        "allocator": stack.allocator, "facts": _jsonable(ctx.facts),
+        "allocator": stack.allocator, "allocator_in_effect": allocator.in_effect(stack.allocator),
+        "facts": _jsonable(ctx.facts),
     }
     return result, run.output
 

@@ -86,3 +86,19 @@ def techniques() -> list[Technique]:
                       availability=lambda ctx, s=s: availability(s),
                       note="set before Python starts: environment variables or LD_PRELOAD")
             for s in SETTINGS if s != "default"]
+
+
+def in_effect(setting: str, maps: Path = Path("/proc/self/maps")) -> bool | None:
+    """Whether this process runs under `setting`: a preload's library is mapped, glibc's thresholds are in the
+    environment, or (default) no preload library is mapped. None where the process map cannot be read. A worker
+    records it, so an allocator row shows the setting took hold rather than that it was asked for."""
+    _check(setting)
+    if setting == "glibc-tuned":
+        return all(os.environ.get(k) == v for k, v in GLIBC_TUNED.items())
+    try:
+        mapped = {Path(line.split()[-1]).name for line in maps.read_text().splitlines() if "/" in line}
+    except OSError:
+        return None
+    if setting == "default":
+        return not any(lib in mapped for lib, _ in PRELOADS.values())
+    return PRELOADS[setting][0] in mapped
