@@ -142,12 +142,20 @@ def thread_settings() -> dict:
             "env": {k: os.environ.get(k, "unset") for k in THREAD_ENV}}
 
 
+def mapped_files(maps: Path = Path("/proc/self/maps")) -> set[str] | None:
+    """The paths of the files this process has mapped (its shared libraries among them), None where /proc is not
+    readable."""
+    try:
+        return {line.split()[-1] for line in maps.read_text().splitlines() if "/" in line}
+    except OSError:
+        return None
+
+
 def allocator(maps: Path = Path("/proc/self/maps")) -> str:
     """The malloc this process runs on: a preloaded jemalloc/tcmalloc/mimalloc found among its mapped libraries,
     else glibc's ('unknown' where /proc is not readable)."""
-    try:
-        mapped = {line.split()[-1] for line in maps.read_text().splitlines() if "/" in line}
-    except OSError:
+    mapped = mapped_files(maps)
+    if mapped is None:
         return "unknown: /proc/self/maps is not readable"
     found = sorted(path for path in mapped if Path(path).name.startswith(ALLOCATOR_LIBS))
     return ", ".join(found) if found else "glibc malloc"

@@ -15,6 +15,7 @@ import os
 import platform
 from pathlib import Path
 
+from sdperf.core.environment import mapped_files
 from sdperf.optimizations.catalog import ALLOCATOR, Technique
 
 # glibc: keep big blocks on the heap instead of fresh mmaps, and never hand memory back between calls.
@@ -95,10 +96,10 @@ def in_effect(setting: str, maps: Path = Path("/proc/self/maps")) -> bool | None
     _check(setting)
     if setting == "glibc-tuned":
         return all(os.environ.get(k) == v for k, v in GLIBC_TUNED.items())
-    try:
-        mapped = {Path(line.split()[-1]).name for line in maps.read_text().splitlines() if "/" in line}
-    except OSError:
+    paths = mapped_files(maps)
+    if paths is None:
         return None
+    mapped = {Path(p).name for p in paths}
     if setting == "default":
         return not any(lib in mapped for lib, _ in PRELOADS.values())
     return PRELOADS[setting][0] in mapped
