@@ -127,6 +127,19 @@ def test_calibration_captions_are_in_the_cache_key(smoke, hybrid, scratch):
     assert again.facts["calibration_inputs"] == hybrid[1].facts["calibration_inputs"]
 
 
+def test_the_calibration_size_bounds_the_calibration_and_is_in_the_cache_key(smoke, hybrid, scratch, workload):
+    """Context.calibration_samples (a profile's reference_calibration_samples, when judging on the reference model)
+    caps the UNet calls collected, in whole generations, and an IR calibrated on fewer calls is another artefact."""
+    calls = workload.steps + 1
+    before = {p.name for p in scratch.glob("nncf-hybrid-*")}
+    one = catalog.Context(smoke, batch_size=1, artefacts=scratch, prompts=CAPTIONS, calibration_samples=calls)
+    catalog.get(HYBRID).apply(build_pipeline(smoke), one)
+    assert one.facts["calibration_captions"] == 1 and one.facts["calibration_inputs"] == calls
+    assert one.facts["artefact"] == "converted into the run's cache"
+    assert len({p.name for p in scratch.glob("nncf-hybrid-*")} - before) == 1
+    assert catalog.get(HYBRID).calibrated and not catalog.get("int8:openvino-nncf-weights").calibrated
+
+
 def test_calibration_set_takes_whole_generations_within_the_limit(tiny_pipe, workload):
     calls = workload.steps + 1
     samples, used = opt.calibration_set(tiny_pipe, workload, CAPTIONS)

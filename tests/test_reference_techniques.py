@@ -211,6 +211,28 @@ def test_a_key_over_the_time_budget_is_skipped_at_every_guidance(smoke_profile, 
     assert over.loc["grad:no_grad"].status == "skipped" and pd.isna(over.loc["grad:no_grad"].quality_verdict)
 
 
+def test_the_plans_calibration_size_reaches_a_calibrated_key_and_its_render_key(smoke_profile, monkeypatch, tmp_path):
+    """Plan.calibration_samples goes into the Context a technique is built in, and into the render-cache key of a
+    calibrated key only (its IR, so its pictures, depend on it; another key's renders stay shared)."""
+    convergence = techniques.converged.Convergence(5, True, "euler@10", [dict(
+        steps=5, doubled=10, n_images=8, moved_mse=0.0, fastest_mse=1.0, share=0.0)])
+    monkeypatch.setattr(techniques.converged, "converge", lambda *a, **k: convergence)
+    contexts, calls, context = {}, {}, technique_setup.context
+    monkeypatch.setattr(technique_setup, "context", lambda *a: contexts.setdefault(len(contexts), context(*a)))
+
+    def gate(pipe, steps, grad_mode, g, ref, plan, real, batch, aligned, pad, cache):
+        calls[cache.key] = cache.call
+        raise techniques.OverBudget(999.0, 99.9, 10, plan.key_budget_s, plan.n_step)
+
+    monkeypatch.setattr(techniques, "_sequential", gate)
+    plan = replace(PLAN, calibration_samples=17)
+    techniques.measure(["int8:openvino-nncf-ptq", "grad:no_grad"], smoke_profile, plan=plan, scratch=tmp_path,
+                       say=lambda _: None)
+    assert [c.calibration_samples for c in contexts.values()] == [17, 17]
+    assert calls["int8:openvino-nncf-ptq"]["calibration_samples"] == 17
+    assert "calibration_samples" not in calls["grad:no_grad"]
+
+
 def test_noise_control_adds_the_dose_the_same_on_both_guidance_halves():
     net = torch.nn.Conv2d(4, 4, 1)
     pipe = type("P", (), {"unet": net})()

@@ -40,7 +40,8 @@ class Context:
     for exported or compiled artefacts (kept between worker processes, so later rounds load instead of
     rebuilding), `artefacts`, the folder of this comparison's exported engines (optimizations.artefacts), and
     `facts`, where apply() leaves what it found (modules replaced, precision used, ...). `prompts`: the captions
-    a calibrating technique (post-training int8) collects its activations from; empty = the profile's prompt."""
+    a calibrating technique (post-training int8) collects its activations from; empty = the profile's prompt.
+    `calibration_samples`: the most UNet calls it collects from them; None = the technique's own default."""
 
     profile: Any  # sdperf.config.profiles.Profile
     batch_size: int = 1
@@ -48,6 +49,7 @@ class Context:
     artefacts: Path | None = None
     facts: dict = field(default_factory=dict)
     prompts: tuple[str, ...] = ()
+    calibration_samples: int | None = None
 
     @property
     def device(self) -> str:
@@ -81,7 +83,9 @@ class Technique:
     4 s decodes per process, which is what whole-image timing bought for such a technique. `call_kinds`: for a
     technique whose UNet calls do not all cost the same (feature caching), a function from the timesteps the loop
     calls the UNet at to each call's kind ("full", "cached"): the worker times each kind apart and composes a
-    generation at other step counts from the kinds' medians and the pattern at those steps."""
+    generation at other step counts from the kinds' medians and the pattern at those steps. `calibrated`: it
+    collects activations from generations of Context.prompts before it is built (post-training int8), so what it
+    builds depends on Context.calibration_samples too."""
 
     key: str
     label: str
@@ -100,6 +104,7 @@ class Technique:
     # What the field uses instead when this technique alone is over the quality budget: catalog keys judged on the
     # reference model then, and only then (sdperf.reference.techniques.for_study), since each costs renders
     fallbacks: tuple[str, ...] = ()
+    calibrated: bool = False
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -232,6 +237,11 @@ class Stack:
     @property
     def changes_output(self) -> bool:
         return any(t.changes_output for t in self.techniques)
+
+    @property
+    def calibrated(self) -> bool:
+        """A technique of the stack is built from calibration generations (Technique.calibrated)."""
+        return any(t.calibrated for t in self.techniques)
 
     def availability(self, ctx: Context) -> tuple[bool, str]:
         """Runnable when every technique is; otherwise the first one's reason, naming it."""

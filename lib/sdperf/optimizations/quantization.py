@@ -151,10 +151,11 @@ def availability(device: str, scheme: str) -> tuple[bool, str]:
     return True, f"OpenVINO CPU plugin int8 kernels; {_cpu_int8_words()}"
 
 
-def apply(pipe, scheme: str, workload: Workload | None = None, scratch_root=None, prompts: tuple[str, ...] = ()):
+def apply(pipe, scheme: str, workload: Workload | None = None, scratch_root=None, prompts: tuple[str, ...] = (),
+          limit: int = CALIBRATION_SAMPLES):
     """Quantize the pipeline's UNet with `scheme` and return the pipeline. The OpenVINO schemes need the
     workload: the IR is built for its shapes, and the calibrated schemes (CALIBRATED) collect the UNet inputs of
-    one generation of it per caption in `prompts` (the workload's own prompt when empty)."""
+    one generation of it per caption in `prompts` (the workload's own prompt when empty), at most `limit` calls."""
     check_scheme(scheme)
     if scheme == "torch-ao-dynamic":
         pipe.unet = torch_ao_dynamic(pipe.unet)
@@ -163,7 +164,7 @@ def apply(pipe, scheme: str, workload: Workload | None = None, scratch_root=None
     else:
         if workload is None:
             raise ValueError(f"scheme {scheme!r} needs the workload (static shapes and calibration inputs)")
-        pipe.unet = openvino_nncf(pipe, workload, scheme, scratch_root=scratch_root, prompts=prompts)
+        pipe.unet = openvino_nncf(pipe, workload, scheme, scratch_root=scratch_root, prompts=prompts, limit=limit)
     return pipe
 
 
@@ -369,12 +370,14 @@ def _nncf_transform(scheme: str, calibration):
     return transform
 
 
-def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prompts=()):
+def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prompts=(),
+                  limit: int = CALIBRATION_SAMPLES):
     """Convert the UNet (openvino_engine.convert), compress or quantize it with NNCF as `scheme` says, compile it
     for the CPU at the workload's static shapes in f32 (so the int8 layers are the only reduced precision), and
     put it behind the loop's UNet call (unet_graph.EngineUNet). With `scratch_root` the quantized IR is kept in
     the run's artefact cache, keyed by the calibration captions too, so later workers neither calibrate nor
-    quantize again and an IR calibrated on other captions is never reused."""
+    quantize again and an IR calibrated on other captions, or on another number of calls (`limit`), is never
+    reused."""
     if scheme not in NNCF_STEPS:
         raise ValueError(f"scheme {scheme!r} is not an OpenVINO scheme; choose one of: {', '.join(NNCF_STEPS)}")
     import nncf
@@ -389,14 +392,14 @@ def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prom
 
     def calibration() -> tuple[list[dict], int]:
         if "inputs" not in seen:
-            samples, used = calibration_set(pipe, workload, captions, per_caption=PER_CAPTION.get(scheme))
+            samples, used = calibration_set(pipe, workload, captions, limit=limit, per_caption=PER_CAPTION.get(scheme))
             seen.update(inputs=[graph_inputs(*inputs, {}) for inputs in samples], captions=used)
         return seen["inputs"], seen["captions"]
 
     key = {"workload": repr(workload), "scheduler": dict(pipe.scheduler.config), "scheme": scheme,
            "nncf": nncf.__version__}
     if scheme in CALIBRATED:
-        key["calibration"] = {"captions": captions_digest(captions), "limit": CALIBRATION_SAMPLES}
+        key["calibration"] = {"captions": captions_digest(captions), "limit": limit}
         if scheme in PER_CAPTION:
             key["calibration"]["per_caption"] = PER_CAPTION[scheme]
     model, facts, cache_dir = openvino_engine.ir_model(
@@ -432,7 +435,8 @@ NOTEBOOK = "08_quantization"
 
 def _quantized(scheme: str):
     def run(pipe, ctx):
-        pipe = apply(pipe, scheme, workload=ctx.workload(), scratch_root=ctx.artefacts, prompts=ctx.prompts)
+        pipe = apply(pipe, scheme, workload=ctx.workload(), scratch_root=ctx.artefacts, prompts=ctx.prompts,
+                     limit=ctx.calibration_samples or CALIBRATION_SAMPLES)
         unet = pipe.unet
         if not isinstance(unet, torch.nn.Module):  # an engine stand-in (EngineUNet) says how it was made
             ctx.facts.update(unet.facts)
@@ -450,5 +454,6 @@ def techniques() -> list[Technique]:
     return [Technique(f"int8:{scheme}", LABELS[scheme], EXECUTOR, NOTEBOOK, apply=_quantized(scheme),
                       availability=lambda ctx, s=scheme: availability(ctx.device, s), changes_output=True,
                       loop_only=True, note=SCHEMES[scheme],
-                      fallbacks=PTQ_ALTERNATIVES if scheme == "openvino-nncf-ptq" else ())
+                      fallbacks=PTQ_ALTERNATIVES if scheme == "openvino-nncf-ptq" else (),
+                      calibrated=scheme in CALIBRATED)
             for scheme in SCHEMES]

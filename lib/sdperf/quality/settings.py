@@ -55,6 +55,9 @@ KEYS = {
     "reference_key_budget_s": Key("seconds_or_none", "a number of seconds > 0, or null for no limit (the most a "
                                                      "technique's first batch may take on this machine, predicted "
                                                      "from its second call; over it the key is skipped, saying so)"),
+    "reference_calibration_samples": Key("int", "an integer >= 1 (the most UNet calls a calibrated int8 technique "
+                                                "collects on the reference model, in whole trajectories and at least "
+                                                "one; nncf.quantize's own default subset is 300)"),
     "reference_noise_doses": Key("dose_list", "a non-empty list of numbers > 0 (std of the Gaussian noise the positive "
                                               "controls add to the UNet's output)"),
 }
@@ -86,6 +89,7 @@ class QualitySettings:
     reference_convergence_steps: tuple[int, ...]
     reference_check_images: int
     reference_key_budget_s: float | None
+    reference_calibration_samples: int
     reference_noise_doses: tuple[float, ...]
     pipeline_weights: str | None
 

@@ -83,6 +83,7 @@ class Plan:
     ladder: tuple[int, ...] = converged.LADDER  # the convergence check's step counts (smoke and tests: shorter)
     check_images: int = converged.CHECK_IMAGES
     key_budget_s: float | None = None  # most seconds a key's first batch may take here, predicted from its own calls
+    calibration_samples: int | None = None  # UNet calls a calibrated int8 key collects (None: quantization's default)
 
     @classmethod
     def of(cls, s) -> "Plan":
@@ -90,7 +91,7 @@ class Plan:
         return cls(guidances=tuple(s.reference_judge_guidances), n_max=s.reference_delta_images,
                    n_step=s.reference_delta_step, doses=tuple(s.reference_noise_doses),
                    ladder=tuple(s.reference_convergence_steps), check_images=s.reference_check_images,
-                   key_budget_s=s.reference_key_budget_s)
+                   key_budget_s=s.reference_key_budget_s, calibration_samples=s.reference_calibration_samples)
 
     def text(self) -> str:
         return (f"guidance {', '.join(f'{g:g}' for g in self.guidances)}; images in batches of {self.n_step} up to "
@@ -197,7 +198,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
         control, stack = known.get(key), stacks.get(key)
         row = dict(key=key, label=control.label if control else stack.label,
                    family="control" if control else ", ".join(t.family for t in stack.techniques))
-        ctx = technique_setup.context(base_profile, folder, n_converged, scratch)
+        ctx = technique_setup.context(base_profile, folder, n_converged, scratch, plan.calibration_samples)
         if stack is not None:
             ok, reason = stack.availability(ctx)
             if not ok:
@@ -216,8 +217,11 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
         try:
             for g in plan.guidances:
                 ref = refs[g]
-                cache = renders.Cache(None if control else stored, mhash, machine, key, steps, g,  # controls: live
-                                      dict(batch=batch, pad=control is None, grad_mode=grad_mode), facts=ctx.facts)
+                call = dict(batch=batch, pad=control is None, grad_mode=grad_mode)
+                if stack is not None and stack.calibrated:  # its IR, so its pictures, depend on the calibration size
+                    call["calibration_samples"] = ctx.calibration_samples
+                cache = renders.Cache(None if control else stored, mhash, machine, key, steps, g, call,
+                                      facts=ctx.facts)  # controls: rendered live
                 got = _sequential(pipe, steps, grad_mode, g, ref, plan, real, batch, aligned, pad=control is None,
                                   cache=cache)
                 rows.append(dict(row, guidance=g, status="ok", steps=steps, cached_images=cache.hits,
