@@ -25,27 +25,26 @@ allocators:
 		echo "allocators: apt-get could not install $(ALLOCATOR_PACKAGES); their rungs will say not applicable"; \
 	else echo "allocators: not root or no apt-get; install $(ALLOCATOR_PACKAGES) for the allocator rung"; fi
 
-# The unit tests and the notebooks under nbval in one pytest session: two xdist workers with one thread each (the
-# 2-core machines this runs on are fully used without oversubscribing them: two 2-thread processes on 2 cores slow
-# each other down many times over), the longest scopes first (conftest.py), so the two suites share one start-up
-# and one tail instead of each idling a worker at its end. The notebooks run on the tiny smoke profile and write
-# into a scratch reports folder (NB_REPORTS, when set: .ci/run then checks the smoke report they drew);
-# notebooks/conftest.py gives each kernel these two settings whatever the unit tests set on that worker.
-# loadscope keeps a module's tests, and a notebook's cells, together on one worker. A kernel may take over a minute
-# to start while the other worker runs torchrun ranks or an SD pipeline (13 did not answer in nbval's default 60 s).
+test: unit notebooks
+
+# Two pytest workers with one thread each: the 2-core machines this runs on are fully used without
+# oversubscribing them (two 2-thread processes on 2 cores slow each other down many times over). The unit tests and
+# the notebooks stay two sessions: in one session a unit test beside a notebook's 2-thread workers ran 5.7x slower
+# (test_reference_model 118 s against 21 s), and both together took 882 s on a fresh clone against 372 + 429 s as
+# two sessions an hour before. Within each, the longest scopes go first (conftest.py), so neither worker idles long
+# at the end while the other finishes.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
-NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-kernel-startup-timeout=300
-NB_ENV = OMP_NUM_THREADS=1 SDPERF_PROFILE=smoke SDPERF_REPORTS_DIR=$${NB_REPORTS:-$$(mktemp -d)}
-test: install
-	$(NB_ENV) $(PY) -m pytest tests notebooks -q -p no:cacheprovider $(XDIST) $(NBVAL) --durations=30
-
-# Either half alone, as `make test` runs it.
 unit: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q $(XDIST) --durations=25
 
+# nbval runs every notebook on the tiny smoke profile, writing into a scratch reports folder (NB_REPORTS, when set:
+# .ci/run then checks the smoke report those notebooks drew in a browser);
+# loadscope keeps each notebook's cells together on one worker. A kernel may take over a minute to start while
+# the other worker runs torchrun ranks or an SD pipeline (13 did not answer in nbval's default 60 s on a fresh clone).
 notebooks: install
-	$(NB_ENV) $(PY) -m pytest notebooks -q -p no:cacheprovider $(XDIST) $(NBVAL) --durations=25
+	OMP_NUM_THREADS=1 SDPERF_PROFILE=smoke SDPERF_REPORTS_DIR=$${NB_REPORTS:-$$(mktemp -d)} $(PY) -m pytest -q -p no:cacheprovider \
+		$(XDIST) --durations=25 --nbval-lax --nbval-current-env --nbval-cell-timeout=900 --nbval-kernel-startup-timeout=300 notebooks
 
 install: $(STAMP)
 

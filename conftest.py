@@ -1,8 +1,8 @@
-"""The order `make test`'s one pytest session hands its scopes (a test module, a notebook) to the two xdist workers
-(`--dist loadscope --no-loadscope-reorder`): the longest first, so the last scope to start is a short one and
-neither worker idles at the end while the other finishes a notebook. A scheduling hint only: a scope not listed
-runs after the listed ones (notebooks, each 20-40 s on smoke, before the unit modules, most under 15 s), and a
-stale list costs minutes of idle tail, never a test. Measured on a 2-core Xeon (2026-11-27), longest first.
+"""The order in which `make unit` and `make notebooks` hand their scopes (a test module, a notebook) to the two xdist
+workers (`--dist loadscope --no-loadscope-reorder`): the longest first, so the last scope to start is a short one
+and neither worker idles long at the end while the other finishes. A scheduling hint only: a scope not listed runs
+after the listed ones (notebooks first: each takes 20-40 s on smoke, most unit modules under 15 s), and a stale
+list costs idle seconds at the end, never a test. Longest first as measured on a 2-core Xeon (2026-11-27).
 """
 from __future__ import annotations
 
