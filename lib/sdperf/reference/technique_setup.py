@@ -33,10 +33,10 @@ def profile_for(base, folder: Path, steps: int):
                    device="cpu", weights=str(folder), prompt=quality.prompts(1)[0].caption)
 
 
-def context(base, folder: Path, steps: int, scratch: Path | None, calibration_samples: int | None = None):
+def context(base, folder: Path, steps: int, scratch: Path | None, calibration_samples: int):
     """The catalog Context a technique is applied in: profile_for's profile at the engines' batch, the scratch
     folder for its artefacts, and CALIBRATION_CAPTIONS captions of CALIBRATION_SEED for a calibrated int8 scheme,
-    which collects at most `calibration_samples` UNet calls from them (None: quantization.CALIBRATION_SAMPLES)."""
+    which collects at most `calibration_samples` UNet calls from them."""
     from sdperf.optimizations.catalog import Context
 
     return Context(profile_for(base, folder, steps), batch_size=RENDER_BATCH, scratch=scratch, artefacts=scratch,

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from sdperf.core import environment
+from sdperf.optimizations.quantization import CALIBRATION_SAMPLES
 from sdperf.reference import controls, converged, domain, paired, quality, renders, technique_setup
 from sdperf.reference.technique_setup import GUIDANCE, RENDER_BATCH, SOLVE_BATCH
 from sdperf.reference.paired import ADHERENCE_BUDGET, OVER, UNDECIDED, WITHIN
@@ -83,7 +84,7 @@ class Plan:
     ladder: tuple[int, ...] = converged.LADDER  # the convergence check's step counts (smoke and tests: shorter)
     check_images: int = converged.CHECK_IMAGES
     key_budget_s: float | None = None  # most seconds a key's first batch may take here, predicted from its own calls
-    calibration_samples: int | None = None  # UNet calls a calibrated int8 key collects (None: quantization's default)
+    calibration_samples: int = CALIBRATION_SAMPLES  # UNet calls a calibrated int8 key collects
 
     @classmethod
     def of(cls, s) -> "Plan":
