@@ -136,3 +136,37 @@ def test_openvino_nncf_weights_is_a_drop_in_unet(smoke, workload, reference):
     assert facts["int8_constants"] > 0
     d = drift.compare(generate(pipe, workload), reference)
     assert 0 < d["latent_rel_error"] < MAX_LATENT_REL_ERROR and d["image_psnr_db"] > MIN_PSNR_DB
+
+
+def test_a_quantized_irs_cache_key_is_the_same_in_every_process(tiny_pipe, workload, monkeypatch, tmp_path):
+    """diffusers lists the config values it defaulted (`_use_default_values`) in set order, which Python's hash seed
+    changes from one process to the next: a key holding that order named one calibrated IR two ways, and a second
+    run quantized again what the first had cached. Here the two orders two processes may see give one key."""
+    import copy
+    import json
+
+    from diffusers.configuration_utils import FrozenDict
+
+    from sdperf.optimizations import openvino_engine
+
+    config = dict(tiny_pipe.scheduler.config)
+    defaulted = list(config.get("_use_default_values") or ())
+    assert len(defaulted) >= 2  # else there is no order to vary, and this test would prove nothing
+    keys = []
+
+    class Stop(Exception):
+        pass
+
+    def record(*args, key=None, **kwargs):  # the artefact's name is made from `key`: stop before converting
+        keys.append(json.dumps(key, sort_keys=True, default=str))
+        raise Stop
+
+    monkeypatch.setattr(openvino_engine, "ir_model", record)
+    for order in (defaulted, defaulted[::-1]):
+        scheduler = copy.copy(tiny_pipe.scheduler)
+        scheduler._internal_dict = FrozenDict({**config, "_use_default_values": order})
+        monkeypatch.setattr(tiny_pipe, "scheduler", scheduler)
+        with pytest.raises(Stop):
+            opt.openvino_nncf(tiny_pipe, workload, "openvino-nncf-ptq", scratch_root=tmp_path)
+    assert len(keys) == 2 and keys[0] == keys[1]
+    assert type(tiny_pipe.scheduler).__name__ in keys[0]  # the scheduler's class is in the key, its values too
