@@ -1,10 +1,24 @@
-"""The order in which `make unit` and `make notebooks` hand their scopes (a test module, a notebook) to the two xdist
-workers (`--dist loadscope --no-loadscope-reorder`): the longest first, so the last scope to start is a short one
-and neither worker idles long at the end while the other finishes. A scheduling hint only: a scope not listed runs
-after the listed ones (notebooks first: each takes 20-40 s on smoke, most unit modules under 15 s), and a stale
-list costs idle seconds at the end, never a test. Longest first as measured on a 2-core Xeon (2026-11-27).
+"""How `make unit` and `make notebooks` share the machine between their two xdist workers.
+
+The order (`--dist loadscope --no-loadscope-reorder`): the longest scope (a test module, a notebook) first, so the
+last scope to start is a short one and neither worker idles long at the end while the other finishes. A scheduling
+hint only: a scope not listed runs after the listed ones (notebooks first: each takes 20-40 s on smoke, most unit
+modules under 15 s), and a stale list costs idle seconds at the end, never a test. Longest first as measured on a
+2-core Xeon (2026-11-27).
+
+The cores: each worker, and every process it starts (notebook kernels, round workers, torchrun ranks, inductor's
+compile workers), runs on its own share of the CPUs. OMP_NUM_THREADS=1 does not reach OpenVINO's and NNCF's
+thread pools, inductor's compile pool or a training rank's threads, and a 2-thread OpenMP region sharing its two cores
+with the other worker's thread stalls at every barrier: on the 2-core Xeon the unit tests took 812 worker-seconds
+(432 s wall) with two workers against 453 s with one, and 524 worker-seconds (279 s wall) pinned (2026-11-28). A
+test that needs all the cores (two training ranks) says so with `@pytest.mark.all_cores`, and gets them while it
+runs.
 """
 from __future__ import annotations
+
+import os
+
+import pytest
 
 LONGEST_FIRST = (
     "notebooks/04_torch_compile.ipynb", "notebooks/12_fid_clip.ipynb", "notebooks/10_ladder.ipynb",
@@ -20,6 +34,10 @@ LONGEST_FIRST = (
 )
 
 
+# Notebooks whose kernel needs every core: 11 launches two training ranks (a rank per core, sdperf.training.launch).
+NOTEBOOKS_ON_ALL_CORES = ("notebooks/11_training_scaling.ipynb",)
+
+
 def _rank(nodeid: str) -> tuple[int, int]:
     scope = nodeid.split("::", 1)[0]
     if scope in LONGEST_FIRST:
@@ -29,3 +47,38 @@ def _rank(nodeid: str) -> tuple[int, int]:
 
 def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: _rank(item.nodeid))  # stable: a scope's own items keep their order
+
+
+ALL_CORES = "all_cores"
+ALL_CPUS_ENV = "SDPERF_TEST_ALL_CPUS"  # set only where the workers are pinned: the CPUs they share
+_ALL_CPUS: set[int] = set()  # this worker's CPUs before pinning; empty when not pinned
+_OWN_CPUS: set[int] = set()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{ALL_CORES}: run on every CPU of the machine, not the xdist worker's share "
+                                       "(two training ranks need two cores)")
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not worker.startswith("gw") or not count.isdigit() or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if int(count) < 2 or len(cpus) < int(count):
+        return
+    _ALL_CPUS.update(cpus)
+    os.environ[ALL_CPUS_ENV] = ",".join(map(str, cpus))  # what tests/test_worker_cores.py checks the shares against
+    _OWN_CPUS.update(cpus[int(worker.removeprefix("gw")) % int(count)::int(count)])  # gw0: 0, 2, ..; gw1: 1, 3, ..
+    os.sched_setaffinity(0, _OWN_CPUS)
+
+
+def _wants_all_cores(item) -> bool:
+    if item.get_closest_marker(ALL_CORES) is not None:
+        return True
+    return item.nodeid.split("::", 1)[0] in NOTEBOOKS_ON_ALL_CORES
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before the item's fixtures (and a notebook's kernel) start: every CPU for an all_cores item, else the
+    worker's own share; children inherit it."""
+    if _ALL_CPUS:
+        os.sched_setaffinity(0, _ALL_CPUS if _wants_all_cores(item) else _OWN_CPUS)

@@ -9,6 +9,8 @@ import pytest
 
 from sdperf.training import collect, data, launch, settings
 
+pytestmark = pytest.mark.all_cores  # two ranks, a core each (conftest.py pins a worker to its share otherwise)
+
 
 @pytest.fixture(scope="module")
 def two_rank_row(smoke, tmp_path_factory):
