@@ -49,7 +49,8 @@ def test_bad_choice_names_the_value_and_the_choices(smoke, key, value, valid):
                                        ("reference_convergence_steps", []),
                                        ("reference_convergence_steps", [5, 2.5]),
                                        ("reference_check_images", 1), ("reference_calibration_samples", 0),
-                                       ("reference_calibration_samples", 2.5)])
+                                       ("reference_calibration_samples", 2.5), ("reference_fallbacks", -1),
+                                       ("reference_fallbacks", "all")])
 def test_bad_numbers_say_what_was_expected(smoke, key, value):
     with pytest.raises(ConfigError) as err:
         settings(_with(smoke, **{key: value}))
@@ -66,6 +67,8 @@ def test_the_convergence_check_follows_the_profile(smoke):
     assert plan.check_images == smoke.quality["reference_check_images"]
     assert techniques.Plan.of(settings(load_profile("cpu"))).ladder == converged.LADDER
     assert plan.calibration_samples == smoke.quality["reference_calibration_samples"]
+    assert plan.fallbacks == smoke.quality["reference_fallbacks"] == 1  # smoke judges one alternative, cpu all
+    assert techniques.Plan.of(settings(load_profile("cpu"))).fallbacks is None
 
 
 def test_unknown_and_missing_keys_list_the_valid_ones(smoke):

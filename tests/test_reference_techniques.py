@@ -315,9 +315,12 @@ def test_rows_round_trip_and_for_study_measures_only_what_is_missing(measured, s
         techniques.for_study(study, ["warp"], plan)
 
 
-@pytest.mark.parametrize("harm,extra", [(True, True), (False, False)])
+@pytest.mark.parametrize("harm,extra,limit", [(True, True, None), (False, False, None), (True, True, 1),
+                                              (True, False, 0)])
 def test_ptqs_alternatives_are_judged_when_and_only_when_ptq_alone_is_over(measured, scratch_reports, monkeypatch,
-                                                                           harm, extra):
+                                                                           harm, extra, limit):
+    """All of them, or the first `limit` in the catalog's order (the profile's reference_fallbacks), saying which
+    were left out."""
     from sdperf.measure.study import open_study
     from sdperf.optimizations import quantization
 
@@ -328,10 +331,13 @@ def test_ptqs_alternatives_are_judged_when_and_only_when_ptq_alone_is_over(measu
     techniques.record(study, source.assign(key=ptq, label="PTQ stand-in: the rows of a known verdict"))
     asked = []
     monkeypatch.setattr(techniques, "measure", lambda ks, *a, **k: asked.append(ks) or measured.iloc[:0])
-    got = techniques.for_study(study, [ptq], techniques.Plan(**{**PLAN.__dict__}), say=lambda _: None)
+    said = []
+    got = techniques.for_study(study, [ptq], replace(PLAN, fallbacks=limit), say=said.append)
     assert got.set_index("key").loc[ptq, "quality_verdict"] == (paired.OVER if harm else paired.WITHIN)
-    alternatives = list(quantization.PTQ_ALTERNATIVES)
+    alternatives = list(quantization.PTQ_ALTERNATIVES)[:limit]
     assert asked == [[techniques.SEEDS_SAMPLER]] + ([[techniques.SEEDS_SAMPLER] + alternatives] if extra else [])
+    left = list(quantization.PTQ_ALTERNATIVES)[len(alternatives):] if harm else []
+    assert any(f"(not {', '.join(left)}: the profile's reference_fallbacks is {limit})" in s for s in said) == bool(left)
     assert got.why_judged.notna().sum() == 0  # no alternative has rows here (measure was stubbed): none is shown
 
 

@@ -58,6 +58,9 @@ KEYS = {
     "reference_calibration_samples": Key("int", "an integer >= 1 (the most UNet calls a calibrated int8 technique "
                                                 "collects on the reference model, in whole trajectories and at least "
                                                 "one; nncf.quantize's own default subset is 300)"),
+    "reference_fallbacks": Key("count_or_none", "an integer >= 0, or null for all (how many of a technique's "
+                                                "alternatives, in the catalog's order, are judged when it alone is "
+                                                "over the budget)"),
     "reference_noise_doses": Key("dose_list", "a non-empty list of numbers > 0 (std of the Gaussian noise the positive "
                                               "controls add to the UNet's output)"),
 }
@@ -90,6 +93,7 @@ class QualitySettings:
     reference_check_images: int
     reference_key_budget_s: float | None
     reference_calibration_samples: int
+    reference_fallbacks: int | None
     reference_noise_doses: tuple[float, ...]
     pipeline_weights: str | None
 
@@ -177,6 +181,10 @@ def _value(profile: str, key: str, value, spec: Key):
         if len(set(value)) != len(value):
             raise _fail(profile, key, value, spec, "repeats a scale")
         return tuple(float(v) for v in value)
+    if spec.kind == "count_or_none":
+        if value is not None and (not _is_int(value) or value < 0):
+            raise _fail(profile, key, value, spec)
+        return value
     if spec.kind == "seconds_or_none":
         if value is not None and not _is_positive(value):
             raise _fail(profile, key, value, spec)

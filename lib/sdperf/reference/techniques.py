@@ -85,6 +85,7 @@ class Plan:
     check_images: int = converged.CHECK_IMAGES
     key_budget_s: float | None = None  # most seconds a key's first batch may take here, predicted from its own calls
     calibration_samples: int = CALIBRATION_SAMPLES  # UNet calls a calibrated int8 key collects
+    fallbacks: int | None = None  # alternatives judged per key over the budget alone, in catalog order (None: all)
 
     @classmethod
     def of(cls, s) -> "Plan":
@@ -92,7 +93,8 @@ class Plan:
         return cls(guidances=tuple(s.reference_judge_guidances), n_max=s.reference_delta_images,
                    n_step=s.reference_delta_step, doses=tuple(s.reference_noise_doses),
                    ladder=tuple(s.reference_convergence_steps), check_images=s.reference_check_images,
-                   key_budget_s=s.reference_key_budget_s, calibration_samples=s.reference_calibration_samples)
+                   key_budget_s=s.reference_key_budget_s, calibration_samples=s.reference_calibration_samples,
+                   fallbacks=s.reference_fallbacks)
 
     def text(self) -> str:
         return (f"guidance {', '.join(f'{g:g}' for g in self.guidances)}; images in batches of {self.n_step} up to "
@@ -540,10 +542,16 @@ def for_study(study, keys: list[str], plan: Plan, *, folder: Path | None = None,
 
     per_guidance = judged(wanted)
     out = overall(per_guidance, plan.guidances)
-    instead = fallbacks(out)
+    every = fallbacks(out)
+    instead = {k: alts[:plan.fallbacks] for k, alts in every.items()}
     extra = [a for alts in instead.values() for a in alts if a not in wanted]
+    left = [a for k, alts in every.items() for a in alts if a not in instead[k]]
+    if extra or left:
+        say(f"over the budget alone: {', '.join(instead)}; "
+            + (f"judging what the field uses instead: {', '.join(extra)}" if extra else "judging none of what the "
+               "field uses instead") + (f" (not {', '.join(left)}: the profile's reference_fallbacks is "
+                                        f"{plan.fallbacks})" if left else ""))
     if extra:
-        say(f"over the budget alone: {', '.join(instead)}; judging what the field uses instead: {', '.join(extra)}")
         wanted += list(dict.fromkeys(extra))
         per_guidance = judged(wanted)
         out = overall(per_guidance, plan.guidances)
