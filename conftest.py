@@ -10,7 +10,7 @@ The cores: each worker, and every process it starts (notebook kernels, round wor
 compile workers), runs on its own share of the CPUs. OMP_NUM_THREADS=1 does not reach OpenVINO's and NNCF's
 thread pools, inductor's compile pool or a training rank's threads, and a 2-thread OpenMP region sharing its two cores
 with the other worker's thread stalls at every barrier: on the 2-core Xeon the unit tests took 812 worker-seconds
-(432 s wall) with two workers against 453 s with one, and 524 worker-seconds (279 s wall) pinned (2026-11-28). A
+(432 s wall) with two workers against 465 s wall with one, and 291 s wall pinned (2026-11-28). A
 test that needs all the cores (two training ranks) says so with `@pytest.mark.all_cores`, and gets them while it
 runs.
 """
