@@ -34,6 +34,7 @@ LONGEST_FIRST = (
 )
 
 
+ALL_CORES = "all_cores"  # the marker of a test that runs on every CPU (pytest_runtest_setup below)
 # Notebooks whose kernel needs every core: 11 launches two training ranks (a rank per core, sdperf.training.launch).
 NOTEBOOKS_ON_ALL_CORES = ("notebooks/11_training_scaling.ipynb",)
 
@@ -47,9 +48,11 @@ def _rank(nodeid: str) -> tuple[int, int]:
 
 def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: _rank(item.nodeid))  # stable: a scope's own items keep their order
+    for item in items:  # a notebook's cells cannot carry a marker: its path gives it
+        if item.nodeid.split("::", 1)[0] in NOTEBOOKS_ON_ALL_CORES:
+            item.add_marker(ALL_CORES)
 
 
-ALL_CORES = "all_cores"
 ALL_CPUS_ENV = "SDPERF_TEST_ALL_CPUS"  # set only where the workers are pinned: the CPUs they share
 _ALL_CPUS: set[int] = set()  # this worker's CPUs before pinning; empty when not pinned
 _OWN_CPUS: set[int] = set()
@@ -70,15 +73,9 @@ def pytest_configure(config):
     os.sched_setaffinity(0, _OWN_CPUS)
 
 
-def _wants_all_cores(item) -> bool:
-    if item.get_closest_marker(ALL_CORES) is not None:
-        return True
-    return item.nodeid.split("::", 1)[0] in NOTEBOOKS_ON_ALL_CORES
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Before the item's fixtures (and a notebook's kernel) start: every CPU for an all_cores item, else the
     worker's own share; children inherit it."""
     if _ALL_CPUS:
-        os.sched_setaffinity(0, _ALL_CPUS if _wants_all_cores(item) else _OWN_CPUS)
+        os.sched_setaffinity(0, _ALL_CPUS if item.get_closest_marker(ALL_CORES) else _OWN_CPUS)

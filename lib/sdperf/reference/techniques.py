@@ -545,12 +545,12 @@ def for_study(study, keys: list[str], plan: Plan, *, folder: Path | None = None,
     every = fallbacks(out)
     instead = {k: alts[:plan.fallbacks] for k, alts in every.items()}
     extra = [a for alts in instead.values() for a in alts if a not in wanted]
-    left = [a for k, alts in every.items() for a in alts if a not in instead[k]]
+    left = [a for k, alts in every.items() for a in alts if a not in instead[k] and a not in wanted]
     if extra or left:
-        say(f"over the budget alone: {', '.join(instead)}; "
-            + (f"judging what the field uses instead: {', '.join(extra)}" if extra else "judging none of what the "
-               "field uses instead") + (f" (not {', '.join(left)}: the profile's reference_fallbacks is "
-                                        f"{plan.fallbacks})" if left else ""))
+        judging = (f"judging what the field uses instead: {', '.join(extra)}" if extra
+                   else "judging none of what the field uses instead")
+        limit = f" (not {', '.join(left)}: the profile's reference_fallbacks is {plan.fallbacks})" if left else ""
+        say(f"over the budget alone: {', '.join(instead)}; {judging}{limit}")
     if extra:
         wanted += list(dict.fromkeys(extra))
         per_guidance = judged(wanted)
