@@ -14,7 +14,7 @@ from sdperf.core.errors import ConfigError
 from sdperf.config.profiles import (ARCHITECTURES, DEVICES, DTYPES, SCHEDULERS, available_profiles, load_profile,
                              resolve_name)
 
-REQUIRED_PROFILES = {"smoke", "cpu", "sd15-a10g", "sd15-a100", "sdxl-1024", "sd2-base"}
+REQUIRED_PROFILES = {"smoke", "cpu", "cpu-full", "sd15-a10g", "sd15-a100", "sdxl-1024", "sd2-base"}
 
 
 def test_every_profile_named_in_the_study_exists_and_loads():
@@ -38,6 +38,29 @@ def test_seed_settings_are_the_seeds_exact_settings():
     assert (xl.arch, xl.resolution, xl.steps, xl.dtype) == ("sdxl", 1024, 20, "float16")
     cpu = load_profile("cpu", check_runtime=False)
     assert (cpu.arch, cpu.resolution, cpu.device) == ("sd15", 256, "cpu")
+
+
+def test_the_hour_cpu_profile_is_a_subset_of_cpu_full_on_the_same_settings():
+    """`cpu` is cpu-full's one-hour subset (issue 33): the same model, timing, rounds and sections, fewer keys. Every
+    key a cpu notebook compares, judges or searches is one cpu-full lists too, so nothing in the hour's report is
+    missing from the full one; what differs in the quality section is only how much is judged."""
+    hour, full = (load_profile(n, check_runtime=False) for n in ("cpu", "cpu-full"))
+    for field in ("arch", "resolution", "steps", "scheduler", "guidance_scale", "batch_sizes", "dtype", "device",
+                  "warmup", "repeats", "rounds", "first_call_steps", "seed", "prompt", "training", "serving"):
+        assert getattr(hour, field) == getattr(full, field), field
+    sized = {"reference_n_images", "reference_judge_guidances", "reference_fallbacks"}
+    assert {k: v for k, v in hour.quality.items() if k not in sized} == \
+        {k: v for k, v in full.quality.items() if k not in sized}
+    assert set(hour.quality["reference_judge_guidances"]) <= set(full.quality["reference_judge_guidances"])
+    from sdperf.run.prefetch import parameters
+
+    for notebook in hour.notebooks:  # each against what cpu-full runs: its own setting, else the notebook's default
+        theirs = parameters(notebook, full)
+        for key, value in hour.notebooks[notebook].items():
+            if isinstance(value, list):
+                assert set(value) <= set(theirs[key]), (notebook, key, set(value) - set(theirs[key]))
+            else:
+                assert key == "search_max_quality" and value <= theirs[key], (notebook, key)
 
 
 def test_unknown_profile_names_the_valid_ones():

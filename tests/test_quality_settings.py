@@ -67,8 +67,9 @@ def test_the_convergence_check_follows_the_profile(smoke):
     assert plan.check_images == smoke.quality["reference_check_images"]
     assert techniques.Plan.of(settings(load_profile("cpu"))).ladder == converged.LADDER
     assert plan.calibration_samples == smoke.quality["reference_calibration_samples"]
-    assert plan.fallbacks == smoke.quality["reference_fallbacks"] == 1  # smoke judges one alternative, cpu all
-    assert techniques.Plan.of(settings(load_profile("cpu"))).fallbacks is None
+    assert plan.fallbacks == smoke.quality["reference_fallbacks"] == 1  # smoke and the hour's cpu judge one
+    assert techniques.Plan.of(settings(load_profile("cpu"))).fallbacks == 1  # alternative, cpu-full all of them
+    assert techniques.Plan.of(settings(load_profile("cpu-full"))).fallbacks is None
 
 
 def test_unknown_and_missing_keys_list_the_valid_ones(smoke):
