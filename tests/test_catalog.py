@@ -45,6 +45,24 @@ def test_a_stack_takes_one_technique_per_family_and_knows_what_it_runs():
         Stack.of("engine:openvino-f32+int8:openvino-nncf-ptq")
 
 
+@pytest.mark.parametrize("stack", ["deepcache:2+engine:openvino-f32", "tome:0.5+int8:openvino-nncf-weights",
+                                   "precision:bfloat16+deepcache:2+int8:openvino-nncf-weights",
+                                   "deepcache:3+engine:onnxruntime-fp32", "tome:0.3+engine:tensorrt-fp16"])
+def test_feature_caching_and_token_merging_never_stack_under_an_engine_that_traces_the_unet(stack):
+    """DeepCache and ToMe wrap the UNet's blocks in Python; an exported engine runs a trace, in which that Python
+    is one frozen branch (the cpu run at 524c39a failed rung 4 of its ladder on the first stack here)."""
+    with pytest.raises(ConfigError, match="patches the PyTorch UNet's blocks in Python"):
+        Stack.of(stack)
+
+
+@pytest.mark.parametrize("stack", ["deepcache:2+compile:freezing", "deepcache:2+int8:torch-ao-dynamic",
+                                   "tome:0.5+int8:torchao-int8-dynamic", "deepcache:2+stages:openvino-int8w",
+                                   "precision:bfloat16+int8:openvino-nncf-weights"])
+def test_what_caching_and_merging_may_stack_with(stack):
+    """Dynamo traces the Python it compiles with guards, a module swap keeps the blocks, stage engines leave the UNet."""
+    assert Stack.of(stack).key == stack
+
+
 def test_availability_of_every_technique_is_a_reason(smoke):
     ctx = Context(smoke)
     for key in catalog.keys():

@@ -118,6 +118,24 @@ def test_best_order_one_per_family_executor_last_fastest_first_faster_only_and_k
     assert Stack.of(catalog.join(order)).key == "+".join(order)
 
 
+@pytest.mark.parametrize("engine_speedup,kept,dropped", [(1.90, "int8:openvino-nncf-weights", "deepcache:2"),
+                                                          (1.60, "deepcache:2", "int8:openvino-nncf-weights")])
+def test_best_order_keeps_an_engine_or_feature_caching_whichever_is_faster_alone(engine_speedup, kept, dropped):
+    """The cpu run at 524c39a chose bf16 + DeepCache 2 + tcmalloc + NNCF int8 weights and its last rung failed:
+    an engine runs a trace of the UNet, and DeepCache's Python around the blocks cannot ride along."""
+    t = _alone([
+        ("precision:bfloat16", "ok", 2.21, "faster", "within budget"),
+        ("deepcache:2", "ok", 1.74, "faster", "within budget"),
+        ("int8:openvino-nncf-weights", "ok", engine_speedup, "faster", "within budget"),
+        ("allocator:tcmalloc", "ok", 1.21, "faster", None),
+    ])
+    order, why = ladder.best_order(t)
+    assert kept in order and dropped not in order and order[0] == "precision:bfloat16"
+    reason = dict(zip(why.key, why.why))[dropped]
+    assert reason.startswith(f"cannot stack with {kept}") and "the larger speed-up alone was kept" in reason
+    assert catalog.Stack.of(catalog.join(order)).key == "+".join(order)
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:

@@ -110,15 +110,34 @@ def plan(study: Study, name: str, keys, skips: dict[str, str] | None = None) -> 
 
 def best_order(alone: pd.DataFrame, allow_lossy: bool = False) -> tuple[list[str], pd.DataFrame]:
     """Candidates "faster" than fp32 alone and (unless allowed) keeping the picture; the fastest of each family;
-    at most one UNet executor, last; the others fastest first. Returns the keys and every technique's reason."""
+    at most one UNet executor, last; the others fastest first; never an engine with feature caching or token
+    merging (_stackable). Returns the keys and every technique's reason."""
     t = alone.copy()
     faster = (t.status == "ok") & (t.speedup_verdict == rounds.FASTER) & ~t.family.isin(NOT_CANDIDATES)
     keeps = t.apply(keeps_picture, axis=1) | allow_lossy
     cand = t[faster & keeps].sort_values("speedup", ascending=False).drop_duplicates("family")
+    cand, apart = _stackable(cand)
     chosen = pd.concat([cand[cand.family != catalog.EXECUTOR], cand[cand.family == catalog.EXECUTOR]])
     t["candidate"] = t.key.isin(chosen.key)
-    t["why"] = [_why(r, allow_lossy, chosen, cand) for _, r in t.iterrows()]
+    t["why"] = [apart.get(r.key) or _why(r, allow_lossy, chosen, cand) for _, r in t.iterrows()]
     return chosen.key.tolist(), t
+
+
+def _stackable(cand: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
+    """The candidates less those that cannot stack (catalog.Stack.of's rule: feature caching and token merging
+    patch the PyTorch UNet's blocks, an engine runs a trace of the UNet): of the executor and the patching
+    techniques, the side with the larger speed-up alone stays. Returns the rest and each dropped key's reason."""
+    executor = cand[(cand.family == catalog.EXECUTOR) & cand.key.map(lambda k: catalog.get(k).traces_unet)]
+    patching = cand[cand.family.isin(catalog.PATCH_BLOCKS)]
+    if executor.empty or patching.empty:
+        return cand, {}
+    e = executor.iloc[0]
+    keep_engine = e.speedup >= patching.speedup.max()
+    drop, kept = (patching, executor) if keep_engine else (executor, patching)
+    why = (f"cannot stack with {', '.join(kept.key)}: an engine runs a trace of the UNet, and feature caching or "
+           f"token merging patches its blocks in Python; the larger speed-up alone was kept "
+           f"({e.key} {e.speedup:.3f}x against {patching.speedup.max():.3f}x)")
+    return cand[~cand.key.isin(drop.key)], {k: why for k in drop.key}
 
 
 def _why(r, allow_lossy: bool, chosen: pd.DataFrame, cand: pd.DataFrame) -> str:

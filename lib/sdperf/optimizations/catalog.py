@@ -21,6 +21,7 @@ from sdperf.core.errors import ConfigError
 GRAD_MODE, PARAMETERS, PRECISION, ATTENTION = "grad mode", "parameters", "precision", "attention"
 EXECUTOR, GRAPHS, SCHEDULER, ALLOCATOR = "unet executor", "graphs", "scheduler", "allocator"
 CACHING, MERGING = "feature caching", "token merging"  # both patch the PyTorch UNet's blocks: not after an executor
+PATCH_BLOCKS = (CACHING, MERGING)  # ... and not under an engine that traces the UNet (Technique.traces_unet)
 STAGES = "vae and text encoder executor"  # the two stages around the loop, run by an engine
 CALIBRATION = "calibration"  # a technique of known cost that checks the method itself
 FAMILIES = (GRAD_MODE, PARAMETERS, PRECISION, ATTENTION, EXECUTOR, GRAPHS, SCHEDULER, CACHING, MERGING, ALLOCATOR,
@@ -105,6 +106,9 @@ class Technique:
     # reference model then, and only then (sdperf.reference.techniques.for_study), since each costs renders
     fallbacks: tuple[str, ...] = ()
     calibrated: bool = False
+    # Runs an exported trace of the UNet (an engine): Python that feature caching or token merging wraps around the
+    # UNet's blocks is frozen into one branch of the trace, so neither family can stack with it (Stack.of)
+    traces_unet: bool = False
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -194,6 +198,13 @@ class Stack:
         if twice:
             raise ConfigError(f"stack {join(ks)!r} has more than one technique of family {', '.join(twice)}: "
                               "stack at most one of each (one UNet executor, one precision, one scheduler, ...)")
+        traced = [t.key for t in techs if t.traces_unet]
+        patched = [t.key for t in techs if t.family in PATCH_BLOCKS]
+        if traced and patched:
+            raise ConfigError(f"stack {join(ks)!r}: {', '.join(patched)} patches the PyTorch UNet's blocks in Python "
+                              f"and {traced[0]} runs an exported trace of the UNet, which would freeze that Python "
+                              f"into one branch; stack {', '.join(patched)} with eager, compiled or module-swapped "
+                              "UNets only")
         return cls(techs)
 
     @property

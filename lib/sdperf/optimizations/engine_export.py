@@ -116,7 +116,7 @@ def technique(prefix: str, name: str) -> Technique:
     """engine:<engine>-<precision>[-static]: the UNet exported to that engine (the text encoder and VAE stay)."""
     spec = parse(name)
     return Technique(f"{prefix}:{name}", spec.label, EXECUTOR, NOTEBOOK, apply=_built(name), loop_only=True,
-                     availability=lambda ctx: availability(ctx.device, name),
+                     availability=lambda ctx: availability(ctx.device, name), traces_unet=True,
                      changes_output=spec.precision not in LOSSLESS,
                      dtype={"fp16": "float16", "f16": "float16", "bf16": "bfloat16"}.get(spec.precision, "float32"),
                      note="the UNet only; exported from the fp32 pipeline, the engine applies its own precision")

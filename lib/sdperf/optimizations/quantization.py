@@ -466,5 +466,5 @@ def techniques() -> list[Technique]:
                       availability=lambda ctx, s=scheme: availability(ctx.device, s), changes_output=True,
                       loop_only=True, note=SCHEMES[scheme],
                       fallbacks=PTQ_ALTERNATIVES if scheme == "openvino-nncf-ptq" else (),
-                      calibrated=scheme in CALIBRATED)
+                      calibrated=scheme in CALIBRATED, traces_unet=scheme.startswith("openvino-"))
             for scheme in SCHEMES]
