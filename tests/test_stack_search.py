@@ -234,10 +234,8 @@ def test_the_cpu_profiles_judge_every_lossy_part_of_their_search_in_12s_table(na
     parts = search["search_unets"] + search["search_schedulers"] + search["search_stages"]
     lossy = {k for k in parts if catalog.get(k).changes_output}
     assert lossy <= set(table["technique_keys"]) <= set(DEFAULT_KEYS)
-    measured = {k for nb, lists in prefetch.KEY_LISTS.items()
-                for k in prefetch.listed(nb, prefetch.parameters(nb, prof))}
-    lossy_measured = {k for k in measured if any(t.changes_output for t in catalog.Stack.of(k).techniques)}
-    unjudged = lossy_measured - set(table["technique_keys"])
+    measured = {k for nb in prefetch.KEY_LISTS for k in prefetch.listed(nb, prefetch.parameters(nb, prof))}
+    unjudged = {k for k in measured if catalog.Stack.of(k).changes_output} - set(table["technique_keys"])
     assert not unjudged, f"{name}: lossy techniques measured stand-alone but never judged: {unjudged}"
     if name == "cpu-full":
         assert list(table["technique_keys"]) == list(DEFAULT_KEYS)

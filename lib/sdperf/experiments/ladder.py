@@ -127,8 +127,8 @@ def _stackable(cand: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
     """The candidates less those that cannot stack (catalog.Stack.of's rule: feature caching and token merging
     patch the PyTorch UNet's blocks, an engine runs a trace of the UNet): of the executor and the patching
     techniques, the side with the larger speed-up alone stays. Returns the rest and each dropped key's reason."""
-    executor = cand[(cand.family == catalog.EXECUTOR) & cand.key.map(lambda k: catalog.get(k).traces_unet)]
-    patching = cand[cand.family.isin(catalog.PATCH_BLOCKS)]
+    traced, patched = catalog.trace_conflict([catalog.get(k) for k in cand.key])
+    executor, patching = cand[cand.key.isin(traced)], cand[cand.key.isin(patched)]
     if executor.empty or patching.empty:
         return cand, {}
     e = executor.iloc[0]

@@ -183,6 +183,12 @@ def join(stack: tuple[str, ...] | list[str]) -> str:
     return STACK_SEP.join(stack) if stack else BASELINE_KEY
 
 
+def trace_conflict(techs) -> tuple[list[str], list[str]]:
+    """(the engines that run a trace of the UNet, the techniques that patch its blocks in Python) among `techs`:
+    a stack holds one side or the other, never both (Stack.of; the ladder's best order chooses a side)."""
+    return [t.key for t in techs if t.traces_unet], [t.key for t in techs if t.family in PATCH_BLOCKS]
+
+
 @dataclass(frozen=True)
 class Stack:
     """Techniques applied in order to one fp32 pipeline; the last precision, grad mode and step count win."""
@@ -198,8 +204,7 @@ class Stack:
         if twice:
             raise ConfigError(f"stack {join(ks)!r} has more than one technique of family {', '.join(twice)}: "
                               "stack at most one of each (one UNet executor, one precision, one scheduler, ...)")
-        traced = [t.key for t in techs if t.traces_unet]
-        patched = [t.key for t in techs if t.family in PATCH_BLOCKS]
+        traced, patched = trace_conflict(techs)
         if traced and patched:
             raise ConfigError(f"stack {join(ks)!r}: {', '.join(patched)} patches the PyTorch UNet's blocks in Python "
                               f"and {traced[0]} runs an exported trace of the UNet, which would freeze that Python "
