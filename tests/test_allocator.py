@@ -72,28 +72,46 @@ def test_openvino_compiles_under_each_preloaded_allocator(setting):
     assert "(1, 8, 6, 6)" in done.stdout
 
 
-def test_a_rung_worker_measures_a_generation_in_a_new_interpreter_under_the_preload(tmp_path):
-    """What 10's allocator rung launches for each of its processes (rounds.run starts every process of a run with an
-    allocator key as a new interpreter under its setting): one such worker on the smoke profile measures a whole
-    generation and says which allocator it ran under, and the launcher's own process keeps glibc's malloc."""
+def test_rung_workers_fork_from_one_server_per_allocator_setting(tmp_path):
+    """What 10's allocator rung launches (rounds.run starts every process of a run with an allocator key from the fork
+    server of its setting, the baseline's from the default setting's, sdperf.measure.allocator_servers): a jemalloc
+    worker on the smoke profile measures a whole generation with jemalloc mapped, a baseline worker runs glibc's
+    malloc; each setting has one server, which its next worker reuses (the imports are paid once), stop_all ends
+    them, and the launcher's own process keeps glibc's malloc throughout."""
     import os
 
     from sdperf.config.profiles import load_profile
-    from sdperf.measure import rounds
+    from sdperf.measure import allocator_servers, lifeline, rounds
 
     ok, reason = allocator.availability("jemalloc")
     if not ok:
         pytest.skip(reason)
     smoke = load_profile("smoke", check_runtime=False)
-    config = rounds.Config("jemalloc", "allocator:jemalloc")
-    spec = rounds._spec(smoke, config, 0, tmp_path / "scratch", {}, save_output=False)
-    result, output = rounds.launch(spec, setting=catalog.Stack.of(config.stack).allocator, fresh_interpreter=True,
-                                   timeout_s=300)
-    assert result["status"] == "ok", result.get("note")
-    assert result["allocator"] == "jemalloc" and result["allocator_in_effect"] is True  # the library is mapped
-    assert result["pid"] != os.getpid() and output is None
-    assert result["latency_s"] > 0 and result["unet_step_s"] > 0 and result["process_peak_mib"] > 0
-    assert allocator.in_effect("default") is True and allocator.in_effect("jemalloc") is False  # this process
+
+    def launch(config):
+        spec = rounds._spec(smoke, config, 0, tmp_path / "scratch", {}, save_output=False)
+        return rounds.launch(spec, setting=catalog.Stack.of(config.stack).allocator, allocator_server=True,
+                             timeout_s=300)
+
+    try:
+        (first, output), server = launch(rounds.Config("jemalloc", "allocator:jemalloc")), None
+        server = allocator_servers.pid("jemalloc")
+        base, _ = launch(rounds.Config(rounds.BASELINE))
+        base_server = allocator_servers.pid("default")
+        again, _ = launch(rounds.Config("jemalloc", "allocator:jemalloc"))
+        assert allocator_servers.pid("jemalloc") == server  # the same server forked the second worker
+        assert allocator.in_effect("default") is True and allocator.in_effect("jemalloc") is False  # this process
+    finally:
+        allocator_servers.stop_all()
+    for r in (first, base, again):
+        assert r["status"] == "ok", r.get("note")
+        assert r["latency_s"] > 0 and r["unet_step_s"] > 0 and r["process_peak_mib"] > 0
+        assert r["pid"] not in (os.getpid(), server, base_server)
+    assert first["allocator"] == "jemalloc" and first["allocator_in_effect"] is True  # the library is mapped
+    assert again["allocator_in_effect"] is True and output is None
+    assert base["allocator"] == "default" and base["allocator_in_effect"] is True  # no preload library mapped
+    assert server != base_server and not lifeline.alive(server) and not lifeline.alive(base_server)
+    assert allocator_servers.pid("jemalloc") is None
 
 
 def test_in_effect_reads_the_process_map(tmp_path, monkeypatch):
@@ -102,6 +120,11 @@ def test_in_effect_reads_the_process_map(tmp_path, monkeypatch):
                     "7f02-7f03 r--p 0 00:00 0 [heap]\n")
     assert allocator.in_effect("tcmalloc", maps) is True and allocator.in_effect("jemalloc", maps) is False
     assert allocator.in_effect("default", maps) is False and allocator.in_effect("tcmalloc", tmp_path / "no") is None
+    # Debian's libtcmalloc_minimal.so.4 is a symlink: the map names the file it resolves to
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.5.10\n")
+    assert allocator.in_effect("tcmalloc", maps) is True and allocator.in_effect("default", maps) is False
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.40\n")
+    assert allocator.in_effect("tcmalloc", maps) is False
     for k, v in allocator.GLIBC_TUNED.items():
         monkeypatch.setenv(k, v)
     assert allocator.in_effect("glibc-tuned") is True

@@ -217,11 +217,11 @@ def test_a_loop_only_worker_gets_the_baseline_decode_interpolated_to_its_time():
     assert rounds.with_baseline_decode(raw.drop(columns="decoded"), 2).equals(raw.drop(columns="decoded"))
 
 
-def test_workers_start_from_a_new_interpreter_only_when_a_runnable_configuration_needs_another_allocator(
+def test_workers_start_from_allocator_servers_only_when_a_runnable_configuration_needs_another_allocator(
         smoke, monkeypatch):
     """An allocator this machine lacks is not applicable: it must not send every other worker of the run through
-    a new interpreter (~10 s of imports each) for nothing; one that runs does, baselines included, so all are
-    started alike."""
+    fork servers of their own settings (a new interpreter each, ~7 s of imports) for nothing; one that runs does,
+    baselines included, so all are started alike."""
     from sdperf.optimizations import allocator
 
     def run_with(available: bool) -> set:
@@ -229,7 +229,7 @@ def test_workers_start_from_a_new_interpreter_only_when_a_runnable_configuration
         machine, starts = SlowingMachine({"fp32-eager": 1.0, "grad:grad": 1.0, "allocator:jemalloc": 1.0}, 0.0), set()
 
         def launcher(spec, **kw):
-            starts.add(kw["fresh_interpreter"])
+            starts.add(kw["allocator_server"])
             return machine(spec, **kw)
 
         rounds.run(smoke, [Config("grad", "grad:grad"), Config("jemalloc", "allocator:jemalloc")], rounds=3,

@@ -447,7 +447,7 @@ ALLOCATOR_COLUMNS = ["variant", "key", "status", "s_per_image", "speedup", "spee
 
 def allocator_rung(study: Study, keys: list[str], say: Callable[[str], None] = print) -> pd.DataFrame:
     """fp32 eager under each allocator: an allocator is set before a process starts, so rounds launches every
-    process of this run (the baseline too) as a fresh interpreter under its own setting. No keys: nothing runs (an
+    process of this run (the baseline too) from a fork server started under its own setting. No keys: nothing runs (an
     empty table), not a baseline-and-twin round of its own."""
     bad = [k for k in keys if catalog.get(k).family != catalog.ALLOCATOR]
     if bad:

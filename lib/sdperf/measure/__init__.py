@@ -1,7 +1,8 @@
 """The measuring method, the one way every number of the study is taken.
 
 Every speed ratio comes from fresh processes in rounds (`rounds`, each configuration a `worker` forked from a
-server that built nothing; `lifeline` and `forkserver_lifeline` make workers die with their launcher), shared by
+server that built nothing, or from a server started under its allocator setting (`allocator_servers`); `lifeline`
+and `forkserver_lifeline` make workers die with their launcher), shared by
 every comparison of a run (`ledger`), against an fp32 baseline interpolated around each round, with an fp32 twin
 for the noise floor and a 2x-work control (`comparison`). Below them: stage timing (`timing`), FLOPs and the
 measured matmul roof (`roofline`), output drift from the fp32 image (`drift`), in-process measurements

@@ -81,8 +81,9 @@ def probe(study, dtype: str) -> Probe:
     try:
         fp32_s = next((v["fp32_generation_s"] for v in known.values()), None)
         if fp32_s is None:
-            fp32_s = timed_generation(pipe, study.workload(1), device=study.device, warmup=1,
-                                      repeats=1).timing.median
+            # warmed by the profile's short first call (a 1-step generation on cpu), as every worker is
+            fp32_s = timed_generation(pipe, study.workload(1), device=study.device, warmup=1, repeats=1,
+                                      first_call_steps=p.first_call_steps).timing.median
         b = block_comparison(pipe, study.workload(1), getattr(torch, dtype), device=study.device,
                              warmup=p.warmup, repeats=p.repeats)
     finally:

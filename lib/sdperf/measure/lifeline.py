@@ -63,7 +63,7 @@ def exit_if_orphaned(launcher: int | None) -> None:
 
 
 def preexec(parent: int):
-    """A subprocess preexec_fn: the child (a worker under another allocator) dies with `parent`, its launcher."""
+    """A subprocess preexec_fn: the child dies with `parent`, its launcher."""
     def _child() -> None:
         die_with_parent(parent)
     return _child
@@ -106,12 +106,13 @@ def _forkserver_pid() -> int | None:
 
 
 @contextlib.contextmanager
-def registered(profile: str, pid: int, spec: dict, forkserver: bool = True):
-    """A pid file for the worker `pid` (and, when it was forked from one, its fork server) while the block runs;
-    left behind only when this launcher is killed, which is what the next run looks for."""
+def registered(profile: str, pid: int, spec: dict, forkserver: bool = True, server_pid: int | None = None):
+    """A pid file for the worker `pid` (and, when it was forked from one, its fork server: `server_pid`, else this
+    process's multiprocessing one) while the block runs; left behind only when this launcher is killed, which is
+    what the next run looks for."""
     path = folder(profile) / f"{pid}.json"
     procs = {"worker": pid}
-    server = _forkserver_pid() if forkserver else None
+    server = (server_pid or _forkserver_pid()) if forkserver else None
     if server is not None:
         procs["fork server"] = server
     record = {"launcher": os.getpid(), "stack": spec.get("stack"), "batch_size": spec.get("batch_size"),

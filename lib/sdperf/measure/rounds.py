@@ -7,7 +7,8 @@ and the same headline read 1.10x, 1.28x or 1.38x depending on which baseline div
 
 - every configuration runs in a worker process of its own (sdperf.measure.worker: build, apply, first call apart, timed
   repeats, its own peak memory); workers start from a fork server that has imported the libraries and built
-  nothing, or, when a configuration needs another allocator, from a new interpreter under it;
+  nothing, or, when a configuration needs another allocator, every worker of the run from a fork server started
+  under its own setting (sdperf.measure.allocator_servers);
 - the configurations run in rounds, one after another, and each round starts and ends with an fp32 eager
   baseline process (B c1 c2 .. twin B c2 .. twin c1 B ...; the order rotates each round so no configuration
   always follows the baseline). A configuration's ratio in a round divides the baseline interpolated to the
@@ -25,8 +26,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from sdperf.core import environment
-from sdperf.measure import drift, lifeline, memory, worker
+from sdperf.measure import allocator_servers, drift, lifeline, memory, worker
 from sdperf.measure import ledger as ledgers
 from sdperf.optimizations import allocator as allocators
 from sdperf.optimizations.catalog import BASELINE_KEY, Context, Stack
@@ -165,27 +164,19 @@ def too_big(profile, config: Config) -> str | None:
     return None if fits else why
 
 
-def _run_fresh(spec: dict, tmp: str, setting: str, timeout_s: float | None) -> tuple[int | None, str, int]:
-    """A worker in a new interpreter under the allocator `setting`; (exit code or None on timeout, last stderr
-    line, pid). It dies with this process (lifeline.preexec) and has a pid file while it runs."""
-    proc = subprocess.Popen([sys.executable, "-m", "sdperf.measure.worker", json.dumps(spec), tmp],
-                            env=allocators.environment(setting), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lifeline.preexec(os.getpid()))
-    with lifeline.registered(spec["profile"], proc.pid, spec, forkserver=False):
-        try:
-            _, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            return None, "", proc.pid
-    return proc.returncode, (stderr.strip().splitlines() or [""])[-1], proc.pid
-
-
-def _run_forked(spec: dict, out: Path, timeout_s: float | None) -> tuple[int | None, str, int]:
-    """A worker forked from the fork server; (exit code or None on timeout, "", pid), with a pid file."""
-    proc = _fork_context().Process(target=worker.run_to, args=(spec, out))
+def _run_forked(spec: dict, out: Path, timeout_s: float | None,
+                setting: str | None = None) -> tuple[int | None, str, int]:
+    """A worker forked from the fork server (`setting` None) or from the fork server of allocator `setting`
+    (sdperf.measure.allocator_servers); (exit code or None on timeout, "", pid), with a pid file naming both."""
+    if setting is None:
+        proc = _fork_context().Process(target=worker.run_to, args=(spec, out))
+    else:
+        env = {**allocators.environment(setting), lifeline.LAUNCHER_ENV: str(os.getpid())}
+        allocator_servers.server(setting, env, PRELOAD)
+        proc = allocator_servers.Worker(setting, target=worker.run_to, args=(spec, out))
     proc.start()
-    with lifeline.registered(spec["profile"], proc.pid, spec, forkserver=True):
+    server = None if setting is None else allocator_servers.pid(setting)
+    with lifeline.registered(spec["profile"], proc.pid, spec, forkserver=True, server_pid=server):
         proc.join(timeout_s)
         if proc.is_alive():
             proc.kill()
@@ -194,7 +185,7 @@ def _run_forked(spec: dict, out: Path, timeout_s: float | None) -> tuple[int | N
     return proc.exitcode, "", proc.pid
 
 
-def launch(spec: dict, *, setting: str = "default", fresh_interpreter: bool = False,
+def launch(spec: dict, *, setting: str = "default", allocator_server: bool = False,
            timeout_s: float | None = None) -> tuple[dict, object | None]:
     """Run one worker; (its result, its output or None). A worker that dies or overruns is a failed result that
     says why (the signal, and memory where the system says so)."""
@@ -202,10 +193,7 @@ def launch(spec: dict, *, setting: str = "default", fresh_interpreter: bool = Fa
     oom_before = lifeline.oom_kills()
     with tempfile.TemporaryDirectory(prefix="sdperf-worker-") as tmp:
         out = Path(tmp)
-        if fresh_interpreter:
-            code, err, pid = _run_fresh(spec, tmp, setting, timeout_s)
-        else:
-            code, err, pid = _run_forked(spec, out, timeout_s)
+        code, err, pid = _run_forked(spec, out, timeout_s, setting if allocator_server else None)
         path = out / worker.RESULT
         if code is None:
             return {"status": "failed", "note": f"worker timed out after {timeout_s:.0f} s"}, None
@@ -456,9 +444,10 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
         for c in configs:
             gone.setdefault(c.name, {"status": "skipped", "note": f"its fp32 eager baseline is {base_why}"})
         return _measured(book, configs, gone, rounds, b, base_skipped=base_why)
-    # every worker of a run starts the same way: from a new interpreter when one configuration that runs needs
-    # another allocator (it cannot change inside a process), else from the fork server (~10 s less per worker)
-    fresh_interpreter = {Stack.of(c.stack).allocator for c in configs if c.name not in gone} - {"default"} != set()
+    # every worker of a run starts the same way: from the fork server of its allocator setting when one
+    # configuration that runs needs another allocator (it cannot change inside a process), the baseline's from the
+    # default setting's server; else from the study's fork server
+    own_servers = {Stack.of(c.stack).allocator for c in configs if c.name not in gone} - {"default"} != set()
     records = book.records(b)
     plan = _plan(configs, gone, records, rounds, b, time.time(), every, book.sitting)
     kept = [r for r in records if r["role"] != ledgers.BASELINE_ROLE and r.get("sitting") != book.sitting]
@@ -467,25 +456,28 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
             f"{sum(c.name != BASELINE for _, c in plan)} left to measure")
     closes = closing(plan)
     failed, started = set(), time.time()
-    for i, (r, c) in enumerate(plan, start=1):
-        role = _role(c)
-        if c.stack in failed and role == ledgers.CONFIG_ROLE:
-            continue
-        rest = (time.time() - started) / (i - 1) * (len(plan) - i + 1) if i > 1 else None
-        say(f"[{i}/{len(plan)}] round {r}: {c.name}" + (f" (about {rest / 60:.0f} min left in these rounds)"
-                                                        if rest is not None and rest >= 60 else ""))
-        spec = _spec(profile, c, r, scratch, overrides or {}, artefacts,
-                     save_output=not book.has_output(role, c.stack, b))
-        why = too_big(profile, c)  # memory taken since the run began (a neighbour, a leak) counts too
-        result, output = ({"status": "skipped", "note": why}, None) if why is not None else launcher(
-            spec, setting=Stack.of(c.stack).allocator, fresh_interpreter=fresh_interpreter,
-            timeout_s=getattr(profile, "cell_timeout_s", None))
-        if result["status"] != "ok":
-            failed.add(c.stack)
-            say(f"  {c.name}: {result['status']}: {result.get('note', '')}")
-        book.append({"role": role, "stack": c.stack, "batch_size": b, "round": r, **result}, output)
-        if i - 1 in closes:
-            book.close_round(closes[i - 1], b)
+    try:
+        for i, (r, c) in enumerate(plan, start=1):
+            role = _role(c)
+            if c.stack in failed and role == ledgers.CONFIG_ROLE:
+                continue
+            rest = (time.time() - started) / (i - 1) * (len(plan) - i + 1) if i > 1 else None
+            say(f"[{i}/{len(plan)}] round {r}: {c.name}" + (f" (about {rest / 60:.0f} min left in these rounds)"
+                                                            if rest is not None and rest >= 60 else ""))
+            spec = _spec(profile, c, r, scratch, overrides or {}, artefacts,
+                         save_output=not book.has_output(role, c.stack, b))
+            why = too_big(profile, c)  # memory taken since the run began (a neighbour, a leak) counts too
+            result, output = ({"status": "skipped", "note": why}, None) if why is not None else launcher(
+                spec, setting=Stack.of(c.stack).allocator, allocator_server=own_servers,
+                timeout_s=getattr(profile, "cell_timeout_s", None))
+            if result["status"] != "ok":
+                failed.add(c.stack)
+                say(f"  {c.name}: {result['status']}: {result.get('note', '')}")
+            book.append({"role": role, "stack": c.stack, "batch_size": b, "round": r, **result}, output)
+            if i - 1 in closes:
+                book.close_round(closes[i - 1], b)
+    finally:
+        allocator_servers.stop_all()  # their workers have ended; each server holds its imported libraries
     return _measured(book, configs, gone, rounds, b)
 
 
@@ -536,18 +528,21 @@ def alone(profile, configs: list[Config], *, rounds: int | None = None, scratch:
     rounds = rounds or getattr(profile, "rounds", MIN_ROUNDS)
     launcher = launcher or launch
     records = []
-    for r in range(rounds):
-        k = r % max(len(configs), 1)
-        for c in configs[k:] + configs[:k]:
-            say(f"round {r}: {c.name}")
-            why = too_big(profile, c)
-            if why is not None:
-                say(f"  {c.name}: {why}")
-                result = {"status": "skipped", "note": why}
-            else:
-                result, _ = launcher(_spec(profile, c, r, scratch, overrides or {}),
-                                     setting=Stack.of(c.stack).allocator,
-                                     fresh_interpreter=Stack.of(c.stack).allocator != "default",
-                                     timeout_s=getattr(profile, "cell_timeout_s", None))
-            records.append({"config": c.name, "stack": c.stack, "batch_size": c.batch_size, "round": r, **result})
+    try:
+        for r in range(rounds):
+            k = r % max(len(configs), 1)
+            for c in configs[k:] + configs[:k]:
+                say(f"round {r}: {c.name}")
+                why = too_big(profile, c)
+                if why is not None:
+                    say(f"  {c.name}: {why}")
+                    result = {"status": "skipped", "note": why}
+                else:
+                    result, _ = launcher(_spec(profile, c, r, scratch, overrides or {}),
+                                         setting=Stack.of(c.stack).allocator,
+                                         allocator_server=Stack.of(c.stack).allocator != "default",
+                                         timeout_s=getattr(profile, "cell_timeout_s", None))
+                records.append({"config": c.name, "stack": c.stack, "batch_size": c.batch_size, "round": r, **result})
+    finally:
+        allocator_servers.stop_all()
     return pd.DataFrame(records)

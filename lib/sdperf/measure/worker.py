@@ -203,8 +203,7 @@ LOG_ENV = "SDPERF_LOG"
 def to_log() -> None:
     """Send this process's console output (libraries' progress bars, tracer warnings, C++ log lines) to the log of
     the part of `sdperf run` that launched it (LOG_ENV, a notebook's or the rounds' .log beside its executed copy):
-    the console shows the study's own progress. A worker launched from a new interpreter already has its output
-    piped to its launcher; a forked one inherits the console and needs this."""
+    the console shows the study's own progress: a forked worker inherits the console of its fork server."""
     path = os.environ.get(LOG_ENV)
     if not path:
         return
@@ -245,17 +244,3 @@ def run_to(spec: dict, out: Path) -> None:
         torch.save({"latents": output.latents, "images": output.images}, buf)
         atomic_write_bytes(out / OUTPUT, buf.getvalue())
     atomic_write_text(out / RESULT, json.dumps(result, default=float))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """python -m sdperf.measure.worker SPEC_JSON OUT_DIR: how the parent starts a worker under another allocator."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m sdperf.measure.worker SPEC_JSON OUT_DIR", file=sys.stderr)
-        return 2
-    run_to(json.loads(argv[0]), Path(argv[1]))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

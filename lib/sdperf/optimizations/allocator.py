@@ -5,7 +5,7 @@ CPU), removes them.
 
 An allocator is chosen before Python starts (environment variables, LD_PRELOAD), so it cannot be switched inside
 a running notebook: a configuration with an `allocator:<setting>` key runs in worker processes that sdperf.measure.rounds
-starts as fresh interpreters under that setting. On a GPU the UNet's memory comes from the CUDA caching
+forks from a fork server started as a new interpreter under that setting (sdperf.measure.allocator_servers). On a GPU the UNet's memory comes from the CUDA caching
 allocator instead and this rung is about host-side work only.
 """
 from __future__ import annotations
@@ -100,6 +100,10 @@ def in_effect(setting: str, maps: Path = Path("/proc/self/maps")) -> bool | None
     if paths is None:
         return None
     mapped = {Path(p).name for p in paths}
+
+    def has(lib: str) -> bool:  # the map names the file a symlink resolves to: libtcmalloc_minimal.so.4.5.10
+        return any(name == lib or name.startswith(lib + ".") for name in mapped)
+
     if setting == "default":
-        return not any(lib in mapped for lib, _ in PRELOADS.values())
-    return PRELOADS[setting][0] in mapped
+        return not any(has(lib) for lib, _ in PRELOADS.values())
+    return has(PRELOADS[setting][0])
