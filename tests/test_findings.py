@@ -64,6 +64,27 @@ def test_every_finding_of_the_committed_report_is_one_short_sentence():
     assert len(said) == 14 and not long
 
 
+def test_the_committed_pages_findings_are_the_14_notebooks_and_no_part_of_the_run(tmp_path, monkeypatch):
+    """The page rebuilt from the committed rows and stamps: one finding per notebook; the rounds measured up front,
+    stamped like a notebook, have their time in the summary and no "nothing measured" line among the findings."""
+    import shutil
+
+    from sdperf.core import paths
+
+    committed = paths.REPO_ROOT / "reports" / "cpu"
+    folder = tmp_path / "cpu"
+    shutil.copytree(committed / "notebooks", folder / "notebooks", ignore=shutil.ignore_patterns("*.ipynb", "*.html"))
+    for name in ("results.csv", "environment.json", "doctor.json"):
+        shutil.copy(committed / name, folder / name)
+    assert (folder / "notebooks" / "rounds-up-front.run.json").is_file()  # the part is stamped beside the notebooks
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path))
+    page = report.write_index("cpu").read_text()
+    listed = re.search(r"<ul class='findings'>(.*?)</ul>", page, re.S).group(1)
+    items = re.findall(r"<li><a href='#[^']*'>([^<]+)</a>", listed)
+    assert len(items) == 14 and all(re.match(r"\d\d_", n) for n in items), items
+    assert "rounds-up-front" not in listed and "rounds-up-front" in page  # still in the summary
+
+
 def test_a_method_is_cited_by_label_and_written_once_in_the_legend():
     legend = findings.Legend()
     both = findings.verdicts(pd.concat([_rows(1.31), _rows(1.5).assign(notebook="04_torch_compile")]),

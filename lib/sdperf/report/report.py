@@ -593,6 +593,12 @@ def _page(title: str, body: list[str]) -> str:
             f"<style>{CSS}</style>\n</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n")
 
 
+def notebooks_of(names: list[str], stamps: dict[str, dict]) -> list[str]:
+    """The notebooks among `names`: a part of `sdperf run` stamped like one (the rounds measured up front,
+    sdperf.run.eta.ROUNDS_STAMP_NAME) has its time in the summary table and no finding of its own."""
+    return [n for n in names if not (stamps.get(n) or {}).get("part")]
+
+
 def write_index(profile: str) -> Path:
     """Rebuild the page from what is on disk, so it can be regenerated without rerunning anything."""
     from sdperf.store.results import atomic_write_text, read_results
@@ -614,7 +620,7 @@ def write_index(profile: str) -> Path:
             _not_yet_measured_section(chosen, results),
             _doctor_section(profile, results),
             _headline_section(results, legend),
-            _findings_section(results, names, legend),
+            _findings_section(results, notebooks_of(names, stamps), legend),
             _published_section(results),
             _summary_section(names, stamps, results),
             _ladder_section(profile, results),
