@@ -25,6 +25,9 @@ def test_each_part_is_expected_from_its_last_run_here_or_says_where_its_figure_c
     assert eta.plan_text([r, here, failed]).startswith("expected time: at least 7 min") and "c" in \
         eta.plan_text([r, here, failed]).split("no run on record of ")[1]
     assert eta.left([r, here, there], {eta.ROUNDS}) == 180.0
+    # nothing stale (a second run on the same commit): no part to run is not an unknown time
+    assert eta.plan_text([]) == ("expected time: none: every selected notebook already ran for this commit "
+                                 "(--force measures again)")
     assert eta.left([here, failed], set()) is None
 
 

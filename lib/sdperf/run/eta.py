@@ -96,6 +96,8 @@ def minutes(seconds: float | None) -> str:
 def plan_text(parts: list[Expected]) -> str:
     """The line `sdperf run` prints before it starts: the whole run's expected time, what it rests on, and which
     parts have no run on record (then the total is a lower bound, said so)."""
+    if not parts:  # every selected notebook is up to date: the run only rebuilds the page
+        return "expected time: none: every selected notebook already ran for this commit (--force measures again)"
     known = [p for p in parts if p.seconds is not None]
     unknown = [p.part for p in parts if p.seconds is None]
     total = sum(p.seconds for p in known)
