@@ -106,13 +106,13 @@ def _forkserver_pid() -> int | None:
 
 
 @contextlib.contextmanager
-def registered(profile: str, pid: int, spec: dict, forkserver: bool = True, server_pid: int | None = None):
-    """A pid file for the worker `pid` (and, when it was forked from one, its fork server: `server_pid`, else this
-    process's multiprocessing one) while the block runs; left behind only when this launcher is killed, which is
-    what the next run looks for."""
+def registered(profile: str, pid: int, spec: dict, server_pid: int | None = None):
+    """A pid file for the worker `pid` and the fork server it came from (`server_pid`, else this process's
+    multiprocessing one) while the block runs; left behind only when this launcher is killed, which is what the
+    next run looks for."""
     path = folder(profile) / f"{pid}.json"
     procs = {"worker": pid}
-    server = (server_pid or _forkserver_pid()) if forkserver else None
+    server = server_pid or _forkserver_pid()
     if server is not None:
         procs["fork server"] = server
     record = {"launcher": os.getpid(), "stack": spec.get("stack"), "batch_size": spec.get("batch_size"),

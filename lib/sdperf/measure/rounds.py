@@ -165,9 +165,10 @@ def too_big(profile, config: Config) -> str | None:
 
 
 def _run_forked(spec: dict, out: Path, timeout_s: float | None,
-                setting: str | None = None) -> tuple[int | None, str, int]:
+                setting: str | None = None) -> tuple[int | None, int]:
     """A worker forked from the fork server (`setting` None) or from the fork server of allocator `setting`
-    (sdperf.measure.allocator_servers); (exit code or None on timeout, "", pid), with a pid file naming both."""
+    (sdperf.measure.allocator_servers); (exit code or None on timeout, pid), with a pid file naming both. Its
+    console output goes to the run's log (worker.to_log), so there is no stderr line to hand back."""
     if setting is None:
         proc = _fork_context().Process(target=worker.run_to, args=(spec, out))
     else:
@@ -176,13 +177,13 @@ def _run_forked(spec: dict, out: Path, timeout_s: float | None,
         proc = allocator_servers.Worker(setting, target=worker.run_to, args=(spec, out))
     proc.start()
     server = None if setting is None else allocator_servers.pid(setting)
-    with lifeline.registered(spec["profile"], proc.pid, spec, forkserver=True, server_pid=server):
+    with lifeline.registered(spec["profile"], proc.pid, spec, server_pid=server):
         proc.join(timeout_s)
         if proc.is_alive():
             proc.kill()
             proc.join()
-            return None, "", proc.pid
-    return proc.exitcode, "", proc.pid
+            return None, proc.pid
+    return proc.exitcode, proc.pid
 
 
 def launch(spec: dict, *, setting: str = "default", allocator_server: bool = False,
@@ -193,12 +194,12 @@ def launch(spec: dict, *, setting: str = "default", allocator_server: bool = Fal
     oom_before = lifeline.oom_kills()
     with tempfile.TemporaryDirectory(prefix="sdperf-worker-") as tmp:
         out = Path(tmp)
-        code, err, pid = _run_forked(spec, out, timeout_s, setting if allocator_server else None)
+        code, pid = _run_forked(spec, out, timeout_s, setting if allocator_server else None)
         path = out / worker.RESULT
         if code is None:
             return {"status": "failed", "note": f"worker timed out after {timeout_s:.0f} s"}, None
         if not path.is_file():
-            return {"status": "failed", "note": death_note(code, err, pid, oom_before)}, None
+            return {"status": "failed", "note": death_note(code, pid=pid, oom_before=oom_before)}, None
         result = json.loads(path.read_text())
         output = None
         if (out / worker.OUTPUT).is_file():
