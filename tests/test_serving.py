@@ -56,7 +56,9 @@ def test_a_request_failing_mid_stage_reaches_its_caller_only(sd, tiny_pipe):
 
 def test_concurrent_requests_tokenize_one_at_a_time_and_get_their_own_padding():
     """A stand-in tokenizer that, like transformers 5's, keeps its padding on shared state set per call: two
-    threads asking for max_length and for "longest" at once took each other's; behind SerialTokenizer never."""
+    threads asking for max_length and for "longest" at once took each other's, and a third calling `tokenize`
+    (which diffusers' encode_prompt calls first, and which sets "no padding") took theirs away; behind
+    SerialTokenizer never."""
     import threading
     import time
     import types
@@ -78,15 +80,29 @@ def test_concurrent_requests_tokenize_one_at_a_time_and_get_their_own_padding():
             self.inside -= 1
             return got
 
+        def tokenize(self, prompt):
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+            self.padding = None  # transformers 5: _encode_plus -> set_truncation_and_padding(DO_NOT_PAD)
+            time.sleep(0.002)
+            self.inside -= 1
+            return prompt.split()
+
     def hammer(tok) -> set:
-        lengths, start = set(), threading.Barrier(2)
+        lengths, start = set(), threading.Barrier(3)
 
         def ask(padding):
             start.wait()  # both threads in the loop at once, however loaded the machine
             for _ in range(60):
                 n = tok("a red circle", padding=padding, max_length=77)
                 lengths.add((padding, n))
+
+        def split():
+            start.wait()
+            for _ in range(60):
+                tok.tokenize("a red circle")
         ts = [threading.Thread(target=ask, args=(p,)) for p in ("max_length", "longest")]
+        ts.append(threading.Thread(target=split))
         [t.start() for t in ts]
         [t.join() for t in ts]
         return lengths

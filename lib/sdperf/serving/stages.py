@@ -40,15 +40,18 @@ def request_latents(pipe, template: Workload, request: Request) -> torch.Tensor:
     return torch.cat(one)
 
 
-_TOKENIZING = threading.Lock()  # one for every tokenizer of the process: pipelines share theirs (lru_cache)
+_TOKENIZING = threading.RLock()  # one for every tokenizer of the process: pipelines share theirs (lru_cache)
 
 
 class SerialTokenizer:
-    """A tokenizer whose calls run one at a time. transformers 5's CLIPTokenizer keeps its padding and truncation
-    settings on the shared Rust tokenizer and sets them per call (`set_truncation_and_padding`), so two requests
-    encoding at once can take each other's: diffusers' encode_prompt asks for max_length (77) and then for
-    "longest", and one concurrent request got 10-token embeddings (its image 0.145 off its own in 1 of 24
-    concurrent smoke requests here; nbval's parity cell failed the same way). Everything else passes through."""
+    """A tokenizer whose calls, and its methods' calls, run one at a time. transformers 5's CLIPTokenizer keeps
+    its padding and truncation settings on the shared Rust tokenizer and sets them per call
+    (`set_truncation_and_padding`), so two requests encoding at once can take each other's: diffusers' encode_prompt
+    asks for max_length (77) and then for "longest", and one concurrent request got 10-token embeddings (its image
+    0.145 off its own in 1 of 24 concurrent smoke requests here; nbval's parity cell failed the same way).
+    Methods go behind the lock too: encode_prompt first calls `tokenizer.tokenize` (textual inversion's
+    maybe_convert_prompt), which sets "no padding" on the same shared state; in a CI run the other request's
+    unconditional embeddings came back 2 tokens long instead of 77. Plain attributes pass through."""
 
     def __init__(self, tokenizer):
         object.__setattr__(self, "_inner", tokenizer)
@@ -58,7 +61,14 @@ class SerialTokenizer:
             return self._inner(*args, **kwargs)
 
     def __getattr__(self, name):
-        return getattr(self._inner, name)
+        value = getattr(self._inner, name)
+        if not callable(value) or isinstance(value, type):
+            return value
+
+        def serial(*args, **kwargs):
+            with _TOKENIZING:
+                return value(*args, **kwargs)
+        return serial
 
 
 def serial_tokenizers(pipe) -> None:
