@@ -243,3 +243,42 @@ def test_measure_runs_every_rung_in_one_call_and_stores_rows_the_report_shows(st
     assert "<h2 id='ladder'>The ladder</h2>" in page
     assert page.index("id='ladder'") < page.index("id='environment'")
     assert "Cerebrium order 3: CUDA graph" in page and "not applicable: " in page
+
+
+def test_the_ladders_and_the_searchs_stacks_share_one_schedule_and_the_search_reads_them_back(tmp_path, monkeypatch):
+    """measure_with runs both ladders' rungs and the search's chosen stacks in one rounds schedule (one set of fp32
+    baselines); the search's verify then launches nothing and records the stacks' rows itself."""
+    from sdperf.experiments import recipe
+
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path / "reports"))
+    study = open_study("smoke", notebook="10_ladder")
+    launched, clock = [], [0.0]
+
+    def machine(spec, **_kw):  # a simulated worker: the stack's cost, 10 s of wall time each
+        clock[0] += 10.0
+        launched.append(spec["stack"])
+        cost = {"grad:no_grad": 0.8, "attention:sdpa:math": 0.9}.get(spec["stack"], 1.0)
+        return {"status": "ok", "latency_s": cost, "unet_step_s": cost / 4, "s_per_image_seed": cost * 12,
+                "t_start": clock[0] - 10.0, "t_end": clock[0], "build_s": 1.0, "setup_s": 0.1, "first_call_s": cost,
+                "s_per_image": cost, "s_per_image_composed": cost, "peak_memory_mib": 100.0,
+                "process_peak_mib": 120.0, "setup_peak_mib": 110.0, "seed_unet_calls": 51, "iterations": 4,
+                "facts": {}}, None
+
+    monkeypatch.setattr(rounds, "launch", machine)
+    decided = {"cerebrium": ladder.plan(study, ladder.CEREBRIUM, ["grad:no_grad"]),
+               "best": ladder.plan(study, ladder.BEST, ["attention:sdpa:math"]), "choice": None, "order": []}
+    chosen = {"best admissible stack": "grad:no_grad+attention:sdpa:math"}
+    with pytest.raises(ValueError, match="both the ladders and the search"):
+        ladder.measure_with(study, decided, {ladder.CHECK_NAME: "grad:no_grad"}, say=lambda _m: None)
+    out = ladder.measure_with(study, decided, chosen, check=False, say=lambda _m: None)
+    n = study.profile.rounds
+    stacks = ["grad:no_grad", "attention:sdpa:math", "grad:no_grad+attention:sdpa:math"]
+    assert [launched.count(s) for s in stacks] == [n, n, n]
+    assert launched.count(rounds.BASELINE_KEY) == 2 * n + 1  # n baselines and n twins, one closing baseline
+    assert out["comparison"].row(out["best"].rungs[0].name)["status"] == "ok"
+    rows = study.recorder.table()
+    assert not rows.scenario.str.startswith("best admissible stack").any()  # the search's rows are the search's
+    before = len(launched)
+    whole = recipe.verify(study, chosen, say=lambda _m: None)
+    assert len(launched) == before and whole.row("best admissible stack")["status"] == "ok"  # read back
+    assert study.recorder.table().scenario.str.startswith("best admissible stack").any()

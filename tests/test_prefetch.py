@@ -51,11 +51,14 @@ def test_the_plan_reads_each_notebooks_keys_from_its_parameters(smoke):
                                                      "search_stages": ["stages:openvino-f32"]}})
     assert [c.stack for c in prefetch.plan(search, ["09_fewer_steps", "10_ladder"])][-3:] == [
         "tome:0.3", "stages:openvino-f32", "calibration:unet-twice"]
+    # ...and its allocator rung, whose workers fork from their allocator's server (the schedule's others too)
+    rung = replace(smoke, notebooks={"10_ladder": {"allocators": ["allocator:tcmalloc"], "check_method": False}})
+    assert "allocator:tcmalloc" in [c.stack for c in prefetch.plan(rung, ["10_ladder"])]
     odd = replace(smoke, notebooks={"09_fewer_steps": {"variants": ["scheduler:nope@3", "scheduler:euler@25"]},
                                     "02_inference_mode": {"variants": ["grad:no_grad", "allocator:glibc-tuned"]}})
     got = [c.stack for c in prefetch.plan(odd, ["02_inference_mode", "09_fewer_steps", "13_serving"])]
-    assert got == ["grad:no_grad", "scheduler:euler@25", "deepcache:3"]  # a bad key is the notebook's to report; an allocator
-    # needs interpreters of its own; a notebook that compares nothing adds nothing
+    assert got == ["grad:no_grad", "scheduler:euler@25", "deepcache:3"]  # a bad key is the notebook's to report, and so is
+    # an allocator outside 10's allocator rung; a notebook that compares nothing adds nothing
 
 
 def _probe_at(speedup: float):

@@ -203,14 +203,17 @@ def with_quality(study: Study, alone: pd.DataFrame, say: Callable[[str], None] =
 
 # ---------------------------------------------------------------- measuring and reading the ladders
 
+def rung_items(ladders: list[Ladder], check: bool = True) -> list[tuple[str, str]]:
+    """(name, stack) of every rung that runs, of every ladder, and the check of the method."""
+    items = [(r.name, r.stack) for lad in ladders for r in lad.rungs if r.status == "ok"]
+    return items + ([(CHECK_NAME, METHOD_CHECK)] if check else [])
+
+
 def measure(study: Study, ladders: list[Ladder], *, check: bool = True,
             say: Callable[[str], None] = print) -> Comparison:
     """Every rung that runs, of every ladder, in one run_variants call (same rounds, same baseline); rungs that
     do not run are recorded with their reason and the run's method. Fills each ladder's table."""
-    items = [(r.name, r.stack) for lad in ladders for r in lad.rungs if r.status == "ok"]
-    if check:
-        items.append((CHECK_NAME, METHOD_CHECK))
-    cmp = run_variants(study, items, say=say)
+    cmp = run_variants(study, rung_items(ladders, check), say=say)
     rows = []
     for lad in ladders:
         for r in lad.rungs:
@@ -259,7 +262,7 @@ def ladder_table(cmp: Comparison, lad: Ladder) -> pd.DataFrame:
                 if len(vs):
                     row.update(vs_rung_below=vs.median(), vs_lo=vs.min(), vs_hi=vs.max(),
                                vs_verdict=rounds.speed_verdict(vs.min(), vs.max(), band))
-                row["note"] = "; ".join(x for x in (r.note, got.get("verdict") or "") if x)
+                row["note"] = "; ".join(x for x in (r.note, got.get("verdict")) if isinstance(x, str) and x)
             else:
                 row["note"] = got.get("note") or r.note
         rows.append(row)
@@ -277,16 +280,38 @@ TABLE_COLUMNS = ["ladder", "rung", "key", "technique", "stack", "name", "below",
                  "seed_speedup_verdict", "peak_memory_mib", "latent_rel_error", "image_psnr_db", "method", "note"]
 
 
-def run(study: Study, *, allow_lossy: bool = False, check: bool = True,
-        say: Callable[[str], None] = print) -> dict:
-    """Choose the best order from the stand-alone rows, plan both ladders, measure them in one run."""
+def decide(study: Study, *, allow_lossy: bool = False, say: Callable[[str], None] = print) -> dict:
+    """Choose the best order from the stand-alone rows and plan both ladders; nothing is measured yet."""
     alone = with_quality(study, standalone(study), say=say)
     order, choice = best_order(alone, allow_lossy=allow_lossy)
     skips = half_budget.skips(study, list(CEREBRIUM_ORDER) + order, say=say)
     cerebrium = plan(study, CEREBRIUM, CEREBRIUM_ORDER, skips)
     best = plan(study, BEST, order, skips)
-    cmp = measure(study, [cerebrium, best], check=check, say=say)
-    return {"cerebrium": cerebrium, "best": best, "choice": choice, "order": order, "comparison": cmp}
+    return {"cerebrium": cerebrium, "best": best, "choice": choice, "order": order}
+
+
+def run(study: Study, *, allow_lossy: bool = False, check: bool = True,
+        say: Callable[[str], None] = print) -> dict:
+    """Choose the best order, plan both ladders, measure them in one run."""
+    decided = decide(study, allow_lossy=allow_lossy, say=say)
+    return measure_with(study, decided, {}, check=check, say=say)
+
+
+def measure_with(study: Study, decided: dict, others: dict[str, str], *, check: bool = True,
+                 say: Callable[[str], None] = print) -> dict:
+    """Both ladders of `decided` and `others` ({name: stack}: the stack search's chosen stacks, which the search
+    then reads back) in ONE schedule of rounds: one set of fp32 baselines for all of them. Measured in two
+    schedules, each paid baselines of its own (three more processes, ~70 s on cpu) for stacks that are compared
+    with the same fp32 anyway. The ladders' rows are recorded here; `others`' by their owner when it reads them."""
+    ladders = [decided["cerebrium"], decided["best"]]
+    if others:
+        taken = {name for name, _ in rung_items(ladders, check)}
+        clash = sorted(taken & set(others))
+        if clash:
+            raise ValueError(f"names measured by both the ladders and the search: {', '.join(clash)}")
+        run_variants(study, rung_items(ladders, check) + list(others.items()), say=say, store=False)
+    cmp = measure(study, ladders, check=check, say=say)  # with `others`: every rung is read back
+    return {**decided, "comparison": cmp}
 
 
 # ---------------------------------------------------------------- presenting

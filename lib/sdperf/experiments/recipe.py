@@ -296,6 +296,14 @@ def run(study: Study, unets: list[str], schedulers: list[str], stages: list[str]
     """The whole search for a study: parts, each part's quality, every candidate composed, judged fastest first,
     then the best admissible and the best lossless stack measured whole (and the best under each allocator that
     was faster alone, `allocators` being 10's allocator rung). Returns what the notebook shows."""
+    return finish(study, choose(study, unets, schedulers, stages, max_quality=max_quality, allocators=allocators,
+                                say=say), say=say)
+
+
+def choose(study: Study, unets: list[str], schedulers: list[str], stages: list[str], *, max_quality: int,
+           allocators: pd.DataFrame | None = None, say: Callable[[str], None] = print) -> dict:
+    """The search up to its choice: `chosen` ({name: stack}) is what finish() measures whole, or reads back where
+    10 measured it in the ladders' schedule (sdperf.experiments.ladder.measure_with)."""
     check(unets, schedulers, stages)
     skipped = half_budget.skips(study, unets, say=say)  # the ladder's rule: not measured up front either
     for key, why in skipped.items():
@@ -317,6 +325,13 @@ def run(study: Study, unets: list[str], schedulers: list[str], stages: list[str]
     for name in [n for n in (BEST, LOSSLESS) if n in chosen]:  # an allocator keeps the picture: both get it
         for key in faster_allocators(allocators):
             chosen[f"{name} under {key}"] = catalog.join([*catalog.split(chosen[name]), key])
+    return {"parts": cmp, "verdicts": verdicts, "found": found, "band": band, "picks": picks, "chosen": chosen,
+            "skipped": skipped}
+
+
+def finish(study: Study, search: dict, say: Callable[[str], None] = print) -> dict:
+    """The chosen stacks measured whole (read back when already measured this run) and the headlines recorded."""
+    chosen, found, verdicts, picks = search["chosen"], search["found"], search["verdicts"], search["picks"]
     whole = verify(study, chosen, say=say) if chosen else None
     roof = roof_ratio(study)
     heads = []
@@ -333,5 +348,4 @@ def run(study: Study, unets: list[str], schedulers: list[str], stages: list[str]
             base = picks[name.split(" under ")[0]]
             heads.append(dict(h, judged=judged_text(base, verdicts)))
     record(study, heads, found, verdicts)
-    return {"parts": cmp, "verdicts": verdicts, "found": found, "band": band, "whole": whole, "heads": heads,
-            "roof": roof, "skipped": skipped}
+    return {**search, "whole": whole, "heads": heads, "roof": roof}

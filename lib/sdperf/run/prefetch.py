@@ -41,6 +41,12 @@ KEY_LISTS = {"02_inference_mode": "variants", "03_attention": ("variants", "merg
              "09_fewer_steps": ("variants", "caching")}
 # 10's stack search reads its parts stand-alone: those its owners do not list are measured up front here too
 SEARCH_LISTS = ("search_unets", "search_stages")
+# 10's allocator rung (fp32 eager under each listed allocator) joins them: its workers fork from a server started under
+# their allocator (sdperf.measure.allocator_servers), and so do the other workers of a schedule holding one. Measured
+# in its own rounds, the rung paid four fp32 baselines of its own (160 s of 10's 965 s on the EPYC at 18b2c47, 3 of its 7
+# workers its configuration's); here it shares the schedule's baselines. An allocator key elsewhere is the notebook's
+# error to report, not measured up front.
+ALLOCATOR_LIST = "allocators"
 COMPILE_NOTEBOOK, PRECISION_NOTEBOOK, LADDER_NOTEBOOK = "04_torch_compile", "01_half_precision", "10_ladder"
 ENGINE_NOTEBOOK = "07_engine_export"
 
@@ -121,7 +127,7 @@ def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
     elif name == "06_deepspeed":
         wanted = catalog.keys(notebook=name)
     elif name == LADDER_NOTEBOOK:
-        wanted = [k for p in SEARCH_LISTS for k in (params.get(p) or [])]
+        wanted = [k for p in SEARCH_LISTS for k in (params.get(p) or [])] + list(params.get(ALLOCATOR_LIST) or [])
         if params.get("check_method", True):
             wanted += catalog.keys(notebook=name, family=catalog.CALIBRATION)
     else:
@@ -150,7 +156,7 @@ def by_notebook(profile: Profile, notebooks: list[str],
     seen, out = set(), {}
     for name in notebooks:
         for key in keys_of(name, parameters(name, profile, notebooks_dir), profile):
-            if key not in seen and Stack.of(key).allocator == "default":  # another allocator: its own interpreters
+            if key not in seen and (Stack.of(key).allocator == "default" or name == LADDER_NOTEBOOK):
                 seen.add(key)
                 out.setdefault(name, []).append(rounds.Config.of(key))
     return out
