@@ -80,6 +80,8 @@ def _alone(rows):
         t = catalog.get(key)
         out.append({"key": key, "technique": t.label, "family": t.family, "notebook": t.notebook, "status": status,
                     "speedup": speedup, "speedup_lo": speedup, "speedup_hi": speedup, "speedup_verdict": verdict,
+                    "seed_speedup": speedup, "seed_speedup_lo": speedup, "seed_speedup_hi": speedup,
+                    "seed_speedup_verdict": verdict,
                     "image_psnr_db": 60.0, "changes_output": t.changes_output, "quality_verdict": quality,
                     "adherence_delta": None})
     return pd.DataFrame(out)
@@ -116,6 +118,25 @@ def test_best_order_one_per_family_executor_last_fastest_first_faster_only_and_k
                      "attention:sdpa:math", "int8:torch-ao-dynamic"]
     Stack = catalog.Stack  # every chosen order must be a valid stack (one of a family)
     assert Stack.of(catalog.join(order)).key == "+".join(order)
+
+
+def test_best_order_chooses_by_the_per_image_ratio_at_50_steps_not_at_the_timed_steps():
+    """At 8001efb the stage engines read faster per image at the profile's 2 steps (text encoder and VAE decode
+    weigh 17x more there) and within noise at the seeds' 50: they entered the best order and their rung came out
+    0.69x over the rung below. The per-image ratio at 50 steps decides, and orders."""
+    t = _alone([
+        ("precision:bfloat16", "ok", 2.14, "faster", "within budget"),
+        ("stages:openvino-int8w", "ok", 1.07, "faster", "within budget"),
+        ("grad:no_grad", "ok", 1.10, "faster", None),
+    ])
+    at_50 = {"stages:openvino-int8w": (1.04, 0.97, 1.04, "within noise"), "grad:no_grad": (3.0, 2.9, 3.1, "faster")}
+    for key, (v, lo, hi, verdict) in at_50.items():
+        t.loc[t.key == key, ["seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict"]] = [
+            v, lo, hi, verdict]
+    order, why = ladder.best_order(t)
+    assert order == ["grad:no_grad", "precision:bfloat16"]  # no_grad first: faster at 50 steps, slower at 2
+    reason = dict(zip(why.key, why.why))["stages:openvino-int8w"]
+    assert reason.startswith("not faster than fp32 alone per image at 50 steps: 1.040x [0.970-1.040]"), reason
 
 
 @pytest.mark.parametrize("engine_speedup,kept,dropped", [(1.90, "int8:openvino-nncf-weights", "deepcache:2"),
@@ -282,3 +303,13 @@ def test_the_ladders_and_the_searchs_stacks_share_one_schedule_and_the_search_re
     whole = recipe.verify(study, chosen, say=lambda _m: None)
     assert len(launched) == before and whole.row("best admissible stack")["status"] == "ok"  # read back
     assert study.recorder.table().scenario.str.startswith("best admissible stack").any()
+
+
+def test_an_allocator_enters_the_searchs_stacks_when_faster_per_image_at_50_steps():
+    from sdperf.experiments import recipe
+
+    alloc = pd.DataFrame([{"key": "allocator:tcmalloc", "speedup_verdict": "within noise",
+                           "seed_speedup_verdict": "faster"},
+                          {"key": "allocator:jemalloc", "speedup_verdict": "faster",
+                           "seed_speedup_verdict": "within noise"}])
+    assert recipe.faster_allocators(alloc) == ["allocator:tcmalloc"]

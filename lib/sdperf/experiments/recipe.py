@@ -285,10 +285,12 @@ def published_vs_measured(alone: pd.DataFrame, heads: list[dict]) -> pd.DataFram
 
 def faster_allocators(alloc: pd.DataFrame | None) -> list[str]:
     """The allocator settings whose own rung (fp32 eager under them) cleared the noise band: an allocator does not
-    compose with the parts' figures, so the best stack is measured again under each of these."""
-    if alloc is None or alloc.empty or "speedup_verdict" not in alloc:
+    compose with the parts' figures, so the best stack is measured again under each of these. Cleared per image
+    at 50 steps (the ladder's rule, ladder.RANK)."""
+    column = "seed_speedup_verdict"
+    if alloc is None or alloc.empty or column not in alloc:
         return []
-    return [k for k, v in zip(alloc["key"], alloc["speedup_verdict"]) if isinstance(k, str) and v == "faster"]
+    return [k for k, v in zip(alloc["key"], alloc[column]) if isinstance(k, str) and v == "faster"]
 
 
 def run(study: Study, unets: list[str], schedulers: list[str], stages: list[str], *, max_quality: int,
