@@ -3,8 +3,8 @@
 The order (`--dist loadscope --no-loadscope-reorder`): the longest scope (a test module, a notebook) first, so the
 last scope to start is a short one and neither worker idles long at the end while the other finishes. A scheduling
 hint only: a scope not listed runs after the listed ones (notebooks first: each takes 20-40 s on smoke, most unit
-modules under 15 s), and a stale list costs idle seconds at the end, never a test. Longest first as measured on a
-2-core Xeon (2026-11-27).
+modules under 15 s), and a stale list costs idle seconds at the end, never a test. Longest first as measured on the
+2-core AMD EPYC (2026-11-28, --durations=0 in both sessions).
 
 The cores: each worker, and every process it starts (notebook kernels, round workers, torchrun ranks, inductor's
 compile workers), runs on its own share of the CPUs. OMP_NUM_THREADS=1 does not reach OpenVINO's and NNCF's
@@ -21,16 +21,18 @@ import os
 import pytest
 
 LONGEST_FIRST = (
-    "notebooks/04_torch_compile.ipynb", "notebooks/12_fid_clip.ipynb", "notebooks/10_ladder.ipynb",
-    "notebooks/11_training_scaling.ipynb", "tests/test_reference_train.py", "notebooks/07_engine_export.ipynb",
-    "tests/test_nncf_alternatives.py", "tests/test_reference_techniques.py", "tests/test_runner.py",
-    "notebooks/13_serving.ipynb", "notebooks/08_quantization.ipynb", "tests/test_opt_engine_export.py",
-    "tests/test_nncf_hybrid.py", "tests/test_training_ddp.py", "tests/test_opt_torch_compile.py",
-    "tests/test_stage_engines.py", "tests/test_reference_model.py",
-    # the rest of the notebooks (17-40 s each), so the last to start is the shortest
-    "notebooks/09_fewer_steps.ipynb", "notebooks/00_baseline.ipynb", "notebooks/03_attention.ipynb",
-    "notebooks/02_inference_mode.ipynb", "notebooks/01_half_precision.ipynb", "notebooks/06_deepspeed.ipynb",
-    "notebooks/05_cuda_graphs.ipynb",
+    # notebooks, worker-seconds of nbval on the EPYC at b6d7c2e: 119, 97, 89, 75, 69, 44, 41, 39, 36, 32, 29, 28, 27, 18
+    "notebooks/04_torch_compile.ipynb", "notebooks/12_fid_clip.ipynb", "notebooks/11_training_scaling.ipynb",
+    "notebooks/07_engine_export.ipynb", "notebooks/10_ladder.ipynb", "notebooks/13_serving.ipynb",
+    "notebooks/08_quantization.ipynb", "notebooks/09_fewer_steps.ipynb", "notebooks/03_attention.ipynb",
+    "notebooks/02_inference_mode.ipynb", "notebooks/01_half_precision.ipynb", "notebooks/00_baseline.ipynb",
+    "notebooks/06_deepspeed.ipynb", "notebooks/05_cuda_graphs.ipynb",
+    # unit modules, worker-seconds there: 64, 58, 57, 47, 43, 35, 31, 26, 25, 24, 22, 22, 21, 20, 17; the rest under 11
+    "tests/test_reference_train.py", "tests/test_nncf_alternatives.py", "tests/test_reference_techniques.py",
+    "tests/test_runner.py", "tests/test_opt_engine_export.py", "tests/test_opt_torch_compile.py",
+    "tests/test_training_ddp.py", "tests/test_stage_engines.py", "tests/test_allocator.py",
+    "tests/test_imagegen_torchrun.py", "tests/test_comparison.py", "tests/test_nncf_hybrid.py",
+    "tests/test_reference_model.py", "tests/test_lifeline.py", "tests/test_imagegen_resume.py",
 )
 
 
