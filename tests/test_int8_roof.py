@@ -143,5 +143,6 @@ def test_roofline_shares_and_the_issue_15_goal(scratch_reports):
     rows = rows[(rows.notebook == "test_int8_roof") & (rows.scenario == "int8:openvino-nncf-ptq, batch 1")]
     got = rows.set_index("metric")
     assert got.loc["unet_step_speedup_goal", "value"] == pytest.approx(goal)
+    assert got.loc["unet_step_speedup_goal", "method"].startswith("a target, not a measurement")  # a row names its method
     assert got.loc["percent_of_unet_step_goal", "lo"] == pytest.approx(100 * 6.0 / goal)
     assert "brgemm_avx512_amx_I8" in got.loc["percent_of_roof", "note"]

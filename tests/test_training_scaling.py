@@ -74,3 +74,19 @@ def test_ratio_and_the_nemo_a100_to_h100_figure():
     comp = table[~table.table.str.startswith("node sweep")].iloc[0]
     assert comp.ratio == pytest.approx(1.972 / 1.056) and round(comp.ratio, 1) == comp.stated == 1.9
     assert len(table[table.table.str.startswith("node sweep")]) == 7
+
+
+def test_every_scaling_ratio_recorded_names_its_method(scratch_reports):
+    """The brief: the method named in every row. The scaling rows come from single launches, not rounds: their
+    method says so."""
+    from sdperf.experiments import training_scaling as experiment
+    from sdperf.measure.study import open_study
+
+    study = open_study("smoke", notebook="test_training_scaling")
+    experiment.scaling_tables(study, _measured([
+        ("ddp", 1, 1, 2, 10.0, "ok", False), ("ddp", 1, 2, 2, 16.0, "ok", False),
+        ("ddp", 2, 1, 1, 12.0, "ok", False), ("ddp", 2, 2, 1, 20.0, "ok", False),
+        ("ddp", 1, 1, 1, 8.0, "ok", True)]))
+    rows = study.recorder.table()
+    assert set(rows.metric) == {"speedup", "scaling_efficiency", "equal_threads_efficiency"}
+    assert (rows.method == experiment.SCALING_METHOD).all() and "no rounds" in experiment.SCALING_METHOD

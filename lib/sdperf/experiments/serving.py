@@ -290,6 +290,8 @@ def sync_time(study: Study, pipe, cfg: ServingSettings) -> pd.DataFrame:
     study.recorder.add_many([
         dict(scenario=f"sync audit, {sched}", metric="speedup_host_values", value=r["speedup"], unit="x",
              p10=r["speedup_lo"], p90=r["speedup_hi"], n=len(after.times),
+             method="both loops in one process, timed in turn (sdperf.measure.timing.interleaved); ratio of medians, "
+                    "range from the p10/p90 of each",
              note=f"denoising loop, {study.device}, timed in turn; latents identical: {same}; {verdict}"),
         dict(scenario=f"sync audit, {sched}", metric="time_saved_per_loop", value=before.median - after.median,
              unit="s", p10=before.p10 - after.p90, p90=before.p90 - after.p10, n=len(after.times),

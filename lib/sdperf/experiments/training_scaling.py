@@ -130,6 +130,11 @@ def record(study: Study, measured: pd.DataFrame, s: TrainingSettings) -> None:
         rec.add_many(rows)
 
 
+# how every scaling ratio is taken (sdperf.training.launch): one launch per configuration, its ranks fresh processes
+SCALING_METHOD = ("one torchrun launch per configuration (its ranks fresh processes), samples/s from the median step "
+                  "time over its timed steps after warm-up; ratio of two launches' samples/s, once each (no rounds)")
+
+
 def scaling_tables(study: Study, measured: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Weak, strong and equal-threads efficiency of the measured sweep, each recorded."""
     out = {"weak": scaling.weak(measured), "strong": scaling.strong(measured),
@@ -139,14 +144,14 @@ def scaling_tables(study: Study, measured: pd.DataFrame) -> dict[str, pd.DataFra
         for r in out[kind][out[kind]["scale"] > 1].itertuples():
             held = f"batch {r.per_rank_batch}/rank" if kind == "weak" else f"global batch {r.global_batch}"
             scenario = f"{kind} scaling, {r.engine}, {held}, world {r.base_size} -> {r.world_size}"
-            rows += [dict(scenario=scenario, metric="speedup", value=r.speedup, unit="x", n=1,
+            rows += [dict(scenario=scenario, metric="speedup", value=r.speedup, unit="x", n=1, method=SCALING_METHOD,
                           note="samples/s over the smallest world size's"),
                      dict(scenario=scenario, metric="scaling_efficiency", value=r.efficiency, unit="x", n=1,
-                          note="speed-up / (world size ratio); 1.0 is perfect linear")]
+                          method=SCALING_METHOD, note="speed-up / (world size ratio); 1.0 is perfect linear")]
     for r in out["equal_threads"].itertuples():
         rows.append(dict(scenario=f"ddp, world {r.world_size}, batch {r.per_rank_batch}/rank vs one rank with "
                                   f"{r.threads_per_rank} thread(s)", metric="equal_threads_efficiency",
-                         value=r.efficiency, unit="x", n=1,
+                         value=r.efficiency, unit="x", n=1, method=SCALING_METHOD,
                          note="samples/s / (world size x one rank's at the same threads): DDP's own overhead"))
     if rows:
         study.recorder.add_many(rows)
