@@ -312,11 +312,11 @@ def measure_with(study: Study, decided: dict, others: dict[str, str], *, check: 
     with the same fp32 anyway. The ladders' rows are recorded here; `others`' by their owner when it reads them."""
     ladders = [decided["cerebrium"], decided["best"]]
     if others:
-        taken = {name for name, _ in rung_items(ladders, check)}
-        clash = sorted(taken & set(others))
+        items = rung_items(ladders, check)
+        clash = sorted({name for name, _ in items} & set(others))
         if clash:
             raise ValueError(f"names measured by both the ladders and the search: {', '.join(clash)}")
-        run_variants(study, rung_items(ladders, check) + list(others.items()), say=say, store=False)
+        run_variants(study, items + list(others.items()), say=say, store=False)
     cmp = measure(study, ladders, check=check, say=say)  # with `others`: every rung is read back
     return {**decided, "comparison": cmp}
 

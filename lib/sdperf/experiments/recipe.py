@@ -22,6 +22,7 @@ from sdperf.core.errors import ConfigError
 from sdperf.optimizations import catalog
 from sdperf.measure.rounds import BASELINE
 from sdperf.measure.study import Study
+from sdperf.experiments.ladder import RANK
 from sdperf.core import data
 
 BEST, LOSSLESS = scenarios.BEST_STACK, scenarios.LOSSLESS_STACK
@@ -285,9 +286,9 @@ def published_vs_measured(alone: pd.DataFrame, heads: list[dict]) -> pd.DataFram
 
 def faster_allocators(alloc: pd.DataFrame | None) -> list[str]:
     """The allocator settings whose own rung (fp32 eager under them) cleared the noise band: an allocator does not
-    compose with the parts' figures, so the best stack is measured again under each of these. Cleared per image
-    at 50 steps (the ladder's rule, ladder.RANK)."""
-    column = "seed_speedup_verdict"
+    compose with the parts' figures, so the best stack is measured again under each of these. Cleared by the
+    ratio the ladder chooses by (ladder.RANK: per image at 50 steps)."""
+    column = f"{RANK}_verdict"
     if alloc is None or alloc.empty or column not in alloc:
         return []
     return [k for k, v in zip(alloc["key"], alloc[column]) if isinstance(k, str) and v == "faster"]
