@@ -41,7 +41,7 @@ def test_a_long_round_gets_a_baseline_after_every_n_configurations():
 
 
 def test_the_plan_reads_each_notebooks_keys_from_its_parameters(smoke):
-    assert [c.stack for c in prefetch.plan(smoke, ["04_torch_compile"])] == ["compile:default"]  # the default
+    assert [c.stack for c in prefetch.plan(smoke, ["04_torch_compile"])] == ["compile:regional"]  # the default
     cpu = replace(smoke, notebooks={"04_torch_compile": {"variants": ["compile:default", "compile:freezing"]}})
     assert [c.stack for c in prefetch.plan(cpu, ["04_torch_compile"])] == ["compile:default", "compile:freezing"]
     assert [c.stack for c in prefetch.plan(smoke, ["09_fewer_steps"])] == [
@@ -119,8 +119,7 @@ def test_a_notebook_can_list_its_keys_in_more_than_one_parameter(smoke):
     """07 compares its UNet engines (`engines`) and, apart, the stages around the loop (`stage_engines`)."""
     assert prefetch.KEY_LISTS["07_engine_export"] == ("engines", "stage_engines")
     defaults = [c.stack for c in prefetch.plan(smoke, ["07_engine_export"])]
-    assert defaults[-2:] == ["stages:openvino-f32", "stages:openvino-int8w"]
-    assert [k for k in defaults if not k.startswith("engine:")] == defaults[-2:]
+    assert defaults == ["engine:openvino-f32", "engine:tensorrt-fp16", "stages:openvino-int8w"]  # engines, then stages
     odd = replace(smoke, notebooks={"07_engine_export": {"engines": ["engine:openvino-f32"],
                                                          "stage_engines": ["stages:openvino-int8w", "stages:nope"]}})
     assert [c.stack for c in prefetch.plan(odd, ["07_engine_export"])] == ["engine:openvino-f32",
