@@ -49,6 +49,13 @@ def test_timing_rows_and_replace_on_rerun(env):
     assert len(df[df.metric == "peak_memory"]) == 1  # untouched row of the same scenario stays
 
 
+def test_timing_rows_carry_the_method_they_are_given(env):
+    rec = Recorder("00_test", "smoke", env)
+    rec.timing("loop, plms", Timing([1.0, 2.0], 3.0, 2**20, "peak RSS"), metric="loop_latency", method="in turn")
+    df = rec.table().set_index("metric")
+    assert df.loc[["loop_latency", "loop_latency_first_call", "peak_memory"], "method"].tolist() == ["in turn"] * 3
+
+
 def test_a_staged_run_replaces_all_its_rows_only_when_promoted(env, monkeypatch):
     """Under `sdperf run` a notebook's rows wait in staging: results.csv keeps its previous rows (a killed run
     changes nothing), the notebook reads its own new rows, and promotion drops scenarios it no longer produces."""

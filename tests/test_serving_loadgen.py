@@ -67,3 +67,25 @@ def test_a_design_that_refuses_requests_fails_them_without_hanging_loadgen():
     figs, sut = loadgen_run.run(design, _settings("Offline", 4), batch_size=2, seed_base=0, performance_samples=4)
     assert figs["failed_requests"] == figs["requests"] == math.ceil(figs["samples"] / 2) > 0
     assert "closed" in sut.failures[0]
+
+
+def test_a_runs_rows_name_how_they_were_taken(tmp_path, scratch_reports):
+    """Throughput and the Server latencies are one LoadGen run each, not rounds: every row's method says so, with
+    the design, the requests in flight and the batch; a run with failed requests is a failed row instead."""
+    from sdperf.experiments import serving
+    from sdperf.measure.study import open_study
+
+    with _design(2) as design:
+        figs, _ = loadgen_run.run(design, _settings("Server", 4), batch_size=1, seed_base=0, performance_samples=4)
+    study = open_study("smoke", notebook="test_serving_loadgen")
+    run = {"design": "staged", "scenario": "Server", "concurrency": 2, "batch_size": 1, **figs, "threads": 1,
+           "min_duration_ms": 100, "min_query_count": 4}
+    serving._record_run(study, run)
+    rows = study.recorder.table().set_index("metric")
+    assert set(rows.index) == {"throughput", "latency_p50", "latency_p95", "latency_p99"}
+    assert (rows.method == serving.run_method(run)).all()
+    method = rows.method.iloc[0]
+    assert "one MLPerf LoadGen Server run (no rounds)" in method and "2 request(s) in flight" in method
+    serving._record_run(study, dict(run, design="stacked", failed_requests=1))
+    failed = study.recorder.table()
+    assert failed[failed.scenario.str.startswith("stacked")].status.tolist() == ["failed"]

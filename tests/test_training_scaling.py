@@ -90,3 +90,25 @@ def test_every_scaling_ratio_recorded_names_its_method(scratch_reports):
     rows = study.recorder.table()
     assert set(rows.metric) == {"speedup", "scaling_efficiency", "equal_threads_efficiency"}
     assert (rows.method == experiment.SCALING_METHOD).all() and "no rounds" in experiment.SCALING_METHOD
+
+
+def test_every_configuration_figure_recorded_names_its_launch(scratch_reports):
+    """samples/s, step times, memory and the rank check come from one launch per configuration: the rows say so."""
+    from sdperf.experiments import training_scaling as experiment
+    from sdperf.measure.study import open_study
+    from sdperf.training.settings import from_profile
+
+    study = open_study("smoke", notebook="test_training_scaling")
+    ok = dict(label="ddp, world 2, batch 1/rank", status="ok", note="", timed_steps=5, world_size=2,
+              threads_per_rank=1, backend="gloo", unet="tiny", samples_per_s=4.0, samples_per_s_p10=3.5,
+              samples_per_s_p90=4.5, global_batch=2, step_time_s=0.5, step_time_p10_s=0.45, step_time_p90_s=0.6,
+              first_step_s=2.0, peak_memory_mib=900.0, peak_memory_mib_per_rank=[900.0, 880.0], memory_kind="rss",
+              training_memory_mib=300.0, params_identical=True)
+    failed = dict(ok, label="zero1, world 2, batch 1/rank", status="failed", note="RuntimeError: boom")
+    experiment.record(study, pd.DataFrame([ok, failed]), from_profile(study.profile))
+    rows = study.recorder.table()
+    figures = rows[rows.scenario == ok["label"]]
+    assert set(figures.metric) == {"samples_per_s", "step_time", "first_step", "peak_memory_per_rank",
+                                   "training_memory_per_rank", "params_identical_across_ranks"}
+    assert (figures.method == experiment.LAUNCH_METHOD).all() and "no rounds" in experiment.LAUNCH_METHOD
+    assert rows[rows.scenario == failed["label"]].status.tolist() == ["failed"]  # a failure is a row, not a figure

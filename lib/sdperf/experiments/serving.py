@@ -106,6 +106,13 @@ def _one_run(study, stages, cfg, cal, design, scenario, c, b):
     return row, sut.images
 
 
+def run_method(r: dict) -> str:
+    """How a LoadGen run's figures are taken: one run, in this notebook's process, as LoadGen reports them."""
+    return (f"one MLPerf LoadGen {r['scenario']} run (no rounds) in this notebook's process: the {r['design']} design "
+            f"with {r['concurrency']} request(s) in flight, batch {r['batch_size']}; throughput and latency "
+            "percentiles as LoadGen's summary reports them")
+
+
 def _record_run(study: Study, r: dict) -> None:
     scen = f"{r['design']}, LoadGen {r['scenario']}, concurrency {r['concurrency']}, batch {r['batch_size']}"
     flags = (f"LoadGen's check against this run's test settings ({r['min_duration_ms']} ms, {r['min_query_count']} "
@@ -118,11 +125,13 @@ def _record_run(study: Study, r: dict) -> None:
                               batch_size=int(r["batch_size"]))
         return
     figure = "samples per second" if r["scenario"] == "Offline" else "completed samples per second"
+    method = run_method(r)
     rows = [dict(scenario=scen, metric="throughput", value=r["throughput_img_s"], unit="img/s", n=r["samples"],
-                 batch_size=int(r["batch_size"]), note=f"LoadGen {figure}; {flags}")]
+                 batch_size=int(r["batch_size"]), method=method, note=f"LoadGen {figure}; {flags}")]
     if r["scenario"] == "Server":
         rows += [dict(scenario=scen, metric=f"latency_{p}", value=r[f"latency_{p}_s"], unit="s", n=r["queries"],
-                      batch_size=int(r["batch_size"]), note=f"LoadGen, scheduled arrival to completion, {r['target_qps']:.3g} queries/s offered")
+                      batch_size=int(r["batch_size"]), method=method,
+                      note=f"LoadGen, scheduled arrival to completion, {r['target_qps']:.3g} queries/s offered")
                  for p in ("p50", "p95", "p99")]
     study.recorder.add_many(rows)
 
@@ -172,10 +181,15 @@ def parity_failures(images: dict) -> pd.DataFrame:
     return df[~df.identical].reset_index(drop=True)
 
 
+PARITY_METHOD = ("every request of this notebook's LoadGen runs: the design's decoded images against the stacked "
+                 "design's for the same seeds, torch.equal per request")
+
+
 def record_parity(study: Study, parity: pd.DataFrame) -> None:
     for r in parity.itertuples():
         study.recorder.add(f"{r.design} vs stacked, same seeds", "identical_images", r.identical / r.requests, "",
-                           n=r.requests, note=f"torch.equal on the decoded images; max abs diff {r.max_abs_diff:g}")
+                           n=r.requests, method=PARITY_METHOD,
+                           note=f"torch.equal on the decoded images; max abs diff {r.max_abs_diff:g}")
 
 
 def plot(study: Study, runs: pd.DataFrame):
@@ -238,6 +252,10 @@ def _caption(runs: pd.DataFrame) -> dict:
 
 
 # --- sync audit -------------------------------------------------------------------------------------------------
+COUNT_METHOD = ("one untimed denoising loop per scheduler and variant, each host read-back counted by a torch function "
+                "mode (sdperf.serving.sync_audit); the most common count per step")
+SYNC_TIME_METHOD = ("both loops in one process, timed in turn (sdperf.measure.timing.interleaved); median with p10/p90 "
+                    "over the timed repeats, the first call timed apart")
 def sync_counts(study: Study, pipe, cfg: ServingSettings) -> pd.DataFrame:
     """Read-backs per denoising step for each scheduler, in the study's loop and with host values."""
     inputs = sync_audit.LoopInputs.make(pipe, study.workload(1))
@@ -256,7 +274,7 @@ def _count_row(study: Study, sched: str, variant: str, counter: sync_audit.SyncC
     typical = max(set(per_step), key=per_step.count) if per_step else 0
     scen = f"sync audit, {sched}, {variant}"
     note = f"most common count over {len(per_step)} steps {per_step}; torch function mode; {what}"
-    study.recorder.add(scen, "syncs_per_step", typical, "syncs", n=len(per_step), note=note[:500])
+    study.recorder.add(scen, "syncs_per_step", typical, "syncs", n=len(per_step), method=COUNT_METHOD, note=note[:500])
     cuda = None
     if counter.cuda_counts:
         cuda = counter.cuda_counts[(-1, "total")]
@@ -281,7 +299,7 @@ def sync_time(study: Study, pipe, cfg: ServingSettings) -> pd.DataFrame:
 
     timings = interleaved({v: loop(v) for v in sync_audit.VARIANTS}, device=study.device, repeats=cfg.repeats)
     for variant, t in timings.items():
-        study.recorder.timing(f"sync audit, {sched}, {variant}", t, metric="loop_latency")
+        study.recorder.timing(f"sync audit, {sched}, {variant}", t, metric="loop_latency", method=SYNC_TIME_METHOD)
     before, after = (timings[v] for v in sync_audit.VARIANTS)
     r = ratio(before, after)
     verdict = ("within noise: the range straddles 1.0" if r["speedup_lo"] <= 1.0 <= r["speedup_hi"] else
@@ -295,7 +313,7 @@ def sync_time(study: Study, pipe, cfg: ServingSettings) -> pd.DataFrame:
              note=f"denoising loop, {study.device}, timed in turn; latents identical: {same}; {verdict}"),
         dict(scenario=f"sync audit, {sched}", metric="time_saved_per_loop", value=before.median - after.median,
              unit="s", p10=before.p10 - after.p90, p90=before.p90 - after.p10, n=len(after.times),
-             note="median difference; range from p10/p90 of both")])
+             method=SYNC_TIME_METHOD, note="median difference; range from p10/p90 of both")])
     return pd.DataFrame([{"variant": v, "median_s": t.median, "p10_s": t.p10, "p90_s": t.p90, "n": len(t.times),
                           "first_call_s": t.first_call} for v, t in timings.items()]).assign(
         speedup=[1.0, r["speedup"]], speedup_lo=[1.0, r["speedup_lo"]], speedup_hi=[1.0, r["speedup_hi"]],

@@ -100,6 +100,12 @@ def _dtype(s: TrainingSettings) -> str:
     return "float32" if s.autocast == "none" else f"{s.autocast} autocast"
 
 
+# how every per-configuration figure is taken (sdperf.training.launch, sdperf.training.train)
+LAUNCH_METHOD = ("one torchrun launch per configuration (its ranks fresh processes), once (no rounds): step times of "
+                 "the slowest rank, median and p10/p90 over the timed steps after warm-up; the first step timed apart; "
+                 "memory as each rank reads its own peak")
+
+
 def record(study: Study, measured: pd.DataFrame, s: TrainingSettings) -> None:
     """samples/s, step time, first step and per-rank peak memory per configuration; failures with their reason."""
     rec, rows = study.recorder, []
@@ -110,7 +116,7 @@ def record(study: Study, measured: pd.DataFrame, s: TrainingSettings) -> None:
         if r.status == "failed":
             rec.failed(r.label, r.note, metric="samples_per_s")
             continue
-        base = dict(scenario=r.label, n=r.timed_steps, dtype=_dtype(s))
+        base = dict(scenario=r.label, n=r.timed_steps, dtype=_dtype(s), method=LAUNCH_METHOD)
         where = f"{r.world_size} rank(s) x {r.threads_per_rank} thread(s), {r.backend}, {r.unet}"
         rows += [
             dict(base, metric="samples_per_s", value=r.samples_per_s, unit=UNIT, p10=r.samples_per_s_p10,

@@ -288,15 +288,18 @@ class Recorder:
         upsert_rows(self.path, [self._row(**r) for r in rows])
 
     def timing(self, scenario: str, timing, metric: str = "latency", dtype: str | None = None,
-               batch_size: int | None = None) -> None:
-        """Steady-state median with p10/p90, first-call time and peak memory, as separate rows."""
+               batch_size: int | None = None, method: str | None = None) -> None:
+        """Steady-state median with p10/p90, first-call time and peak memory, as separate rows; `method`, how the
+        timing was taken, goes on each."""
         rows = [dict(scenario=scenario, metric=metric, value=timing.median, unit="s", p10=timing.p10,
-                     p90=timing.p90, n=len(timing.times), dtype=dtype, batch_size=batch_size),
+                     p90=timing.p90, n=len(timing.times), dtype=dtype, batch_size=batch_size, method=method),
                 dict(scenario=scenario, metric=f"{metric}_first_call", value=timing.first_call, unit="s",
-                     n=1, dtype=dtype, batch_size=batch_size, note="first call, includes warm-up/compile/build")]
+                     n=1, dtype=dtype, batch_size=batch_size, method=method,
+                     note="first call, includes warm-up/compile/build")]
         if timing.peak_memory_bytes is not None:
             rows.append(dict(scenario=scenario, metric="peak_memory", value=timing.peak_memory_bytes / 2**20,
-                             unit="MiB", n=1, dtype=dtype, batch_size=batch_size, note=timing.memory_kind))
+                             unit="MiB", n=1, dtype=dtype, batch_size=batch_size, method=method,
+                             note=timing.memory_kind))
         self.add_many(rows)
 
     def not_applicable(self, scenario: str, reason: str, metric: str = "latency", **kw) -> None:
