@@ -256,6 +256,8 @@ COUNT_METHOD = ("one untimed denoising loop per scheduler and variant, each host
                 "mode (sdperf.serving.sync_audit); the most common count per step")
 SYNC_TIME_METHOD = ("both loops in one process, timed in turn (sdperf.measure.timing.interleaved); median with p10/p90 "
                     "over the timed repeats, the first call timed apart")
+
+
 def sync_counts(study: Study, pipe, cfg: ServingSettings) -> pd.DataFrame:
     """Read-backs per denoising step for each scheduler, in the study's loop and with host values."""
     inputs = sync_audit.LoopInputs.make(pipe, study.workload(1))
