@@ -254,8 +254,8 @@ def _caption(runs: pd.DataFrame) -> dict:
 # --- sync audit -------------------------------------------------------------------------------------------------
 COUNT_METHOD = ("one untimed denoising loop per scheduler and variant, each host read-back counted by a torch function "
                 "mode (sdperf.serving.sync_audit); the most common count per step")
-SYNC_TIME_METHOD = ("both loops in one process, timed in turn (sdperf.measure.timing.interleaved); median with p10/p90 "
-                    "over the timed repeats, the first call timed apart")
+IN_TURN = "both loops in one process, timed in turn (sdperf.measure.timing.interleaved)"
+SYNC_TIME_METHOD = f"{IN_TURN}; median with p10/p90 over the timed repeats, the first call timed apart"
 
 
 def sync_counts(study: Study, pipe, cfg: ServingSettings) -> pd.DataFrame:
@@ -310,8 +310,7 @@ def sync_time(study: Study, pipe, cfg: ServingSettings) -> pd.DataFrame:
     study.recorder.add_many([
         dict(scenario=f"sync audit, {sched}", metric="speedup_host_values", value=r["speedup"], unit="x",
              p10=r["speedup_lo"], p90=r["speedup_hi"], n=len(after.times),
-             method="both loops in one process, timed in turn (sdperf.measure.timing.interleaved); ratio of medians, "
-                    "range from the p10/p90 of each",
+             method=f"{IN_TURN}; ratio of medians, range from the p10/p90 of each",
              note=f"denoising loop, {study.device}, timed in turn; latents identical: {same}; {verdict}"),
         dict(scenario=f"sync audit, {sched}", metric="time_saved_per_loop", value=before.median - after.median,
              unit="s", p10=before.p10 - after.p90, p90=before.p90 - after.p10, n=len(after.times),

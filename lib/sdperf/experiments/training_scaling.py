@@ -100,10 +100,12 @@ def _dtype(s: TrainingSettings) -> str:
     return "float32" if s.autocast == "none" else f"{s.autocast} autocast"
 
 
-# how every per-configuration figure is taken (sdperf.training.launch, sdperf.training.train)
-LAUNCH_METHOD = ("one torchrun launch per configuration (its ranks fresh processes), once (no rounds): step times of "
-                 "the slowest rank, median and p10/p90 over the timed steps after warm-up; the first step timed apart; "
-                 "memory as each rank reads its own peak")
+# how every figure is taken (sdperf.training.launch, sdperf.training.train): per configuration, and the ratios of two
+LAUNCH = "one torchrun launch per configuration (its ranks fresh processes)"
+LAUNCH_METHOD = (f"{LAUNCH}, once (no rounds): step times of the slowest rank, median and p10/p90 over the timed "
+                 "steps after warm-up; the first step timed apart; memory as each rank reads its own peak")
+SCALING_METHOD = (f"{LAUNCH}, samples/s from the median step time over its timed steps after warm-up; ratio of two "
+                  "launches' samples/s, once each (no rounds)")
 
 
 def record(study: Study, measured: pd.DataFrame, s: TrainingSettings) -> None:
@@ -134,11 +136,6 @@ def record(study: Study, measured: pd.DataFrame, s: TrainingSettings) -> None:
         ]
     if rows:
         rec.add_many(rows)
-
-
-# how every scaling ratio is taken (sdperf.training.launch): one launch per configuration, its ranks fresh processes
-SCALING_METHOD = ("one torchrun launch per configuration (its ranks fresh processes), samples/s from the median step "
-                  "time over its timed steps after warm-up; ratio of two launches' samples/s, once each (no rounds)")
 
 
 def scaling_tables(study: Study, measured: pd.DataFrame) -> dict[str, pd.DataFrame]:
