@@ -1,9 +1,10 @@
 """The one method every ratio goes through, measured through the real worker harness on the tiny model.
 
-`calibration:unet-twice` does the UNet's work twice: per UNet step it must come out at 0.5x, within the run's
-noise band scaled by 0.5, with its median clear of the band. `grad:inference_mode` is the baseline's own configuration: it must be called
-"within noise". Five rounds keep the chance that an identical configuration falls wholly outside the noise band
-(about 1 in 3000 per side for exchangeable rounds) out of a CI's way.
+`calibration:unet-twice` does the UNet's work twice: per UNet step it must come out at 0.5x, its range over rounds
+overlapping the run's noise band scaled by 0.5, with its median clear of the band. `grad:inference_mode` is the
+baseline's own configuration: it must be called "within noise". Seven rounds keep the chance that an identical
+configuration falls wholly outside the noise band (1 in C(14, 7) = 3432 per side for exchangeable rounds; five gave
+1 in 252) out of a CI's way.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from sdperf.measure import rounds
 from sdperf.measure.comparison import BASELINE, COLUMNS, TWIN, run_variants
 from sdperf.measure.study import open_study
 
-ROUNDS = 5
+ROUNDS = 7
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,11 @@ def test_known_cost_comes_out_at_half_per_step_within_the_noise_band(measured):
     cmp, _ = measured
     row = cmp.row("twice")
     lo, hi = cmp.noise["unet_step_speedup"]
-    assert 0.5 * lo <= row["unet_step_speedup"] <= 0.5 * hi, (row["unet_step_speedup"], lo, hi)
+    # the method's own "within noise" test, on the cost doubled back: the twice's range over rounds, times 2, must
+    # overlap the twin's band. (Asking its median to fall inside the band failed a CI run: for exchangeable rounds
+    # that happens about 1 run in 6 with five rounds, since a few rounds' min-max underestimates the spread.)
+    doubled = (2 * row["unet_step_speedup_lo"], 2 * row["unet_step_speedup_hi"])
+    assert rounds.speed_verdict(*doubled, (lo, hi)) == rounds.NOISE, (doubled, lo, hi)
     # its median is clear of the fp32-vs-fp32 band, unless a neighbour on the 2-core machine (xdist's other worker)
     # widened that band past the 2x cost itself: then the method can only say "within noise", as asserted below
     assert row["unet_step_speedup"] < lo or lo < 0.5, (row["unet_step_speedup"], lo, hi)
