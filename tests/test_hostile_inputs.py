@@ -80,7 +80,7 @@ def test_a_run_with_relative_folders_promotes_its_rows_and_measures_the_validate
         "from sdperf.core import environment\nfrom sdperf.config.profiles import load_profile\n"
         "from sdperf.store.results import Recorder\n"
         "Recorder('00_rel', profile, environment.record(profile, 'cpu')).add(load_profile(profile).prompt, "
-        "'latency', 1.5, 's')"])
+        "'latency', 1.5, 's', method='a test row')"])
     monkeypatch.chdir(work)
     monkeypatch.setenv("SDPERF_REPORTS_DIR", "relrep")
     monkeypatch.setenv("SDPERF_PARAMS_DIR", "relparams")
@@ -101,8 +101,8 @@ def table(scratch_reports):
     env = {"device": "cpu", "device_name": "cpu", "cpu_model": "x", "machine": "m1", "threads": 2, "commit": "c1",
            "run_id": "r1", "packages": {"torch": "2"}, "python": "3.11", "time_utc": "2026-01-01T00:00:00Z"}
     rec = Recorder("00_baseline", "smoke", env)
-    rec.add("a", "latency", 1.0, "s")
-    rec.add("b", "latency", 2.0, "s")
+    rec.add("a", "latency", 1.0, "s", method="a test row")
+    rec.add("b", "latency", 2.0, "s", method="a test row")
     path = results_path("smoke")
     return path, path.read_text().splitlines(keepends=True)
 
@@ -153,7 +153,7 @@ def test_a_whole_table_reads_and_a_row_without_its_environment_is_never_written(
     env = {"device": "cpu", "device_name": "cpu", "cpu_model": "x", "machine": None, "threads": 2, "commit": "c1",
            "packages": {}, "python": "3.11", "time_utc": "2026-01-01T00:00:00Z"}
     with pytest.raises(ValueError, match="a row needs machine"):
-        Recorder("00_baseline", "smoke", env).add("c", "latency", 1.0, "s")
+        Recorder("00_baseline", "smoke", env).add("c", "latency", 1.0, "s", method="a test row")
     assert read_results("smoke").scenario.tolist() == ["a", "b"]
 
 

@@ -35,7 +35,7 @@ def test_environment_record_has_what_a_reader_needs(env):
 
 def test_timing_rows_and_replace_on_rerun(env):
     rec = Recorder("00_test", "smoke", env)
-    rec.timing("fp32, batch 1", Timing([1.0, 2.0, 3.0], 5.0, 2**30, "peak RSS"))
+    rec.timing("fp32, batch 1", Timing([1.0, 2.0, 3.0], 5.0, 2**30, "peak RSS"), method="a test row")
     df = rec.table()
     assert list(df.columns) == COLUMNS
     latency = df[df.metric == "latency"].iloc[0]
@@ -43,7 +43,7 @@ def test_timing_rows_and_replace_on_rerun(env):
     assert df[df.metric == "latency_first_call"].value.iloc[0] == 5.0
     assert df[df.metric == "peak_memory"].value.iloc[0] == 1024.0
     assert (df.commit == env["commit"]).all() and (df.profile == "smoke").all()
-    rec.timing("fp32, batch 1", Timing([4.0], 4.0))  # a rerun replaces, never duplicates
+    rec.timing("fp32, batch 1", Timing([4.0], 4.0), method="a test row")  # a rerun replaces, never duplicates
     df = rec.table()
     assert df[df.metric == "latency"].value.tolist() == [4.0]
     assert len(df[df.metric == "peak_memory"]) == 1  # untouched row of the same scenario stays
@@ -62,12 +62,12 @@ def test_a_staged_run_replaces_all_its_rows_only_when_promoted(env, monkeypatch)
     from sdperf.store import staging
 
     old = Recorder("00_prune", "smoke", env)
-    old.add("engine A, batch 1", "latency", 1.0, "s")
-    old.add("engine B, batch 1", "latency", 2.0, "s")
-    Recorder("00_other", "smoke", env).add("x", "latency", 3.0, "s")
+    old.add("engine A, batch 1", "latency", 1.0, "s", method="a test row")
+    old.add("engine B, batch 1", "latency", 2.0, "s", method="a test row")
+    Recorder("00_other", "smoke", env).add("x", "latency", 3.0, "s", method="a test row")
     monkeypatch.setenv(staging.STAGE_ENV, "00_prune")
     new = Recorder("00_prune", "smoke", {**env, "run_id": "run-2"})
-    new.add("engine B, batch 1", "latency", 2.5, "s")
+    new.add("engine B, batch 1", "latency", 2.5, "s", method="a test row")
     kept = read_results("smoke")
     assert sorted(kept[kept.notebook == "00_prune"].value) == [1.0, 2.0]  # nothing current until it completes
     assert new.table()[["scenario", "value"]].values.tolist() == [["engine B, batch 1", 2.5]]
@@ -95,7 +95,7 @@ def test_verdict_and_batch_size_are_columns(env):
     """A compared row stores its speed verdict and batch as data; a row not measured carries its status as its
     verdict; a word outside the vocabulary is refused before anything is written."""
     rec = Recorder("03_test", "smoke", env)
-    rec.add("tome:0.3, batch 2", "speedup_vs_fp32", 1.3, "x", key="tome:0.3", batch_size=2, verdict=results.FASTER)
+    rec.add("tome:0.3, batch 2", "speedup_vs_fp32", 1.3, "x", key="tome:0.3", batch_size=2, verdict=results.FASTER, method="a test row")
     rec.not_applicable("SDPA cudnn only, batch 1", "no cuDNN kernel on a CPU", batch_size=1)
     with pytest.raises(ValueError, match="verdict 'quick' is not valid"):
         rec.add("x", "speedup_vs_fp32", 1.3, "x", verdict="quick")
@@ -109,7 +109,7 @@ def test_rows_written_before_the_columns_get_them_on_read(env):
     """The committed reports/cpu rows have no verdict or batch_size column: both are derived when such a table is
     read (from the note and the scenario, in that one place), and the next write stores them."""
     old = [c for c in COLUMNS if c not in ("verdict", "batch_size")]
-    row = Recorder("03_test", "smoke", env)._row("x", "latency", 1.0, "s")
+    row = Recorder("03_test", "smoke", env)._row("x", "latency", 1.0, "s", method="a test row")
     rows = [dict(row, scenario="tome:0.3, batch 4", metric="seed_speedup_vs_fp32", unit="x", value=1.3,
                  note="per image at 50 PLMS steps; faster (noise band 0.943-1.061x)"),
             dict(row, scenario="best admissible stack: tome:0.3", metric="seed_speedup_vs_fp32", unit="x", value=1.3,
@@ -126,7 +126,7 @@ def test_rows_written_before_the_columns_get_them_on_read(env):
     assert df["verdict"].tolist()[:2] == ["faster", "within noise"] and pd.isna(df["verdict"].iloc[2])
     assert df["verdict"].iloc[3] == "skipped"
     assert df["batch_size"].tolist()[0] == 4 and pd.isna(df["batch_size"].iloc[1])
-    Recorder("03_test", "smoke", env).add("y", "latency", 2.0, "s")
+    Recorder("03_test", "smoke", env).add("y", "latency", 2.0, "s", method="a test row")
     header = path.read_text().splitlines()[0].split(",")
     assert "verdict" in header and read_results("smoke")["verdict"].tolist()[0] == "faster"
 
@@ -138,16 +138,28 @@ def test_ok_row_needs_a_value(env):
         Recorder("x", "smoke", env).add("s", "latency", 1.0, "s", status="great")
 
 
+def test_a_measured_row_needs_its_method_and_a_row_not_measured_does_not(env):
+    rec = Recorder("x", "smoke", env)
+    for method in ("", "  ", None):
+        with pytest.raises(ValueError, match="s/latency: an 'ok' row needs a method"):
+            rec.add("s", "latency", 1.0, "s", method=method)
+    with pytest.raises(ValueError, match="needs a method"):
+        rec.timing("t", Timing([1.0], 1.0))
+    rec.not_applicable("n", "no GPU")
+    rec.add("s", "latency", 1.0, "s", method="one call, perf_counter")
+    assert rec.table().set_index("scenario")["method"].fillna("").to_dict() == {"n": "", "s": "one call, perf_counter"}
+
+
 def test_failed_replace_leaves_old_file_and_no_temp(env, monkeypatch):
     rec = Recorder("00_test", "smoke", env)
-    rec.add("a", "latency", 1.0, "s")
+    rec.add("a", "latency", 1.0, "s", method="a test row")
     before = results_path("smoke").read_bytes()
 
     def boom(*a, **k):
         raise OSError("disk full")
     monkeypatch.setattr(results.os, "replace", boom)
     with pytest.raises(OSError):
-        rec.add("b", "latency", 2.0, "s")
+        rec.add("b", "latency", 2.0, "s", method="a test row")
     assert results_path("smoke").read_bytes() == before
     assert [p.name for p in results_path("smoke").parent.iterdir() if p.name.endswith(".tmp")] == []
 

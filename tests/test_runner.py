@@ -207,7 +207,7 @@ def test_index_shows_results_figures_and_links(study):
     reports = study["reports"]
     env = json.loads((reports / "environment.json").read_text())
     rec = Recorder("00_good", "smoke", env)
-    rec.add("unet", "latency", 0.123456789, "s", p10=0.1111111, p90=0.13333333, n=5)
+    rec.add("unet", "latency", 0.123456789, "s", p10=0.1111111, p90=0.13333333, n=5, method="a test row")
     rec.not_applicable("onnx", "needs <onnxruntime> & a GPU")
     rec.failed("compile", RuntimeError("inductor broke"))
     figures = paths.figures_dir("smoke")
@@ -277,7 +277,7 @@ from sdperf.store import figure_captions, plots
 from sdperf.store.results import Recorder
 env = environment.record(profile, "cpu")
 rec = Recorder("00_rows", profile, env)
-rec.add("engine", "latency", float(os.environ["ROW_VALUE"]), "s")
+rec.add("engine", "latency", float(os.environ["ROW_VALUE"]), "s", method='a test row')
 fig, ax = plt.subplots()
 ax.set_title(os.environ["ROW_VALUE"])
 caption = figure_captions.Caption(what="a test bar", device=figure_captions.device_text(env),

@@ -91,13 +91,14 @@ def sdpa_share(study: Study) -> pd.DataFrame:
     seconds = sum(getattr(e, attr) for e in events) / 1e6
     share = 100.0 * seconds / wall
     scenario = "SDPA, PyTorch's choice, one UNet step, batch 1"
-    note = (f"{sum(e.count for e in events)} {SDPA_OP} calls in one profiled UNet call ({wall:.3f} s under the "
-            f"profiler, {'GPU' if device == 'cuda' else 'CPU'} time of the op and its children)")
+    method = (f"torch.profiler over one UNet call after a warm one: {'GPU' if device == 'cuda' else 'CPU'} time "
+              f"of {SDPA_OP} and its children; share of that call's wall time under the profiler")
+    note = f"{sum(e.count for e in events)} calls in a {wall:.3f} s profiled UNet call"
     study.recorder.add_many([
         dict(scenario=scenario, metric="sdpa_seconds", value=seconds, unit="s", n=1, dtype=dtype, batch_size=1,
-             note=note),
+             method=method, note=note),
         dict(scenario=scenario, metric="sdpa_share", value=share, unit="%", n=1, dtype=dtype, batch_size=1,
-             note=note)])
+             method=method, note=note)])
     return pd.DataFrame([{"sdpa_calls": sum(e.count for e in events), "sdpa_s": seconds, "unet_step_s": wall,
                           "sdpa_share_percent": share,
                           "best_case_speedup_if_attention_were_free": 100.0 / (100.0 - share)}])

@@ -16,7 +16,7 @@ from sdperf.measure.measurements import unet_flops
 from sdperf.optimizations.catalog import BASELINE_KEY
 from sdperf.core.paths import scratch_dir
 from sdperf.model.pipelines import component_parameters
-from sdperf.measure.roofline import achieved, matmul_peak
+from sdperf.measure.roofline import ACHIEVED_METHOD, FLOP_METHOD, ROOF_METHOD, achieved, matmul_peak
 from sdperf.measure.rounds import Config
 from sdperf.measure.study import Study
 
@@ -132,6 +132,9 @@ def measure_batches(study: Study, say=print) -> BaselineRuns:
     return BaselineRuns(raw, pd.DataFrame(rows), stages, method)
 
 
+KERNEL_PEAK_METHOD = "ru_maxrss of the notebook's own kernel process, read once at its end"
+
+
 def record_kernel_peak(study: Study) -> float:
     """This kernel's own peak RSS in MiB, recorded: beside the workers' process peaks it shows what the notebook
     held (issue 32: a kernel holding a pipeline while its worker built another was killed for memory). Called last,
@@ -139,7 +142,7 @@ def record_kernel_peak(study: Study) -> float:
     import resource
 
     mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    study.recorder.add("00_baseline kernel", "process_peak_memory", mib, "MiB", n=1,
+    study.recorder.add("00_baseline kernel", "process_peak_memory", mib, "MiB", n=1, method=KERNEL_PEAK_METHOD,
                        note="this notebook's kernel process: peak RSS (ru_maxrss) over the notebook, its one "
                        "pipeline built after the workers finished")
     return mib
@@ -150,7 +153,7 @@ def roofline(study: Study, pipe, sweep: pd.DataFrame) -> pd.DataFrame:
     p = study.profile
     peak, peak_timing = matmul_peak(study.device, torch.float32, p.matmul_size)
     study.recorder.add(f"matmul {p.matmul_size}x{p.matmul_size} float32", "peak_gflops", peak / 1e9, "GFLOP/s",
-                       n=len(peak_timing.times), note="torch.mm, blocked_autorange median")
+                       n=len(peak_timing.times), method=ROOF_METHOD)
     rows = []
     for b, step in zip(sweep["batch_size"], sweep["unet_step_s"]):
         flops = unet_flops(pipe, study.workload(int(b)))
@@ -159,10 +162,11 @@ def roofline(study: Study, pipe, sweep: pd.DataFrame) -> pd.DataFrame:
         scen = f"{LABEL}, batch {int(b)}"
         study.recorder.add_many([
             dict(scenario=scen, metric="unet_forward_flops", value=flops, unit="FLOP", n=1, batch_size=int(b),
-                 note="torch.utils.flop_counter, CFG batch"),
+                 method=FLOP_METHOD, note="one UNet forward on the CFG batch"),
             dict(scenario=scen, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s",
-                 batch_size=int(b)),
+                 batch_size=int(b), method=ACHIEVED_METHOD),
             dict(scenario=scen, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", batch_size=int(b),
+                 method=ACHIEVED_METHOD,
                  note=f"of the measured float32 matmul roof {peak / 1e9:.1f} GFLOP/s"),
         ])
     return pd.DataFrame(rows)

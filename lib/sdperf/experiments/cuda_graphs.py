@@ -190,13 +190,16 @@ def host_overhead(study: Study, batch_size: int = 1) -> HostOverhead:
     return out
 
 
+STEP_METHOD = "in process: one UNet call on the guidance batch timed call by call; median with p10/p90 of the repeats"
+PROFILE_METHOD = ("torch.profiler (CPU activities) over the repeats' UNet calls: operator times and calls, mean per "
+                  "step; math = outermost conv / matmul / attention operators")
+
+
 def _record(study: Study, h: HostOverhead) -> None:
     rec, s = study.recorder, h.split
     scen = f"fp32 eager UNet step, latent {h.latent}x{h.latent}, UNet batch {h.batch}"
-    prof_note = "torch.profiler, CPU activities, mean of the profiled steps"
-    rec.timing(scen, h.step, metric="unet_step", dtype="float32")
-    rows = [("profiled_step", s.profiled_step_s, "s", f"{prof_note}; profiler overhead x"
-                                                        f"{s.profiled_step_s / h.step.median:.2f}"),
+    rec.timing(scen, h.step, metric="unet_step", dtype="float32", method=STEP_METHOD)
+    rows = [("profiled_step", s.profiled_step_s, "s", f"profiler overhead x{s.profiled_step_s / h.step.median:.2f}"),
             ("math_op_time", s.math_s, "s", "inclusive time of the outermost conv / matmul / attention operators"),
             ("host_upper", s.host_upper_s, "s", "profiled step minus math operators: upper bound of the host work"),
             ("host_lower_python", s.python_s, "s", "time outside every ATen operator: lower bound of the host work"),
@@ -209,10 +212,10 @@ def _record(study: Study, h: HostOverhead) -> None:
             ("math_calls_per_step", s.math_calls, "calls", "outermost conv / matmul / attention calls")]
     if s.device_kernels is not None:
         rows.append(("cuda_kernels_per_step", s.device_kernels, "kernels", "CUDA kernel events per step"))
-    rec.add_many([dict(scenario=scen, metric=m, value=v, unit=u, n=study.profile.repeats, dtype="float32", note=n)
-                  for m, v, u, n in rows])
+    rec.add_many([dict(scenario=scen, metric=m, value=v, unit=u, n=study.profile.repeats, dtype="float32",
+                       method=PROFILE_METHOD, note=n) for m, v, u, n in rows])
     rec.timing(f"fp32 eager UNet step, latent {h.tiny_latent}x{h.tiny_latent} (smallest), UNet batch {h.batch}",
-               h.tiny_step, metric="unet_step", dtype="float32")
+               h.tiny_step, metric="unet_step", dtype="float32", method=STEP_METHOD)
 
 
 def plot(study: Study, h: HostOverhead):

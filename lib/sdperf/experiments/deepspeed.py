@@ -72,6 +72,10 @@ PROBES = {
 }
 
 
+PROBE_METHOD = ("module census of a fresh fp32 pipeline before and after the call, in this kernel "
+                "(deepspeed_inference.count_replaced): modules whose class changed, also when the call raised")
+
+
 def probe(study: Study, say: Callable[[str], None] = print) -> pd.DataFrame:
     """Where the seed's call stops on this device: each step of init_inference tried on a fresh pipeline, its
     exact error and how many modules it had replaced by then. Only run where the kernels are not available
@@ -95,7 +99,7 @@ def probe(study: Study, say: Callable[[str], None] = print) -> pd.DataFrame:
         if outcome == "failed":
             say(f"{call}: failed: {error}")
             study.recorder.failed(scenario, error, metric="init")
-        study.recorder.add(scenario, "replaced_modules", r["replaced_modules"], "modules", n=1,
+        study.recorder.add(scenario, "replaced_modules", r["replaced_modules"], "modules", n=1, method=PROBE_METHOD,
                            note=f"{r['kernel_modules']} fused-kernel modules; "
                                 f"{'before the error' if outcome == 'failed' else 'after the call'}: "
                                 f"{r['new_classes'] or 'no DeepSpeed class'}")

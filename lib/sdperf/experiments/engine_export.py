@@ -76,6 +76,10 @@ def _with_skipped(cmp: Comparison, skipped: list[dict]) -> Comparison:
     return cmp
 
 
+SETUP_METHOD = ("the last round's worker process: export, then engine build, each timed once (wall clock), apart from "
+                "the steady-state rounds; peak RSS (or CUDA allocated) over both")
+
+
 def _record_setup(study, cmp: Comparison) -> None:
     """Export and build time as their own rows (run_variants records their sum as 'setup')."""
     rows = []
@@ -84,15 +88,15 @@ def _record_setup(study, cmp: Comparison) -> None:
             continue
         scenario, dtype = f"{label}, batch 1", DTYPES.get(f.get("precision"), "float32")
         key = cmp.row(label)["key"]
-        rows += [dict(scenario=scenario, metric="export", value=f["export_s"], unit="s", n=1, dtype=dtype, key=key,
-                      batch_size=1, note=f"{f['exporter']}; dynamic batch axis: {f['dynamic_batch']}; last round"
+        common = dict(n=1, dtype=dtype, key=key, batch_size=1, method=SETUP_METHOD)
+        rows += [dict(scenario=scenario, metric="export", value=f["export_s"], unit="s", **common,
+                      note=f"{f['exporter']}; dynamic batch axis: {f['dynamic_batch']}"
                       + (f"; exported graph {f['export_mib']:.0f} MiB (deleted after loading)" if "export_mib" in f
                          else "")),
-                 dict(scenario=scenario, metric="engine_build", value=f["build_s"], unit="s", n=1, dtype=dtype,
-                      key=key, batch_size=1, note=f"{f['engine']}; precision actually used: {f['precision']}; last round"),
-                 dict(scenario=scenario, metric="setup_peak_memory", value=f["setup_peak_mib"], unit="MiB", n=1,
-                      dtype=dtype, key=key, batch_size=1, note="peak RSS (or CUDA allocated) while exporting and building, in "
-                      "the worker (fp32 pipeline included)")]
+                 dict(scenario=scenario, metric="engine_build", value=f["build_s"], unit="s", **common,
+                      note=f"{f['engine']}; precision actually used: {f['precision']}"),
+                 dict(scenario=scenario, metric="setup_peak_memory", value=f["setup_peak_mib"], unit="MiB", **common,
+                      note="the worker's fp32 pipeline included")]
     if rows:
         study.recorder.add_many(rows)
 

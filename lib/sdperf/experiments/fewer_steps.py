@@ -71,6 +71,10 @@ NO_DRIFT = ("not measured: this profile sets scheduler_drift false (random weigh
             "difference, not quality, and its 50-step reference costs minutes here)")
 
 
+DRIFT_METHOD = ("one untimed generation per schedule on one fp32 pipeline in this kernel, from the reference "
+                "schedule's initial latents; final latents and decoded images compared (sdperf.measure.drift)")
+
+
 def drift_from_reference(study: Study, reference: str, keys: list[str]) -> pd.DataFrame:
     """Untimed generations on one pipeline from the same initial latents: the reference scheduler at its steps,
     then each key at its own; the final latents and images compared (drift.compare). Recorded per key. A profile
@@ -93,8 +97,8 @@ def drift_from_reference(study: Study, reference: str, keys: list[str]) -> pd.Da
         rows.append({"variant": key, "unet_calls": opt.unet_calls(pipe, steps), "latent_rel_error":
                      d["latent_rel_error"], "image_psnr_db": d["image_psnr_db"], "verdict": verdict})
         scenario = f"{key}, drift from {reference}, batch 1"
-        rec += [dict(scenario=scenario, metric=m, value=d[m], unit=u, n=1, key=key, batch_size=1, note=verdict)
-                for m, u in (("latent_rel_error", ""), ("image_psnr_db", "dB"))]
+        rec += [dict(scenario=scenario, metric=m, value=d[m], unit=u, n=1, key=key, batch_size=1,
+                     method=DRIFT_METHOD, note=verdict) for m, u in (("latent_rel_error", ""), ("image_psnr_db", "dB"))]
     pipe = None
     release()
     study.recorder.add_many(rec)

@@ -20,7 +20,7 @@ from sdperf.experiments.common import interpolated, methods_text, rounds_n
 from sdperf.measure.measurements import unet_flops
 from sdperf.optimizations import half_precision
 from sdperf.optimizations.catalog import Stack
-from sdperf.measure.roofline import achieved, fit_size, matmul_call, matmul_peak
+from sdperf.measure.roofline import ACHIEVED_METHOD, ROOF_METHOD, achieved, fit_size, matmul_call, matmul_peak
 from sdperf.measure.study import Study
 
 VARIANTS = ("float16", "bfloat16")
@@ -36,15 +36,15 @@ def _block_only(study: Study, probe: half_budget.Probe, reason: str) -> dict:
     dtype, block = probe.dtype, probe.block
     scenario = f"{dtype}, UNet {block} only (real shapes), batch 1"
     fp32_timing, half_timing = probe.timings()
-    study.recorder.timing(f"float32, UNet {block} only (real shapes), batch 1", fp32_timing, dtype="float32",
-                          batch_size=1)
-    study.recorder.timing(scenario, half_timing, dtype=dtype, batch_size=1)
     note = "one block in this process, in turn; ratio of medians, range from p10/p90 of both"
+    study.recorder.timing(f"float32, UNet {block} only (real shapes), batch 1", fp32_timing, dtype="float32",
+                          batch_size=1, method=half_budget.BLOCK_TIMING_METHOD)
+    study.recorder.timing(scenario, half_timing, dtype=dtype, batch_size=1, method=half_budget.BLOCK_TIMING_METHOD)
     study.recorder.add_many([
         dict(scenario=scenario, metric="speedup_vs_fp32", value=probe.speedup, unit="x", lo=probe.speedup_lo,
              hi=probe.speedup_hi, n=len(probe.block_times), dtype=dtype, method=note, batch_size=1),
         dict(scenario=scenario, metric="block_rel_error", value=probe.block_rel_error, unit="", dtype=dtype,
-             batch_size=1)])
+             batch_size=1, method=half_budget.BLOCK_ERROR_METHOD)])
     reason = f"{reason}; the block-level ratio is recorded under '{scenario}'"
     study.recorder.skipped(f"{name(dtype)}, batch 1", reason, batch_size=1)
     return {"variant": name(dtype), "key": f"precision:{dtype}", "status": BLOCK_ONLY, "note": reason,
@@ -86,11 +86,9 @@ def matmul_roofs(study: Study, call_budget_s: float = 2.0) -> pd.DataFrame:
         n = fit_size(lambda k: matmul_call(study.device, dtype, k), size, call_budget_s, study.device)
         peak, t = matmul_peak(study.device, dtype, n)
         rows.append({"dtype": name, "size": n, "matmul_gflops": peak / 1e9, "n_blocks": len(t.times)})
-        note = "torch.mm, blocked_autorange median"
-        if n != size:
-            note += f"; measured at {n} (not {size}): a {size} call would exceed {call_budget_s} s"
+        note = f"measured at {n} (not {size}): a {size} call would exceed {call_budget_s} s" if n != size else ""
         study.recorder.add(f"matmul {n}x{n} {name}", "peak_gflops", peak / 1e9, "GFLOP/s",
-                           n=len(t.times), dtype=name, note=note)
+                           n=len(t.times), dtype=name, method=ROOF_METHOD, note=note)
     df = pd.DataFrame(rows)
     df["vs_float32"] = df["matmul_gflops"] / float(df.loc[df.dtype == "float32", "matmul_gflops"].iloc[0])
     return df
@@ -112,7 +110,7 @@ def roofline(study: Study, table: pd.DataFrame, roofs: pd.DataFrame) -> pd.DataF
                  dtype=r.dtype, method=r.method, batch_size=1,
                  note=f"UNet forward {flops:,} FLOPs / median UNet call over rounds"),
             dict(scenario=scenario, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", dtype=r.dtype,
-                 batch_size=1, note=f"of the measured {r.dtype} matmul roof {roof[r.dtype]:.1f} GFLOP/s")])
+                 batch_size=1, method=ACHIEVED_METHOD, note=f"of the measured {r.dtype} matmul roof {roof[r.dtype]:.1f} GFLOP/s")])
     return pd.DataFrame(rows)
 
 

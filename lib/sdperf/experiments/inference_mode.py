@@ -106,6 +106,10 @@ def saved_for_backward(pipe, workload: Workload, grad_mode: str) -> dict:
     return {"saved_for_backward_mib": sum(saved.values()) / 2**20, "saved_storages": len(saved)}
 
 
+SAVED_METHOD = ("bytes of the distinct storages autograd keeps for backward during one generation, parameters "
+                "excluded (torch.autograd.graph.saved_tensors_hooks)")
+
+
 def saved_activations(study: Study, cases: list[tuple[str, str]] | None = None) -> pd.DataFrame:
     """One generation per (parameters, grad mode) case, counting what autograd holds: zero unless grad mode
     meets trainable parameters. One pipeline serves every case (requires_grad is switched in place)."""
@@ -120,8 +124,7 @@ def saved_activations(study: Study, cases: list[tuple[str, str]] | None = None) 
         rows.append({"parameters": parameters, "grad_mode": mode, **out})
         study.recorder.add(f"{mode}, parameters {parameters}, batch 1", "saved_for_backward",
                            out["saved_for_backward_mib"], "MiB", n=1, dtype=dtype, batch_size=1,
-                           note=f"{out['saved_storages']} tensors autograd keeps for backward during one "
-                                "generation, parameters excluded (saved_tensors_hooks)")
+                           method=SAVED_METHOD, note=f"{out['saved_storages']} tensors")
     pipe = None
     release()
     return pd.DataFrame(rows)

@@ -44,6 +44,10 @@ GOAL_SHARE = 0.8
 # how every roof row's ratio is taken: each kernel's single matmul calls in one process
 ROOF_METHOD = ("one process, each matmul kernel timed by torch.utils.benchmark blocked_autorange at the same size; "
                "ratio of the two medians")
+KERNEL_ROOF_METHOD = ("one square matmul of the kernel on random inputs at the size shown, torch.utils.benchmark "
+                      "blocked_autorange median; ops = 2 n^3 per call")
+SHARE_METHOD = ("forward hooks on every nn.Linear over one UNet call, FLOPs from torch.utils.flop_counter, over the "
+                "whole call's counted FLOPs")
 RANDOM_WEIGHTS = ("random-init weights: the error figures describe the quantization machinery, not the quality of "
                   "a quantized Stable Diffusion")
 
@@ -107,8 +111,8 @@ def linear_share(study: Study) -> dict:
     pipe = None
     release()
     study.recorder.add("UNet forward, batch 1", "linear_flop_share", out["linear_share_percent"], "%", n=1, batch_size=1,
-                       note=f"{linear:,} of {total:,} FLOPs in {n_linear} nn.Linear layers (forward hooks / "
-                            "torch.utils.flop_counter): the part Linear-only int8 schemes quantize")
+                       method=SHARE_METHOD, note=f"{linear:,} of {total:,} FLOPs in {n_linear} nn.Linear layers: the "
+                                                 "part Linear-only int8 schemes quantize")
     return out
 
 
@@ -173,12 +177,13 @@ def int8_roofs(study: Study, call_budget_s: float) -> pd.DataFrame:
                      "n_blocks": len(timing.times)})
     native = opt.native_int_mm(device)
     for r in rows:
-        r["note"] = "blocked_autorange median"
+        notes = []
         if r["kernel"] == "torch._int_mm":
-            r["note"] += ("; cuBLASLt int8" if device == "cuda" else "; oneDNN kernel (VNNI/AMX present)" if native
-                          else "; no AVX512-VNNI/AMX-INT8 here: PyTorch's scalar fallback loop")
+            notes.append("cuBLASLt int8" if device == "cuda" else "oneDNN kernel (VNNI/AMX present)" if native
+                         else "no AVX512-VNNI/AMX-INT8 here: PyTorch's scalar fallback loop")
         if r["size"] != size:
-            r["note"] += f"; measured at {r['size']} (not {size}): a {size} call would exceed {call_budget_s} s"
+            notes.append(f"measured at {r['size']} (not {size}): a {size} call would exceed {call_budget_s} s")
+        r["note"] = "; ".join(notes)
     df = pd.DataFrame(rows + _openvino_roofs(study, size)).reindex(
         columns=["kernel", "dtype", "size", "gops", "n_blocks", "primitive", "runtime_precision", "note"])
     df["vs_fp32"] = df["gops"] / df.loc[0, "gops"]
@@ -186,7 +191,7 @@ def int8_roofs(study: Study, call_budget_s: float) -> pd.DataFrame:
     df["vs_openvino_f32"] = df["gops"].where(ov) / _gops(df, OV_F32)
     for r in df.itertuples():
         study.recorder.add(f"matmul {r.size}x{r.size} {r.kernel}", "peak_gops", r.gops, "GOP/s", n=r.n_blocks,
-                           dtype=r.dtype, note=r.note)
+                           dtype=r.dtype, method=KERNEL_ROOF_METHOD, note=r.note)
     _record_openvino_ratio(study, df)
     return df.drop(columns="note")
 

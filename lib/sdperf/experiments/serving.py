@@ -280,8 +280,8 @@ def _count_row(study: Study, sched: str, variant: str, counter: sync_audit.SyncC
     cuda = None
     if counter.cuda_counts:
         cuda = counter.cuda_counts[(-1, "total")]
-        study.recorder.add(scen, "cuda_sync_debug_warnings", cuda, "syncs", n=1,
-                           note="torch.cuda.set_sync_debug_mode('warn'), whole loop")
+        study.recorder.add(scen, "cuda_sync_debug_warnings", cuda, "syncs", n=1, method=COUNT_METHOD,
+                           note="torch.cuda.set_sync_debug_mode('warn') warnings over the whole loop")
     else:
         study.recorder.not_applicable(scen, CUDA_ONLY, metric="cuda_sync_debug_warnings")
     return {"scheduler": sched, "variant": variant, "steps": len(per_step), "syncs_per_step": per_step,

@@ -160,6 +160,11 @@ def unet_inputs(study: Study, pipe, batch_size: int, resolution: int) -> tuple[t
     return (x, torch.tensor(999, device=device)), {"encoder_hidden_states": embeds, "return_dict": False, **extra}
 
 
+EXPLAIN_METHOD = "torch._dynamo.explain over one UNet call at the profile's shape (no backend compiles)"
+RECOMPILE_METHOD = ("one torch.compile'd UNet called at each shape in turn (shape_sequence); graphs compiled per call "
+                    "from torch's compile log, summed")
+
+
 def graph_breaks(study: Study) -> dict:
     """Does Dynamo capture the UNet as one graph (what fullgraph=True requires)? torch._dynamo.explain."""
     pipe = study.pipeline("float32")
@@ -173,9 +178,9 @@ def graph_breaks(study: Study) -> dict:
     scenario = "UNet, torch._dynamo.explain"
     study.recorder.add_many([
         dict(scenario=scenario, metric="graph_breaks", value=ex.graph_break_count, unit="breaks", n=1,
-             note="; ".join(out["break_reasons"])[:300]),
+             method=EXPLAIN_METHOD, note="; ".join(out["break_reasons"])[:300]),
         dict(scenario=scenario, metric="graphs", value=ex.graph_count, unit="graphs", n=1,
-             note=f"{ex.op_count} ops captured"),
+             method=EXPLAIN_METHOD, note=f"{ex.op_count} ops captured"),
     ])
     return out
 
@@ -231,7 +236,7 @@ def recompiles(study: Study, settings: list[str], backend: str = "eager") -> pd.
     df = pd.DataFrame(rows)
     study.recorder.add_many([
         dict(scenario=f"UNet, dynamic setting {setting}, backend {backend}", metric="graphs_compiled",
-             value=int(g.graphs_compiled.sum()), unit="graphs", n=len(g),
+             value=int(g.graphs_compiled.sum()), unit="graphs", n=len(g), method=RECOMPILE_METHOD,
              note=" -> ".join(f"{r.change} (batch {r.batch_size}, {r.resolution}px): {r.graphs_compiled}"
                               + (f" [{r.error}]" if r.error else "") for r in g.itertuples())[:500])
         for setting, g in df.groupby("setting", sort=False)])

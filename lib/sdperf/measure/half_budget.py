@@ -26,6 +26,10 @@ from sdperf.measure.timing import Timing
 from sdperf.measure.comparison import release
 from sdperf.store.results import atomic_write_text, locked
 
+# How the block comparison's own rows were taken (01 records them when a precision's generations are skipped).
+BLOCK_TIMING_METHOD = ("one UNet block at the real shapes in one process, float32 and the half copy timed in turn; "
+                       "median with p10/p90 of the repeats")
+BLOCK_ERROR_METHOD = "||half - fp32|| / ||fp32|| of the block's output on the same captured inputs, in float64"
 
 @dataclass(frozen=True)
 class Probe:

@@ -20,6 +20,12 @@ if _CPU_SDPA not in flop_counter.flop_registry and _CPU_SDPA.default not in flop
         return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
+# How each roofline figure was taken: the method column of its rows.
+ROOF_METHOD = "torch.mm of two random square matrices into a preallocated output, blocked_autorange median"
+FLOP_METHOD = "torch.utils.flop_counter over one call at the real shapes (multiply-add = 2 FLOPs)"
+ACHIEVED_METHOD = "counted FLOPs / measured median seconds per call, against the measured matmul roof"
+
+
 def count_flops(fn, *args, **kwargs) -> int:
     """FLOPs of one call (multiply-add = 2 FLOPs), counted by torch.utils.flop_counter on the real shapes."""
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:

@@ -124,6 +124,12 @@ def metric_name(s: QualitySettings, metric: str) -> str:
     return f"{base} [machinery only]" if s.machinery_reasons(metric) else base
 
 
+# NeMo's protocol, as 12 runs it: how each curve row was taken
+FID_METHOD = ("one image per caption at each guidance scale, same noise seeds; Frechet distance of Inception pool "
+              "features (torchmetrics) against the reference set")
+CLIP_METHOD = "the same images: mean of max(100 cos, 0) between CLIP image and caption embeddings, p10/p90 across images"
+
+
 def _record(study: Study, s: QualitySettings, table: pd.DataFrame, ref: score.Reference) -> None:
     p, n = study.profile, int(table["n_images"].min())
     small = f"; n={n} < {SMALL_N}: FID is biased upward and noisy at this N" if n < SMALL_N else ""
@@ -134,11 +140,11 @@ def _record(study: Study, s: QualitySettings, table: pd.DataFrame, ref: score.Re
         scenario = f"guidance {vals['guidance']:g}, {s.steps} {p.scheduler} steps, {p.resolution}px, {p.dtype}"
         rows += [
             dict(scenario=scenario, metric=metric_name(s, "fid"), value=vals[s.label("fid")], unit="", n=n,
-                 dtype=p.dtype, note=f"vs {ref.what}; Inception pool {s.fid_features}, scored at "
+                 dtype=p.dtype, method=FID_METHOD, note=f"vs {ref.what}; Inception pool {s.fid_features}, scored at "
                  f"{s.score_resolution or p.resolution}px; {why_fid}{small}"),
             dict(scenario=scenario, metric=metric_name(s, "clip"), value=vals[s.label("clip")], unit="x100 cos",
-                 p10=vals["clip_p10"], p90=vals["clip_p90"], n=n, dtype=p.dtype,
-                 note=f"mean of max(100 cos, 0) over images, p10/p90 across images; {s.clip_arch}; {why_clip}"),
+                 p10=vals["clip_p10"], p90=vals["clip_p90"], n=n, dtype=p.dtype, method=CLIP_METHOD,
+                 note=f"{s.clip_arch}; {why_clip}"),
         ]
     study.recorder.add_many(rows)
 

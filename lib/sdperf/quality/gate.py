@@ -65,7 +65,8 @@ def verdict(study: Study, s: QualitySettings, curve_table: pd.DataFrame) -> dict
     text = (f"{'pass' if ok else 'fail'}: FID {f:.4f} (bounds {fid_lo}-{fid_hi}), CLIP {c:.4f} "
             f"(bounds {clip_lo}-{clip_hi})")
     study.recorder.add(scenario, "mlperf_gate_pass", 1.0 if ok else 0.0, "bool", n=s.n_images,
-                       note=f"{text}; {RESIZE_CAVEAT}")
+                       method=f"this run's curve at guidance {MLPERF_GUIDANCE:g}: its FID and CLIP score, each "
+                       "inside MLPerf SDXL's closed-division bounds", note=f"{text}; {RESIZE_CAVEAT}")
     return {**out, "fid": f, "clip": c, "verdict": text, "note": RESIZE_CAVEAT}
 
 

@@ -169,6 +169,10 @@ def _standalone_speed(study: Study, keys: list[str]) -> dict[str, dict]:
                     "speed_from": f"{r.notebook}: {r.scenario}"} for r in t.itertuples()}
 
 
+RUNG_METHOD = ("the rung's images of the ladder captions at the profile's guidance, scored against the fp32 eager "
+               "images of the same captions and noise: FID between the two sets, CLIP score, per-image PSNR")
+
+
 def _record(study: Study, s: QualitySettings, table: pd.DataFrame) -> None:
     rec, vs = study.recorder, "vs the fp32 eager images of the same captions and noise"
     metric, rows = metric_name(s, "clip"), []
@@ -179,13 +183,14 @@ def _record(study: Study, s: QualitySettings, table: pd.DataFrame) -> None:
                              note=r["note"][:500], key=r["key"]))
         else:
             n, key = r["n_images"], r["key"] or catalog.BASELINE_KEY
+            common = dict(n=n, key=key, method=RUNG_METHOD)
             rows += [dict(scenario=scenario, metric=metric_name(s, "fid_vs_baseline"),
-                          value=r[s.label("fid_vs_baseline")], unit="", n=n,
-                          note=f"{vs}; n={n}: FID at this N is noisy and biased", key=key),
-                     dict(scenario=scenario, metric=metric, value=r[s.label("clip")], unit="x100 cos", n=n,
-                          note=f"mean over images; change vs fp32 {r['clip_change']:+.4f}", key=key),
+                          value=r[s.label("fid_vs_baseline")], unit="",
+                          note=f"{vs}; n={n}: FID at this N is noisy and biased", **common),
+                     dict(scenario=scenario, metric=metric, value=r[s.label("clip")], unit="x100 cos",
+                          note=f"mean over images; change vs fp32 {r['clip_change']:+.4f}", **common),
                      dict(scenario=scenario, metric="image_psnr_db_median", value=r["psnr_db_median"], unit="dB",
-                          n=n, note=vs + " (8-bit PNGs; inf = identical)", key=key)]
+                          note=vs + " (8-bit PNGs; inf = identical)", **common)]
     rec.add_many(rows)
 
 

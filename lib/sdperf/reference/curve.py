@@ -128,6 +128,10 @@ METHOD = ("n captions of the reference domain, caption i with noise seed i at ev
           "bootstrap 95% over generated images, recentred on the estimate]")
 
 
+RENDER_TIME_METHOD = ("wall time of this scale's generation and decoding in batches of 100 prompts, in the "
+                      "notebook's kernel, / images (a cost of the curve, not a timing comparison)")
+
+
 def for_study(study, s, folder=None):
     """Load and verify the committed reference model, run the curve at the profile's quality.reference_* settings
     (`s`: sdperf.quality.settings.QualitySettings), store its rows and figures. The model runs on the CPU."""
@@ -196,8 +200,7 @@ def _record(study, table: pd.DataFrame, manifest: dict) -> None:
                       lo=r["fid_lo"], hi=r["fid_hi"], n=r["n_images"], method=METHOD, note=images)]
         if not cached:  # a time per image is stated only where the images were made in this run
             rows.append(dict(scenario=scenario, metric="reference_s_per_image", value=r["s_per_image"], unit="s",
-                             n=r["n_images"], note="generation and decoding in batches of 100 prompts (not a timing "
-                             "comparison: quality is this notebook's subject)"))
+                             n=r["n_images"], method=RENDER_TIME_METHOD, note=model))
     study.recorder.add_many(rows)
 
 

@@ -264,6 +264,8 @@ class Recorder:
         missing = value is None or (isinstance(value, float) and math.isnan(value))
         if status == "ok" and missing and not note:
             raise ValueError(f"{scenario}/{metric}: an 'ok' row needs a measured value or a note saying why not")
+        if status == "ok" and not str(method or "").strip():
+            raise ValueError(f"{scenario}/{metric}: an 'ok' row needs a method saying how it was measured")
         env = self.env
         row = {
             "notebook": self.notebook, "scenario": scenario, "metric": metric, "value": value, "unit": unit,
