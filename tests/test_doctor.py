@@ -49,7 +49,8 @@ def test_the_record_is_written_and_shown_at_the_top_of_the_report(scratch_report
     found = json.loads((scratch_reports / "smoke" / doctor.RECORD_NAME).read_text())
     assert {r["rung"] for r in found["rungs"]} == set(catalog.keys())
     assert found["machine"] == environment.fingerprint("cpu") and found["commit"] == environment.git_commit()
-    Recorder("00_x", "smoke", environment.record("smoke", "cpu")).add("unet", "latency", 1.0, "s", n=1, method="a test row")
+    Recorder("00_x", "smoke", environment.record("smoke", "cpu")).add("unet", "latency", 1.0, "s", n=1,
+                                                                         method="a test row")
 
     page = report.write_index("smoke").read_text()
     top = page.index("What can run here")
@@ -80,5 +81,6 @@ def test_a_gpu_profile_nobody_ran_says_not_yet_measured_on_a_gpu(scratch_reports
     assert "id='published'" in page  # the published figures its rows will be set against
     from sdperf.core import environment
 
-    Recorder("00_x", "sd15-a10g", environment.record("sd15-a10g", "cpu")).add("unet", "latency", 1.0, "s", n=1, method="a test row")
+    Recorder("00_x", "sd15-a10g", environment.record("sd15-a10g", "cpu")).add("unet", "latency", 1.0, "s", n=1,
+                                                                         method="a test row")
     assert "Not yet measured" not in report.write_index("sd15-a10g").read_text()

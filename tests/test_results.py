@@ -95,7 +95,8 @@ def test_verdict_and_batch_size_are_columns(env):
     """A compared row stores its speed verdict and batch as data; a row not measured carries its status as its
     verdict; a word outside the vocabulary is refused before anything is written."""
     rec = Recorder("03_test", "smoke", env)
-    rec.add("tome:0.3, batch 2", "speedup_vs_fp32", 1.3, "x", key="tome:0.3", batch_size=2, verdict=results.FASTER, method="a test row")
+    rec.add("tome:0.3, batch 2", "speedup_vs_fp32", 1.3, "x", key="tome:0.3", batch_size=2, verdict=results.FASTER,
+            method="a test row")
     rec.not_applicable("SDPA cudnn only, batch 1", "no cuDNN kernel on a CPU", batch_size=1)
     with pytest.raises(ValueError, match="verdict 'quick' is not valid"):
         rec.add("x", "speedup_vs_fp32", 1.3, "x", verdict="quick")

@@ -143,8 +143,7 @@ def record_kernel_peak(study: Study) -> float:
 
     mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     study.recorder.add("00_baseline kernel", "process_peak_memory", mib, "MiB", n=1, method=KERNEL_PEAK_METHOD,
-                       note="this notebook's kernel process: peak RSS (ru_maxrss) over the notebook, its one "
-                       "pipeline built after the workers finished")
+                       note="its one pipeline built after the workers finished")
     return mib
 
 

@@ -110,7 +110,8 @@ def roofline(study: Study, table: pd.DataFrame, roofs: pd.DataFrame) -> pd.DataF
                  dtype=r.dtype, method=r.method, batch_size=1,
                  note=f"UNet forward {flops:,} FLOPs / median UNet call over rounds"),
             dict(scenario=scenario, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", dtype=r.dtype,
-                 batch_size=1, method=ACHIEVED_METHOD, note=f"of the measured {r.dtype} matmul roof {roof[r.dtype]:.1f} GFLOP/s")])
+                 batch_size=1, method=ACHIEVED_METHOD,
+                 note=f"of the measured {r.dtype} matmul roof {roof[r.dtype]:.1f} GFLOP/s")])
     return pd.DataFrame(rows)
 
 

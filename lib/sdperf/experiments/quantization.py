@@ -18,7 +18,8 @@ from sdperf.optimizations import quantization as opt
 from sdperf.optimizations.catalog import EXECUTOR, Stack
 from sdperf.optimizations.fewer_steps import unet_calls
 from sdperf.store.plots import speedup_bars
-from sdperf.measure.roofline import fit_size, matmul_peak, openvino_availability, openvino_matmul_peak
+from sdperf.measure.roofline import (ROOF_METHOD, fit_size, matmul_peak, openvino_availability,
+                                     openvino_matmul_peak)
 from sdperf.measure.study import Study
 from sdperf.measure.timing import blocked
 
@@ -42,10 +43,8 @@ ROOF_KERNEL = {"torch-ao-dynamic": "quantized linear_dynamic", "torchao-int8-dyn
 # this CPU's int8-vs-fp32 roof ratio (OpenVINO's int8 GEMM over torch.mm fp32, both measured here).
 GOAL_SHARE = 0.8
 # how every roof row's ratio is taken: each kernel's single matmul calls in one process
-ROOF_METHOD = ("one process, each matmul kernel timed by torch.utils.benchmark blocked_autorange at the same size; "
-               "ratio of the two medians")
-KERNEL_ROOF_METHOD = ("one square matmul of the kernel on random inputs at the size shown, torch.utils.benchmark "
-                      "blocked_autorange median; ops = 2 n^3 per call")
+ROOF_RATIO_METHOD = ("one process, each matmul kernel timed by torch.utils.benchmark blocked_autorange at the same "
+                     "size; ratio of the two medians")
 SHARE_METHOD = ("forward hooks on every nn.Linear over one UNet call, FLOPs from torch.utils.flop_counter, over the "
                 "whole call's counted FLOPs")
 RANDOM_WEIGHTS = ("random-init weights: the error figures describe the quantization machinery, not the quality of "
@@ -191,7 +190,7 @@ def int8_roofs(study: Study, call_budget_s: float) -> pd.DataFrame:
     df["vs_openvino_f32"] = df["gops"].where(ov) / _gops(df, OV_F32)
     for r in df.itertuples():
         study.recorder.add(f"matmul {r.size}x{r.size} {r.kernel}", "peak_gops", r.gops, "GOP/s", n=r.n_blocks,
-                           dtype=r.dtype, method=KERNEL_ROOF_METHOD, note=r.note)
+                           dtype=r.dtype, method=ROOF_METHOD, note=r.note)
     _record_openvino_ratio(study, df)
     return df.drop(columns="note")
 
@@ -210,7 +209,7 @@ def _record_openvino_ratio(study: Study, roofs: pd.DataFrame) -> None:
     r = roofs.set_index("kernel")
     size = int(r.loc[OV_INT8, "size"])
     study.recorder.add(f"matmul {size}x{size} openvino int8 vs f32", "roof_ratio", ratio, "x", dtype="int8",
-                       method=ROOF_METHOD, note=f"{OV_INT8} ({r.loc[OV_INT8, 'primitive']}) GOP/s over {OV_F32} "
+                       method=ROOF_RATIO_METHOD, note=f"{OV_INT8} ({r.loc[OV_INT8, 'primitive']}) GOP/s over {OV_F32} "
                             f"({r.loc[OV_F32, 'primitive']}) GOP/s, each a blocked_autorange median at {size}")
 
 
@@ -310,7 +309,8 @@ def _record_goal(study: Study, r, row: dict, roofs: pd.DataFrame) -> None:
     scenario, g = f"{r.variant}, batch 1", row["goal_x"]
     study.recorder.add_many([
         dict(scenario=scenario, metric="unet_step_speedup_goal", value=g, unit="x", dtype="int8", key=r.key, batch_size=1,
-             method=f"a target, not a measurement: {GOAL_SHARE} x the int8/fp32 matmul roof ratio ({ROOF_METHOD})",
+             method=f"a target, not a measurement: {GOAL_SHARE} x the int8/fp32 matmul roof ratio "
+                    f"({ROOF_RATIO_METHOD})",
              note=f"{how}; measured {r.unet_step_speedup:.2f}x [{r.unet_step_speedup_lo:.2f}-"
                   f"{r.unet_step_speedup_hi:.2f}] over rounds: {met}"),
         dict(scenario=scenario, metric="percent_of_unet_step_goal", value=100 * r.unet_step_speedup / g, unit="%",

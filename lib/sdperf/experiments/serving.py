@@ -189,7 +189,7 @@ def record_parity(study: Study, parity: pd.DataFrame) -> None:
     for r in parity.itertuples():
         study.recorder.add(f"{r.design} vs stacked, same seeds", "identical_images", r.identical / r.requests, "",
                            n=r.requests, method=PARITY_METHOD,
-                           note=f"torch.equal on the decoded images; max abs diff {r.max_abs_diff:g}")
+                           note=f"max abs diff {r.max_abs_diff:g}")
 
 
 def plot(study: Study, runs: pd.DataFrame):
@@ -275,7 +275,7 @@ def _count_row(study: Study, sched: str, variant: str, counter: sync_audit.SyncC
     what = "; ".join(f"{k} x{v}" for k, v in ops.most_common()) or "none"
     typical = max(set(per_step), key=per_step.count) if per_step else 0
     scen = f"sync audit, {sched}, {variant}"
-    note = f"most common count over {len(per_step)} steps {per_step}; torch function mode; {what}"
+    note = f"counts over {len(per_step)} steps {per_step}; {what}"
     study.recorder.add(scen, "syncs_per_step", typical, "syncs", n=len(per_step), method=COUNT_METHOD, note=note[:500])
     cuda = None
     if counter.cuda_counts:

@@ -31,6 +31,7 @@ BLOCK_TIMING_METHOD = ("one UNet block at the real shapes in one process, float3
                        "median with p10/p90 of the repeats")
 BLOCK_ERROR_METHOD = "||half - fp32|| / ||fp32|| of the block's output on the same captured inputs, in float64"
 
+
 @dataclass(frozen=True)
 class Probe:
     """One UNet block in `dtype` against float32 (speed-up = fp32 time / half time) and one fp32 generation."""

@@ -21,7 +21,8 @@ if _CPU_SDPA not in flop_counter.flop_registry and _CPU_SDPA.default not in flop
 
 
 # How each roofline figure was taken: the method column of its rows.
-ROOF_METHOD = "torch.mm of two random square matrices into a preallocated output, blocked_autorange median"
+ROOF_METHOD = ("one square matmul of the kernel the scenario names, on random inputs at the size shown: "
+               "torch.utils.benchmark blocked_autorange median; 2 n^3 operations per call")
 FLOP_METHOD = "torch.utils.flop_counter over one call at the real shapes (multiply-add = 2 FLOPs)"
 ACHIEVED_METHOD = "counted FLOPs / measured median seconds per call, against the measured matmul roof"
 

@@ -127,7 +127,8 @@ def metric_name(s: QualitySettings, metric: str) -> str:
 # NeMo's protocol, as 12 runs it: how each curve row was taken
 FID_METHOD = ("one image per caption at each guidance scale, same noise seeds; Frechet distance of Inception pool "
               "features (torchmetrics) against the reference set")
-CLIP_METHOD = "the same images: mean of max(100 cos, 0) between CLIP image and caption embeddings, p10/p90 across images"
+CLIP_METHOD = ("the same images: mean of max(100 cos, 0) between CLIP image and caption embeddings, p10/p90 across "
+               "images")
 
 
 def _record(study: Study, s: QualitySettings, table: pd.DataFrame, ref: score.Reference) -> None:
