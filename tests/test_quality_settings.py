@@ -148,3 +148,26 @@ def test_mlperf_gate_is_not_applicable_off_its_conditions(smoke, tmp_path, scrat
     random = SimpleNamespace(profile=smoke, recorder=study.recorder)
     reasons = gate.why_not_applicable(random, settings(smoke))
     assert any("SDXL" in r for r in reasons) and "random-init Inception" in reasons
+
+
+def test_the_mlperf_gate_without_a_curve_says_the_run_did_not_measure_one(tmp_path, scratch_reports):
+    study, s = _gate_study(tmp_path, scratch_reports)
+    assert gate.why_not_applicable(study, s) == []  # every gate condition holds: only the missing curve stops it
+    out = gate.verdict(study, s, None)
+    assert out["verdict"] == "not applicable: this run did not measure the curve" and out["fid"] is None
+
+
+def test_a_run_without_the_sd_curve_records_why_and_scores_nothing(smoke, scratch_reports, capsys):
+    from sdperf.experiments.fid_clip import FidClip
+
+    study = SimpleNamespace(profile=smoke, recorder=Recorder("12_fid_clip", smoke.name, record(smoke.name, "cpu")))
+    q = FidClip(study, settings(smoke))
+    q.generate([], sd_curve=False)
+    assert q.load_scorers() is None  # no curve and no rungs: Inception and CLIP are never built
+    assert q.score_curve().empty and q.plot_curve([]) is None and q.sample_grid() is None
+    rows = study.recorder.table()
+    assert sorted(rows.metric) == ["clip_score [machinery only]", "fid [machinery only]"]
+    assert (rows.status == "skipped").all() and rows.value.isna().all()
+    assert all("sd_curve parameter is off" in n and "reference model" in n for n in rows.note)
+    assert "did not measure the curve" in q.gate_verdict()
+    assert "no curve images" in capsys.readouterr().out

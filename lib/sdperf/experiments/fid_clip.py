@@ -34,26 +34,43 @@ class FidClip:
     def protocol(self) -> pd.DataFrame:
         return curve.protocol(self.study, self.settings)
 
-    def generate(self, rung_keys: list[str]) -> None:
-        """The curve's images at every guidance scale, then each rung's images on the same captions and noise."""
-        self.kept["curve_folder"] = curve.generate(self.study, self.settings)
+    def generate(self, rung_keys: list[str], sd_curve: bool = True) -> None:
+        """The curve's images at every guidance scale (unless `sd_curve` is off: a skipped row says why), then each
+        rung's images on the same captions and noise."""
+        if sd_curve:
+            self.kept["curve_folder"] = curve.generate(self.study, self.settings)
+        else:
+            curve.skip(self.study, self.settings)
         self.kept["rung_sets"] = rungs.generate(self.study, self.settings, rung_keys)
 
-    def load_scorers(self) -> score.Scorers:
+    def load_scorers(self) -> score.Scorers | None:
+        """Inception and CLIP, when there are images for them: none without the curve and rungs."""
+        if "curve_folder" not in self.kept and not self.kept.get("rung_sets"):
+            print("no scorers loaded: neither curve nor rung images to score")
+            return None
         self.kept["scorers"] = score.Scorers.from_settings(self.settings, seed=self.study.profile.seed)
         return self.kept["scorers"]
 
     def score_curve(self) -> pd.DataFrame:
         """One FID / CLIP point per guidance scale, against the reference it names."""
+        if "curve_folder" not in self.kept:
+            print("not measured:", curve.skip_reason(self.study, self.settings))
+            return pd.DataFrame(columns=["guidance", "n_images"])
         result = curve.score_curve(self.study, self.settings, self.kept["scorers"], self.kept["curve_folder"])
         self.kept["curve"] = result
         print("reference:", result.reference.what)
         return result.table
 
     def plot_curve(self, compare_profiles: list[str]):
+        if "curve" not in self.kept:
+            print("no figure: the curve was not measured in this run")
+            return None
         return curve.plot(self.study, self.settings, self.kept["curve"], curve.stored_curves(compare_profiles))
 
     def sample_grid(self):
+        if "curve" not in self.kept:
+            print("no sample grid: the curve was not measured in this run")
+            return None
         return curve.sample_grid(self.study, self.kept["curve"].folder)
 
     def score_rungs(self) -> pd.DataFrame:
@@ -95,7 +112,8 @@ class FidClip:
         return transfer.table(self.kept["technique_quality"])
 
     def gate_verdict(self) -> str:
-        return gate.verdict(self.study, self.settings, self.kept["curve"].table)["verdict"]
+        got = self.kept.get("curve")
+        return gate.verdict(self.study, self.settings, None if got is None else got.table)["verdict"]
 
 
 def open_fid_clip(profile: str | None) -> FidClip:

@@ -99,6 +99,25 @@ def generate(study: Study, s: QualitySettings, say: Callable[[str], None] = prin
     return folder
 
 
+def skip_reason(study: Study, s: QualitySettings) -> str:
+    """Why a run leaves the curve out (12's `sd_curve` parameter off): what it would have scored, and where the
+    curve that means something is."""
+    machinery = list(dict.fromkeys(s.machinery_reasons("fid") + s.machinery_reasons("clip")))
+    what = f"machinery only here ({'; '.join(machinery)})" if machinery else "turned off for this run"
+    return (f"{study.profile.arch}'s FID-vs-CLIP curve is {what}; the notebook's sd_curve parameter is off for the "
+            f"{study.profile.name} profile. The curve that means something is the reference model's (next section); "
+            "the smoke profile's nbval run still draws this one, proving its code path")
+
+
+def skip(study: Study, s: QualitySettings, say: Callable[[str], None] = print) -> None:
+    """The curve left out: one skipped row per metric saying why, so the report shows it was not measured."""
+    why = skip_reason(study, s)
+    scenario = f"FID-vs-CLIP curve, {study.profile.arch}, guidance {', '.join(f'{g:g}' for g in s.guidance_scales)}"
+    for metric in ("fid", "clip"):
+        study.recorder.skipped(scenario, why, metric=metric_name(s, metric))
+    say(f"no curve images: {why}")
+
+
 def score_curve(study: Study, s: QualitySettings, scorers: score.Scorers, folder: Path) -> Curve:
     """One point per guidance scale: FID against the reference, mean CLIP score; stored as results rows.
 

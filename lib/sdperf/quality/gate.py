@@ -48,12 +48,13 @@ def why_not_applicable(study: Study, s: QualitySettings) -> list[str]:
     return out
 
 
-def verdict(study: Study, s: QualitySettings, curve_table: pd.DataFrame) -> dict:
-    """{'verdict', 'fid', 'clip', bounds, 'note'}; recorded as one results row."""
+def verdict(study: Study, s: QualitySettings, curve_table: pd.DataFrame | None) -> dict:
+    """{'verdict', 'fid', 'clip', bounds, 'note'}; recorded as one results row. `curve_table` None: the run left
+    the curve out (12's sd_curve), which is one more reason the gate cannot be read."""
     fid_lo, fid_hi = bounds("fid")
     clip_lo, clip_hi = bounds("clip_score")
     out = {"fid_bounds": (fid_lo, fid_hi), "clip_bounds": (clip_lo, clip_hi), "fid": None, "clip": None}
-    reasons = why_not_applicable(study, s)
+    reasons = why_not_applicable(study, s) + (["this run did not measure the curve"] if curve_table is None else [])
     scenario = "MLPerf SDXL closed-division quality gate"
     if reasons:
         why = "; ".join(reasons)
