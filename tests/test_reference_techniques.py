@@ -155,13 +155,31 @@ def test_the_paired_distance_interval_is_narrower_than_the_unpaired_spread():
     d, lo, hi = paired.distance_delta(variant, base, quality.fid_to(real), n_resamples=100)
     f_lo, f_hi = quality.fid_interval(base, real, n_resamples=100)
     assert lo <= d <= hi and (hi - lo) < (f_hi - f_lo) / 5
-    k, k_lo, k_hi = paired.distance_delta(variant, base, lambda f: paired.kid(f, real.features), n_resamples=100)
+    k, k_lo, k_hi = paired.distance_delta(variant, base, paired.kid_to(real.features), n_resamples=100)
     assert k_lo <= k <= k_hi and abs(paired.kid(base, base)) < paired.kid(base * 3, real.features)
     from torchmetrics.image.kid import poly_mmd  # equal sizes: torchmetrics' own estimator, to rounding
 
     assert paired.kid(base, real.features[:200]) == pytest.approx(float(poly_mmd(real.features[:200], base)))
     # unequal sizes stay unbiased: a sample of the real distribution scores about 0, far below a shifted one
     assert abs(paired.kid(real.features[:50], real.features[50:])) < paired.kid(base[:50] + 1, real.features) / 10
+
+
+def test_the_batched_bootstrap_scores_each_resample_as_the_set_itself_would():
+    """FidTo/KidTo.resampled (every resample from weighted sums, one batched eigenvalue call) against scoring each
+    resampled set on its own, with the same draws: the same numbers to float64 rounding, repeats included."""
+    g = torch.Generator().manual_seed(1)
+    real = quality.Real(torch.randn(300, 8, generator=g, dtype=torch.float64))
+    fake = torch.randn(40, 8, generator=g, dtype=torch.float64) * 1.3 + 0.2
+    rng = np.random.default_rng(7)
+    picks = [rng.integers(len(fake), size=len(fake)) for _ in range(25)]
+    counts = quality.draws(np.random.default_rng(7), len(fake), 25)
+    assert (counts == np.stack([np.bincount(p, minlength=len(fake)) for p in picks])).all()
+    assert (counts.max(axis=1) > 1).all()  # every resample repeats some image
+    for of in (quality.fid_to(real), paired.kid_to(real.features)):
+        one_by_one = [of(fake[torch.as_tensor(p)]) for p in picks]
+        np.testing.assert_allclose(of.resampled(fake, counts), one_by_one, rtol=1e-9, atol=1e-12)
+    whole = np.ones((1, len(fake)), dtype=int)  # each image once: the set's own score
+    assert quality.fid_to(real).resampled(fake, whole)[0] == pytest.approx(quality.domain_fid(fake, real), rel=1e-9)
 
 
 def test_the_time_gate_predicts_the_first_batch_from_its_second_call(monkeypatch):

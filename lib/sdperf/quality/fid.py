@@ -228,6 +228,16 @@ def frechet_distance(mu1: torch.Tensor, sigma1: torch.Tensor, mu2: torch.Tensor,
     return max(0.0, float(_compute_fid(mu1.double(), sigma1.double(), mu2.double(), sigma2.double())))
 
 
+def frechet_distances(mu: torch.Tensor, sigma: torch.Tensor, mu2: torch.Tensor, sigma2: torch.Tensor) -> np.ndarray:
+    """frechet_distance of every (mu[i], sigma[i]) against one (mu2, sigma2): torchmetrics' formula over a leading
+    batch dimension, so a bootstrap's resamples take one batched eigenvalue call instead of one each."""
+    mu, sigma, mu2, sigma2 = (t.double() for t in (mu, sigma, mu2, sigma2))
+    a = (mu - mu2).square().sum(dim=-1)
+    b = sigma.diagonal(dim1=-2, dim2=-1).sum(dim=-1) + sigma2.trace()
+    c = torch.linalg.eigvals(sigma @ sigma2).sqrt().real.sum(dim=-1)
+    return (a + b - 2 * c).clamp(min=0.0).numpy()
+
+
 def fid(a: FrechetInceptionDistance, b: FrechetInceptionDistance, side_a: str = "fake",
         side_b: str = "fake") -> float:
     return frechet_distance(*mu_sigma(a, side_a), *mu_sigma(b, side_b))

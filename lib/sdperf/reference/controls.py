@@ -5,8 +5,9 @@ So each run judges, beside the techniques and by the same code:
 - a negative control, the fp32 twin: the converged solve made again by a fresh pipeline (every interval must
   contain 0 and the verdict must be "within");
 - positive controls of known harm, which must read "over": a 4-step solve of the same sampler, and Gaussian noise
-  added to the UNet's output at every step at two doses (the same noise on the conditional and unconditional halves,
-  so the dose is a share of the unit-variance noise the UNet predicts, not amplified by guidance).
+  added to the UNet's output at every step at the profile's doses (cpu: two, one of them near the budget line;
+  smoke: the gross harm alone), the same noise on the conditional and unconditional halves, so the dose is a share
+  of the unit-variance noise the UNet predicts, not amplified by guidance.
 If any control reads otherwise, the run says the budget cannot be trusted and no stack is admitted (`trusted`).
 Controls are not techniques of the catalog (nothing here makes anything faster): they live here, found by key.
 """

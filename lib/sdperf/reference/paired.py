@@ -80,25 +80,40 @@ def ssim(images: np.ndarray, base: np.ndarray) -> np.ndarray:
                                                reduction="none").numpy()
 
 
-def kid_to(real: torch.Tensor):
+class KidTo:
     """features -> KID against `real`: the unbiased MMD^2 with torchmetrics' cubic polynomial kernel, for sets of
     unequal sizes (torchmetrics' own estimator divides both by the real set's size, so it needs equal subsets),
-    the real set's own term computed once for every set and resample scored against it."""
-    from torchmetrics.image.kid import poly_kernel
+    the real set's own term computed once for every set and resample scored against it; `resampled` scores many
+    resamples of one set from its kernel matrices, computed once."""
 
-    r = real.double()
-    m = len(r)
-    k_rr = poly_kernel(r, r)
-    real_term = float((k_rr.sum() - k_rr.diagonal().sum()) / (m * (m - 1)))
+    def __init__(self, real: torch.Tensor):
+        from torchmetrics.image.kid import poly_kernel
 
-    def of(fake: torch.Tensor) -> float:
+        self.kernel, self.real = poly_kernel, real.double()
+        m = len(self.real)
+        k_rr = poly_kernel(self.real, self.real)
+        self.real_term = float((k_rr.sum() - k_rr.diagonal().sum()) / (m * (m - 1)))
+
+    def __call__(self, fake: torch.Tensor) -> float:
         f = fake.double()
         n = len(f)
-        k_ff = poly_kernel(f, f)
-        return real_term + float((k_ff.sum() - k_ff.diagonal().sum()) / (n * (n - 1))) \
-            - 2 * float(poly_kernel(r, f).mean())
+        k_ff = self.kernel(f, f)
+        return self.real_term + float((k_ff.sum() - k_ff.diagonal().sum()) / (n * (n - 1))) \
+            - 2 * float(self.kernel(self.real, f).mean())
 
-    return of
+    def resampled(self, fake: torch.Tensor, counts: np.ndarray) -> np.ndarray:
+        """The KID of each resample that `counts` (quality.draws) describes: a resample's kernel sum is c' K c and
+        its diagonal c . diag(K) for its draw counts c, so one kernel matrix of the set serves every resample."""
+        f, w = fake.double(), torch.as_tensor(counts, dtype=torch.float64)
+        n = float(w[0].sum())
+        k_ff = self.kernel(f, f)
+        pairs = ((w @ k_ff) * w).sum(dim=1) - w @ k_ff.diagonal()
+        cross = w @ self.kernel(self.real, f).sum(dim=0) / (len(self.real) * n)
+        return (self.real_term + pairs / (n * (n - 1)) - 2 * cross).numpy()
+
+
+def kid_to(real: torch.Tensor) -> KidTo:
+    return KidTo(real)
 
 
 def kid(fake: torch.Tensor, real: torch.Tensor) -> float:
@@ -108,12 +123,10 @@ def kid(fake: torch.Tensor, real: torch.Tensor) -> float:
 
 def distance_delta(variant: torch.Tensor, base: torch.Tensor, of, seed: int = 0,
                    n_resamples: int = N_DISTANCE_RESAMPLES) -> tuple[float, float, float]:
-    """(of(variant) - of(base), low, high): both sets resampled with the same indices each time, recentred."""
-    rng = np.random.default_rng(seed)
-    deltas = []
-    for _ in range(n_resamples):
-        idx = torch.as_tensor(rng.integers(len(base), size=len(base)))
-        deltas.append(of(variant[idx]) - of(base[idx]))
+    """(of(variant) - of(base), low, high): both sets resampled with the same indices each time, recentred; `of`
+    (quality.FidTo, KidTo) scores all the resamples of a set at once."""
+    counts = quality.draws(np.random.default_rng(seed), len(base), n_resamples)
+    deltas = of.resampled(variant, counts) - of.resampled(base, counts)
     d = of(variant) - of(base)
     return (d, *quality.recentred(d, deltas))
 

@@ -71,13 +71,40 @@ def _mu_sigma(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return fid.mu_sigma(fid.stats_of(f), "fake")
 
 
-def fid_to(real: Real):
-    """features -> FID against `real` (sdperf.quality.fid's Frechet distance), the real side's statistics computed
-    once for every set and resample scored against it."""
-    from sdperf.quality import fid
+def draws(rng: np.random.Generator, n: int, n_resamples: int) -> np.ndarray:
+    """How often each of n items is drawn in each resample with replacement (n_resamples x n), from the draws
+    `rng.integers(n, size=n)` makes one resample after another: a statistic of sums (a mean, a covariance, a kernel
+    sum) is then a weighted sum over the items, computed for every resample at once."""
+    return np.stack([np.bincount(rng.integers(n, size=n), minlength=n) for _ in range(n_resamples)])
 
-    mu_r, sigma_r = _mu_sigma(real.features)
-    return lambda fake: fid.frechet_distance(*_mu_sigma(fake), mu_r, sigma_r)
+
+class FidTo:
+    """features -> FID against `real` (sdperf.quality.fid's Frechet distance), the real side's statistics computed
+    once for every set and resample scored against it; `resampled` scores many resamples of one set in one go."""
+
+    def __init__(self, real: Real):
+        self.mu, self.sigma = _mu_sigma(real.features)
+
+    def __call__(self, fake: torch.Tensor) -> float:
+        from sdperf.quality import fid
+
+        return fid.frechet_distance(*_mu_sigma(fake), self.mu, self.sigma)
+
+    def resampled(self, fake: torch.Tensor, counts: np.ndarray) -> np.ndarray:
+        """The FID of each resample of `fake` that `counts` (draws) describes: its mean and unbiased covariance
+        from weighted sums, as torchmetrics derives them from a set's sums."""
+        from sdperf.quality import fid
+
+        x, w = fake.double(), torch.as_tensor(counts, dtype=torch.float64)
+        n = float(w[0].sum())
+        mu = (w @ x) / n
+        outer = torch.einsum("rn,ni,nj->rij", w, x, x)
+        sigma = (outer - n * mu[:, :, None] * mu[:, None, :]) / (n - 1)
+        return fid.frechet_distances(mu, sigma, self.mu, self.sigma)
+
+
+def fid_to(real: Real) -> FidTo:
+    return FidTo(real)
 
 
 def domain_fid(fake: torch.Tensor, real: Real) -> float:
@@ -102,9 +129,8 @@ def recentred(estimate: float, resampled, confidence: float = None) -> tuple[flo
 def fid_interval(fake: torch.Tensor, real: Real, seed: int = 0, n_resamples: int = 200) -> tuple[float, float]:
     """FID's spread from the generated sample (the real side fixed): a percentile bootstrap over the generated
     images, recentred on the estimate (see `recentred`)."""
-    fid_of, rng = fid_to(real), np.random.default_rng(seed)
-    values = [fid_of(fake[torch.as_tensor(rng.integers(len(fake), size=len(fake)))]) for _ in range(n_resamples)]
-    return recentred(fid_of(fake), values)
+    fid_of = fid_to(real)
+    return recentred(fid_of(fake), fid_of.resampled(fake, draws(np.random.default_rng(seed), len(fake), n_resamples)))
 
 
 def mean_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
