@@ -165,6 +165,22 @@ def test_a_run_without_the_sd_curve_records_why_and_scores_nothing(smoke, scratc
     q.generate([], sd_curve=False)
     assert q.load_scorers() is None  # no curve and no rungs: Inception and CLIP are never built
     assert q.score_curve().empty and q.plot_curve([]) is None and q.sample_grid() is None
+    # the notebook's own cells, in order, up to the reference model's section (a run without the curve once failed
+    # in a section this test did not call)
+    import nbformat
+
+    from sdperf.core.paths import REPO_ROOT
+
+    nb = nbformat.read(REPO_ROOT / "notebooks" / "12_fid_clip.ipynb", as_version=4)
+    ran, scope = [], {"q": FidClip(study, settings(smoke)), "rungs": [], "sd_curve": False, "compare_profiles": []}
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "q." not in cell.source or "open_fid_clip" in cell.source:
+            continue
+        if "reference_curve" in cell.source:
+            break
+        exec(cell.source, scope)
+        ran.append(cell.source.splitlines()[-1])
+    assert any("score_rungs" in r for r in ran) and any("plot_curve" in r for r in ran)
     rows = study.recorder.table()
     assert sorted(rows.metric) == ["clip_score [machinery only]", "fid [machinery only]"]
     assert (rows.status == "skipped").all() and rows.value.isna().all()

@@ -75,8 +75,8 @@ class FidClip:
 
     def score_rungs(self) -> pd.DataFrame:
         """Each rung's images against the fp32 eager images of the same captions and noise."""
-        self.kept["frontier"] = rungs.score_rungs(self.study, self.settings, self.kept["scorers"],
-                                                  self.kept["rung_sets"])
+        self.kept["frontier"] = rungs.score_rungs(self.study, self.settings, self.kept.get("scorers"),
+                                                  self.kept["rung_sets"])  # no scorers: no rungs either
         return self.kept["frontier"]
 
     def plot_rungs(self):
