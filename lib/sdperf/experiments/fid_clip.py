@@ -47,8 +47,9 @@ class FidClip:
         """Inception and CLIP, when there are images for them: none without the curve and rungs."""
         if "curve_folder" not in self.kept and not self.kept.get("rung_sets"):
             print("no scorers loaded: neither curve nor rung images to score")
-            return None
-        self.kept["scorers"] = score.Scorers.from_settings(self.settings, seed=self.study.profile.seed)
+            self.kept["scorers"] = None  # what every later section reads: nothing to score with
+        else:
+            self.kept["scorers"] = score.Scorers.from_settings(self.settings, seed=self.study.profile.seed)
         return self.kept["scorers"]
 
     def score_curve(self) -> pd.DataFrame:
@@ -75,8 +76,8 @@ class FidClip:
 
     def score_rungs(self) -> pd.DataFrame:
         """Each rung's images against the fp32 eager images of the same captions and noise."""
-        self.kept["frontier"] = rungs.score_rungs(self.study, self.settings, self.kept.get("scorers"),
-                                                  self.kept["rung_sets"])  # no scorers: no rungs either
+        self.kept["frontier"] = rungs.score_rungs(self.study, self.settings, self.kept["scorers"],
+                                                  self.kept["rung_sets"])
         return self.kept["frontier"]
 
     def plot_rungs(self):
