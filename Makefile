@@ -12,7 +12,6 @@ STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha2
 study: install allocators
 	@if $(CUDA_PROBE) >/dev/null 2>&1; then $(MAKE) --no-print-directory install-gpu; \
 	else echo "install-gpu: skipped, no CUDA device ('$(CUDA_PROBE)' failed); the GPU rungs will say not applicable"; fi
-	$(VENV)/bin/sdperf doctor --profile $(PROFILE)
 	$(VENV)/bin/sdperf run --profile $(PROFILE)
 
 # The allocator rung (sdperf.optimizations.allocator) preloads jemalloc and tcmalloc from Debian's packages; as

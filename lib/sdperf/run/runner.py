@@ -461,6 +461,8 @@ def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_di
     # What could run here, judged before anything is built: the catalog's rungs are the study notebooks' rungs, so a
     # run of another notebooks folder (the tests' stand-ins) has nothing for the doctor to judge.
     found = doctor.record(profile) if notebooks_dir is None else None
+    if found is not None:  # what `sdperf doctor` prints: `make study` no longer runs it apart (its imports cost ~25 s)
+        tqdm.write(doctor.report(profile, found))
     parts, workers, owners = expected_parts(profile, stale, folder)
     tqdm.write(eta.plan_text(parts))
     prefetch_s = _prefetch(profile, stale, folder, workers, owners)
