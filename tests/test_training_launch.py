@@ -75,8 +75,8 @@ def test_threads_are_split_between_ranks(monkeypatch):
 def test_plan_adds_the_control_and_zero_runs(smoke, smoke_settings, monkeypatch):
     monkeypatch.setattr(launch, "usable_cores", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    configs = launch.plan(smoke, dataclasses.replace(smoke_settings, deepspeed_zero_stages=(1, 2),
-                                                     equal_threads_control=True))
+    sweep = dataclasses.replace(smoke_settings, world_sizes=(1, 2), batch_sizes=(1, 2))  # the cpu profile's sweep
+    configs = launch.plan(smoke, dataclasses.replace(sweep, deepspeed_zero_stages=(1, 2), equal_threads_control=True))
     labels = [c.label for c in configs]
     assert labels == ["ddp, world 1, batch 1/rank", "ddp, world 1, batch 2/rank", "ddp, world 2, batch 1/rank",
                       "ddp, world 2, batch 2/rank",
@@ -84,7 +84,7 @@ def test_plan_adds_the_control_and_zero_runs(smoke, smoke_settings, monkeypatch)
                       "ddp, world 1, batch 2/rank, 1 thread(s) (equal-threads control)",
                       "zero1, world 2, batch 1/rank", "zero2, world 2, batch 1/rank"]
     assert [c.threads_per_rank for c in configs[:4]] == [2, 2, 1, 1]
-    off = launch.plan(smoke, dataclasses.replace(smoke_settings, equal_threads_control=False))
+    off = launch.plan(smoke, dataclasses.replace(sweep, deepspeed_zero_stages=(1,), equal_threads_control=False))
     assert [c.label for c in off] == labels[:4] + ["zero1, world 2, batch 1/rank"]  # no control, the rest as before
 
 

@@ -40,7 +40,7 @@ def test_cpu_profile_trains_something_two_ranks_can_hold():
     ("deepspeed_zero_stages", [3], ["3", "1, 2"]),
     ("world_sizes", [0], ["world_sizes entry", ">= 1"]),
     ("batch_sizes", [], ["batch_sizes", "non-empty"]),
-    ("samples", 3, ["samples 3", ">= 4"]),
+    ("samples", 1, ["samples 1", ">= 2"]),  # smoke: 2 ranks x 1 per rank
     ("images_dir", "/no/such/folder", ["/no/such/folder", "null"]),
     ("steps", 0, ["steps", ">= 1"]),
 ])
