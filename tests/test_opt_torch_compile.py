@@ -30,10 +30,13 @@ def fresh_dynamo(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def mid_block(tiny_pipe, smoke):
-    """The tiny UNet's middle block (ResNet, transformer with cross-attention, ResNet) and its real inputs."""
-    args, kwargs = capture_block_inputs(tiny_pipe, Workload.from_profile(smoke, 1), block="mid_block")
-    return copy.deepcopy(tiny_pipe.unet.mid_block), args, kwargs
+def resnet(tiny_pipe, smoke):
+    """The tiny UNet's first ResNet block (convolutions, GroupNorm, the time embedding's Linear) and its real inputs:
+    weights freezing folds, in a graph inductor lowers in 14 s alone where the middle block took 21 s (its
+    transformer adds kernels, not a different freezing path)."""
+    name = "down_blocks.0.resnets.0"
+    args, kwargs = capture_block_inputs(tiny_pipe, Workload.from_profile(smoke, 1), block=name)
+    return copy.deepcopy(tiny_pipe.unet.get_submodule(name)), args, kwargs
 
 
 class Small(torch.nn.Module):
@@ -50,8 +53,8 @@ class Small(torch.nn.Module):
         return (self.proj(h.mean((2, 3))),)
 
 
-def test_freezing_is_scoped_to_the_compiled_module_and_keeps_the_output(mid_block):
-    block, args, kwargs = mid_block
+def test_freezing_is_scoped_to_the_compiled_module_and_keeps_the_output(resnet):
+    block, args, kwargs = resnet
     with torch.inference_mode():
         ref = block(*args, **kwargs)
         wrapped = tc.CompiledUNet(block, torch.compile(block), tc.parse("freezing"))
