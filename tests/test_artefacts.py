@@ -21,6 +21,24 @@ def test_key_follows_the_weights_and_the_shapes():
     assert artefacts.cache_key("onnx", a) != artefacts.cache_key("openvino-ir", a)
 
 
+def test_the_weights_digest_sees_one_ulp_a_dtype_and_a_buffer():
+    """Exact bytes: a change too small for float64 sums of the weights (one ulp of one weight) is a new key, and so
+    are another dtype and a changed buffer (BatchNorm's 0-d step count)."""
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    digest = artefacts.weights_digest(net)
+    twin = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    twin.load_state_dict(net.state_dict())
+    assert artefacts.weights_digest(twin) == digest
+    with torch.no_grad():
+        w = twin[0].weight
+        w[0, 0] = torch.nextafter(w[0, 0], torch.tensor(float("inf")))
+    assert artefacts.weights_digest(twin) != digest
+    twin.load_state_dict(net.state_dict())
+    twin[1].num_batches_tracked += 1
+    assert artefacts.weights_digest(twin) != digest
+    assert artefacts.weights_digest(net.to(torch.bfloat16)) != digest
+
+
 def test_built_once_then_loaded(tmp_path):
     calls = []
 

@@ -122,13 +122,17 @@ def origin(facts: dict, hit: bool, made: str = "converted") -> str:
 
 
 def weights_digest(module: torch.nn.Module) -> str:
-    """A digest of every tensor's name, shape, dtype, sum and sum of squares: equal weights give equal digests
-    (the study's weights are seeded), different weights practically never do, and it costs one pass over them."""
+    """sha256 over every tensor's name, shape, dtype and bytes: equal weights give equal digests, any other weights
+    a different one. One pass over the bytes (1.95 s for SD 1.5's UNet on the 2-core EPYC, where sums and sums of
+    squares in float64 took 4.7 s), paid by every worker that looks up an engine (issue 33)."""
     h = hashlib.sha256()
     with torch.no_grad():
         for name, t in module.state_dict().items():
-            x = t.detach().double()
-            h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|{x.sum().item():.17g}|{(x * x).sum().item():.17g}".encode())
+            if not isinstance(t, torch.Tensor):  # extra state: its text says what it is
+                h.update(f"{name}|{t!r}".encode())
+                continue
+            h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()[:16]
 
 
