@@ -129,3 +129,25 @@ def test_weights_cache_gives_the_same_networks_as_building_them(smoke, tmp_path)
     other_seed = build_pipeline(dataclasses.replace(smoke, seed=smoke.seed + 1), weights_cache=tmp_path)
     assert len(list(tmp_path.iterdir())) == 6
     assert not torch.equal(other_seed.unet.conv_in.weight, again_pipe.unet.conv_in.weight)
+
+
+def test_pipelines_from_one_weights_folder_share_a_tokenizer_that_gives_the_uncached_ids(tmp_path):
+    """build_from_weights loads a local folder's tokenizer once per process (pipelines.local_tokenizers); the shared
+    one must tokenize as the folder's own, and an edited tokenizer file must load again."""
+    import os
+
+    from transformers import CLIPTokenizer
+
+    from sdperf.model.pipelines import build_from_weights
+
+    folder = tmp_path / "reference"
+    shutil.copytree(paths.REPO_ROOT / "models" / "reference", folder)
+    first, second = build_from_weights(str(folder), "plms"), build_from_weights(str(folder), "euler")
+    assert first.tokenizer is second.tokenizer and first.unet is not second.unet
+    own = CLIPTokenizer.from_pretrained(str(folder / "tokenizer"))
+    for caption in (PROMPT, "", "two red squares"):
+        args = dict(padding="max_length", max_length=own.model_max_length, truncation=True)
+        assert first.tokenizer(caption, **args).input_ids == own(caption, **args).input_ids
+    edited = next(p for p in sorted((folder / "tokenizer").iterdir()) if p.is_file())
+    os.utime(edited, ns=(edited.stat().st_atime_ns, edited.stat().st_mtime_ns + 10**9))
+    assert build_from_weights(str(folder), "plms").tokenizer is not first.tokenizer

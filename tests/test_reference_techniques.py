@@ -103,6 +103,27 @@ def test_a_second_run_reads_the_techniques_renders_back_builds_nothing_and_rende
     assert built[-1] == "scheduler:euler@10" and third.set_index("key").loc["scheduler:euler@10", "cached_images"] == 0
 
 
+def test_the_real_side_is_computed_once_per_evaluator_and_handed_out_as_a_copy(monkeypatch):
+    from sdperf.reference import evaluator
+
+    torch.manual_seed(0)
+    net, other = evaluator.Evaluator(32).eval(), evaluator.Evaluator(32).eval()
+    renders = []
+    real_held_out = evaluator.held_out
+    monkeypatch.setattr(evaluator, "held_out", lambda n, r: renders.append(n) or real_held_out(n, r))
+    first = quality.Real.of(net, 24)
+    first.features.add_(1.0)  # a caller's change stays in its own copy
+    again = quality.Real.of(net, 24)
+    assert renders == [24] and not torch.equal(first.features, again.features)
+    assert torch.equal(again.features, evaluator.features(net, real_held_out(24, 32)[1]))
+    quality.Real.of(other, 24)
+    quality.Real.of(net, 16)
+    with torch.no_grad():
+        next(net.parameters()).view(-1)[0] += 1e-3  # one weight moved: the digest changes, the set is computed again
+    quality.Real.of(net, 24)
+    assert renders == [24, 24, 16, 24]
+
+
 def test_soft_adherence_equals_the_checks_for_certain_predictions():
     from sdperf.reference import domain, evaluator
 
