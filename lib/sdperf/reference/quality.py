@@ -64,7 +64,9 @@ class Real:
         """Computed once per process for these evaluator weights, n and resolution (2,000 renders through the
         evaluator: 3.3 s on one thread), then handed out as a copy: every judging call
         (sdperf.reference.techniques.measure, the reference curve, the training's last check) asks for the same set."""
-        key = (_weights_digest(net), int(n), int(net.resolution))
+        from sdperf.optimizations.artefacts import weights_digest
+
+        key = (weights_digest(net), int(n), int(net.resolution))
         if key not in _REAL_FEATURES:
             _, images = evaluator.held_out(n, net.resolution)
             _REAL_FEATURES[key] = evaluator.features(net, images).detach()
@@ -72,18 +74,6 @@ class Real:
 
 
 _REAL_FEATURES: dict[tuple, torch.Tensor] = {}
-
-
-def _weights_digest(net: torch.nn.Module) -> str:
-    """sha256 over the evaluator's parameter and buffer names, shapes, dtypes and bytes: other weights, another key."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for name, t in sorted({**dict(net.named_parameters()), **dict(net.named_buffers())}.items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def _mu_sigma(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
