@@ -45,7 +45,7 @@ def test_the_plan_reads_each_notebooks_keys_from_its_parameters(smoke):
     cpu = replace(smoke, notebooks={"04_torch_compile": {"variants": ["compile:default", "compile:freezing"]}})
     assert [c.stack for c in prefetch.plan(cpu, ["04_torch_compile"])] == ["compile:default", "compile:freezing"]
     assert [c.stack for c in prefetch.plan(smoke, ["09_fewer_steps"])] == [
-        "scheduler:dpmpp-2m@20", "scheduler:euler@25", "scheduler:plms@25", "deepcache:3"]  # the notebook's defaults
+        "scheduler:dpmpp-2m@20", "deepcache:3"]  # the notebook's defaults
     # 10's search measures its parts up front too, unless their own notebooks already listed them
     search = replace(smoke, notebooks={"10_ladder": {"search_unets": ["deepcache:3", "tome:0.3"],
                                                      "search_stages": ["stages:openvino-f32"]}})
@@ -129,7 +129,11 @@ def test_a_notebook_can_list_its_keys_in_more_than_one_parameter(smoke):
 def test_the_notebooks_read_back_what_the_run_measured_up_front(smoke, scratch_reports, monkeypatch):
     monkeypatch.setenv("SDPERF_RUN_ID", "run-prefetch")
     machine = SlowingMachine(COSTS, drift=0.01)
-    prefetch.run(smoke, ["02_inference_mode", "09_fewer_steps"], launcher=machine, say=lambda _m: None)
+    full = replace(smoke, notebooks={  # cpu-full's lists: every grad mode, three schedulers
+        "02_inference_mode": {"variants": ["grad:inference_mode", "grad:no_grad", "grad:grad",
+                                           "grad:grad+parameters:trainable"]},
+        "09_fewer_steps": {"variants": ["scheduler:dpmpp-2m@20", "scheduler:euler@25", "scheduler:plms@25"]}})
+    prefetch.run(full, ["02_inference_mode", "09_fewer_steps"], launcher=machine, say=lambda _m: None)
     up_front = len(machine.launched)
     configs = 8 + 1  # 02's four and 09's four (three schedulers, DeepCache), and the twin
     baselines = machine.launched.count("fp32-eager") - smoke.rounds  # the twin's processes run fp32 eager too
