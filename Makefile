@@ -56,7 +56,7 @@ $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	{ $(PY) -m pip install --quiet uv==$(UV_VERSION) && DS_BUILD_OPS=0 $(PY) lib/sdperf/tooling/fast_install.py $(PY) requirements.lock && \
 	  $(PY) -m uv pip install --quiet --python $(PY) --no-deps --no-build-isolation -e .; } || \
-		{ echo "install: uv did not install requirements.lock; pip installs it"; $(PY) -m pip install --quiet --upgrade pip && \
+		{ echo "install: uv did not install requirements.lock and the project; pip installs them"; $(PY) -m pip install --quiet --upgrade pip && \
 		  DS_BUILD_OPS=0 $(PY) -m pip install --quiet -r requirements.lock && $(PY) -m pip install --quiet --no-deps -e .; }
 	rm -f $(VENV)/.installed-*
 	touch $@
