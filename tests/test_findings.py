@@ -227,3 +227,26 @@ def test_the_first_screen_names_the_converged_reference_only_once_it_exists():
     assert transfer.sentence(_rows(1.3)) is None  # rows of the old scheme only: nothing is claimed
     t = transfer.table(techniques.overall(techniques.from_rows(rows)))
     assert list(t.key) == ["tome:0.5"] and t.transfers.iloc[0] == "may not transfer" and "tomesd" in t.published_sd15.iloc[0]
+
+
+def test_the_quality_section_states_the_reference_and_both_legs_of_its_check():
+    """Under 12's finding, from the convergence rows whichever notebook recorded them: the reference's solve, its
+    first and last timestep, both legs' distances and shares, and the former reference against the same solve."""
+    from sdperf.reference import techniques
+
+    legs = dict(guidance=7.5, chosen=25, converged=True, fastest="euler@10", doubled=50, n_images=64,
+                independent="euler@400:trailing", fastest_independent_mse=0.017, independent_first_timestep=999,
+                independent_last_timestep=1)
+    conv = pd.DataFrame([dict(legs, steps=25, moved_mse=5e-5, fastest_mse=0.018, share=0.003, independent_mse=1e-4,
+                              independent_share=0.006, first_timestep=999, last_timestep=0)])
+    former = pd.DataFrame([dict(guidance=7.5, fastest="euler@10", independent="euler@400:trailing", n_images=64,
+                                key="dpmpp-2m@25", mse=3.5e-3, share=0.206, first_timestep=951, last_timestep=39)])
+    rows = pd.DataFrame(techniques.convergence_rows(conv, former)).assign(notebook="10_ladder", status="ok")
+    text = findings.detail("12_fid_clip", rows)
+    assert text.startswith("The reference: dpmpp-2m@25:karras, t 999 -&gt; 0 at guidance 7.5, converged")
+    assert "5.00e-05 (MSE), 0.3% of euler@10's distance" in text and "euler@400:trailing solve" in text
+    assert "1.00e-04 from it, 0.6%" in text and "(dpmpp-2m@25, t 951 -&gt; 39) lies 3.50e-03" in text
+    assert "20.6%" in text and findings.detail("09_fewer_steps", rows) is None
+    failed = conv.assign(converged=False, independent_share=0.16)
+    text = findings.detail("12_fid_clip", pd.DataFrame(techniques.convergence_rows(failed, None)))
+    assert "NOT converged, so no stack is admitted" in text and "16.0%" in text

@@ -46,8 +46,9 @@ def test_switch_changes_only_the_scheduler(pipe):
         assert getattr(pipe, name) is module
         assert all(torch.equal(before[name][n], t) for n, t in module.state_dict().items())
     # whatever was switched before, the result equals a pipeline built with that scheduler from the start
-    built = {name: _config(build_random("tiny", name).scheduler) for name in opt.SCHEDULERS}
-    for first, second in itertools.permutations(opt.SCHEDULERS, 2):
+    specs = opt.SCHEDULERS + ("euler:trailing", "dpmpp-2m:karras", "ddim:linspace")  # a spacing does not stick
+    built = {name: _config(build_random("tiny", name).scheduler) for name in specs}
+    for first, second in itertools.permutations(specs, 2):
         opt.apply(opt.apply(pipe, first), second)
         assert _config(pipe.scheduler) == built[second], (first, second)
 
@@ -144,3 +145,38 @@ def test_a_profile_without_scheduler_drift_generates_nothing_and_says_why(smoke,
     assert "scheduler_drift false" in capsys.readouterr().out
     fx.plot(study, pd.DataFrame({"variant": ["fp32 eager"], "status": ["ok"], "unet_calls": [51],
                                  "s_per_image_seed": [1.0]}), d)  # the figure still draws, saying why
+
+
+def test_a_spacing_is_a_technique_of_its_own_and_starts_the_solve_at_the_last_training_timestep(pipe, smoke):
+    """scheduler:<name>@<steps>[:<spacing>]: without a spacing the model's configured one (the SD config's leading,
+    first step below t=999), with :trailing or :karras the first step at t=999; the next switch forgets it."""
+    from sdperf.optimizations import catalog
+    from sdperf.select import stack_search
+
+    plain, spaced = catalog.get("scheduler:euler@6"), catalog.get("scheduler:euler@6:trailing")
+    assert (spaced.key, spaced.label, spaced.steps, spaced.sampler) == \
+        ("scheduler:euler@6:trailing", "euler, 6 steps, trailing spacing", 6, "euler:trailing")
+    assert plain.sampler == "euler" and fx.parse(spaced.key) == ("euler:trailing", 6)
+    last = pipe.scheduler.config.num_train_timesteps - 1
+    for tech, first in ((spaced, last), (plain, 831), (catalog.get("scheduler:dpmpp-2m@6:karras"), last)):
+        tech.apply(pipe, None)
+        pipe.scheduler.set_timesteps(tech.steps)
+        assert int(pipe.scheduler.timesteps[0]) == first, tech.key
+        assert stack_search.timesteps(smoke, tech.key)[0] == first  # 10's search prices the same calls
+    assert pipe.scheduler.config.use_karras_sigmas
+    workload = Workload.from_profile(smoke, steps=4)
+    catalog.get("scheduler:euler@4").apply(pipe, None)
+    leading = generate(pipe, workload)
+    catalog.get("scheduler:euler@4:trailing").apply(pipe, None)
+    assert not torch.equal(generate(pipe, workload).latents, leading.latents)  # the spacing moves the picture
+
+
+@pytest.mark.parametrize("key, says", [("scheduler:euler@6:middle", "leading, trailing, linspace, karras"),
+                                       ("scheduler:plms@6:karras", "choose one of: leading, trailing, linspace, or none"),
+                                       ("scheduler:euler@:trailing", "steps >= 1")])
+def test_a_bad_spacing_names_the_valid_ones(key, says):
+    from sdperf.optimizations import catalog
+
+    with pytest.raises(ConfigError) as err:
+        catalog.get(key)
+    assert says in str(err.value) and key.split(":", 1)[1].split("@")[0] in str(err.value)

@@ -48,7 +48,8 @@ def test_bad_choice_names_the_value_and_the_choices(smoke, key, value, valid):
                                        ("reference_convergence_steps", [10, 5]),
                                        ("reference_convergence_steps", []),
                                        ("reference_convergence_steps", [5, 2.5]),
-                                       ("reference_check_images", 1), ("reference_calibration_samples", 0),
+                                       ("reference_check_images", 1), ("reference_independent_steps", 1),
+                                       ("reference_independent_steps", "400"), ("reference_calibration_samples", 0),
                                        ("reference_calibration_samples", 2.5), ("reference_fallbacks", -1),
                                        ("reference_fallbacks", "all")])
 def test_bad_numbers_say_what_was_expected(smoke, key, value):

@@ -1,5 +1,6 @@
-"""The converged reference: solves cached by exactly what they depend on, and a step count chosen by the doubling
-check against the fastest candidate's distance (issue 31)."""
+"""The converged reference: solves cached by exactly what they depend on, a step count chosen by two checks against
+the fastest candidate's distance (doubling, issue 31; an independent solver, issue 60), and a solve that starts at
+the last training timestep."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,12 +12,18 @@ from sdperf.reference import converged
 EXACT = torch.arange(4 * 2 * 2 * 2, dtype=torch.float32).reshape(4, 2, 2, 2) / 10
 
 
+OFFSET = 0.01  # what a solve that starts below the noise's level keeps however many steps it takes
+
+
 def _render(calls: list):
-    """A solver whose error shrinks as 1/steps^2 (a second-order method): latents = exact + 1/steps^2."""
+    """Solvers whose error shrinks as 1/steps^2 from the exact solution: latents = exact + err. Euler (the fastest
+    candidate, and at many steps the independent solver) errs 3/steps^2; the reference's DPM-Solver++ from t=999
+    (Karras sigmas) 1/steps^2; DPM-Solver++ with the model's leading spacing, which starts below t=999, as much
+    plus OFFSET, which doubling its steps cannot see (both solves share the start)."""
 
     def render(sampler, steps, captions, seeds):
         calls.append((sampler, steps, len(captions)))
-        err = (3.0 if sampler == "euler" else 1.0) / steps ** 2
+        err = (3.0 if sampler.startswith("euler") else 1.0) / steps ** 2 + (OFFSET if sampler == "dpmpp-2m" else 0)
         z = EXACT[:len(captions)] + err
         return converged.Solve(z, np.full((len(captions), 4, 4, 3), min(steps, 255), dtype=np.uint8))
 
@@ -52,17 +59,57 @@ def test_a_long_set_is_solved_and_cached_in_chunks(tmp_path, monkeypatch):
     assert s.hits == 2 and [c[2] for c in calls] == [2, 1, 2]
 
 
-def test_the_step_count_is_the_first_whose_doubling_moves_less_than_the_share():
+def test_the_step_count_is_the_first_whose_doubling_and_independent_solve_both_stay_within_the_share():
     calls = []
     s = converged.Solver(_render(calls), "m", 7.5, None)
-    got = converged.converge(s, ["a", "b"], [0, 1], ("euler", 10), ladder=(5, 10, 20, 40, 80))
-    # moved(n) = (1/n^2 - 1/(2n)^2)^2, the candidate's (3/100 - 1/(2n)^2)^2: under 5% first at n = 20
+    got = converged.converge(s, ["a", "b"], [0, 1], ("euler", 10), ladder=(5, 10, 20, 40, 80),
+                             independent=("euler:trailing", 1000))
+    # moved(n) = (1/n^2 - 1/(2n)^2)^2, the candidate's (3/100 - 1/(2n)^2)^2: under 5% first at n = 20; the
+    # independent solve (3e-6 from exact) is (1/n^2)^2 away, 11% of the candidate's distance at 10 and 0.7% at 20
     assert got.converged and got.steps == 20 and got.fastest == "euler@10"
-    moved = [r["share"] for r in got.rows]
-    assert moved[-1] < converged.SHARE <= moved[-2]
-    assert [r["steps"] for r in got.rows] == [5, 10, 20] and "20 -> 40 steps" in got.text()
-    short = converged.converge(s, ["a", "b"], [0, 1], ("euler", 10), ladder=(5,))
-    assert not short.converged and "not converged by 5 steps" in short.text()
+    assert got.independent == "euler@1000:trailing"
+    shares = [(r["share"], r["independent_share"]) for r in got.rows]
+    assert max(shares[-1]) < converged.SHARE <= shares[-2][0] and shares[1][1] > converged.SHARE
+    assert [r["steps"] for r in got.rows] == [5, 10, 20]
+    assert "doubling to 40 steps" in got.text() and "euler@1000:trailing" in got.text()
+    assert got.former["key"] == "dpmpp-2m@25" and got.former["share"] > converged.SHARE  # offset: over
+    short = converged.converge(s, ["a", "b"], [0, 1], ("euler", 10), ladder=(5,), independent=("euler:trailing", 1000))
+    assert not short.converged and "NOT converged by 5 steps" in short.text()
+
+
+def test_a_reference_offset_by_its_start_passes_doubling_and_fails_the_independent_leg():
+    """Leading spacing starts DPM-Solver++ below the noise's level: doubling its steps moves it as little as the
+    reference's (the offset is shared), and only the independent solve sees that it converges elsewhere."""
+    calls = []
+    s = converged.Solver(_render(calls), "m", 7.5, None)
+    got = converged.converge(s, ["a", "b"], [0, 1], ("euler", 10), ladder=(5, 10, 20, 40, 80),
+                             independent=("euler:trailing", 1000), sampler="dpmpp-2m")
+    assert not got.converged and got.steps == 80
+    assert all(r["independent_share"] > converged.SHARE for r in got.rows)
+    assert got.rows[-1]["share"] < converged.SHARE  # the doubling leg alone would have called it converged
+    assert "NOT converged" in got.text()
+
+
+def test_the_reference_starts_at_the_last_training_timestep_at_every_count():
+    """The converged solve and its independent check start where the noise is (t=999 for the reference model's
+    1000 training timesteps) at every count either profile may try; the model's own leading spacing does not."""
+    import json
+
+    from sdperf.config.profiles import load_profile
+    from sdperf.model.pipelines import timestep_span
+    from sdperf.reference import store
+
+    config = json.loads((store.default_dir() / "scheduler" / "scheduler_config.json").read_text())
+    last = config["num_train_timesteps"] - 1
+    counts = set(converged.LADDER) | {2 * n for n in converged.LADDER}
+    for name in ("smoke", "cpu", "cpu-full"):
+        q = load_profile(name).quality
+        counts |= set(q["reference_convergence_steps"]) | {2 * n for n in q["reference_convergence_steps"]}
+        assert timestep_span(converged.INDEPENDENT, q["reference_independent_steps"], config)[0] == last
+    for n in sorted(counts):
+        first, end = timestep_span(converged.SOLVER, n, config)
+        assert (first, end) == (last, 0), (n, first, end)  # Karras's levels: from the noise's level to the image's
+    assert timestep_span(converged.FORMER[0], converged.FORMER[1], config)[0] < last  # the model's spacing
 
 
 def test_latent_mse_is_per_image_and_refuses_mismatched_sets():

@@ -13,14 +13,16 @@ import torch
 
 from sdperf.core.errors import ConfigError
 from sdperf.reference import controls, paired, quality, store, technique_setup, techniques
+from sdperf.reference.technique_setup import SOLVE_BATCH
 
 STEPS = 10
 # the smoke scale: one batch of 8 images, a short convergence ladder; noise of std 4 on the UNet's output cost 42
 # points of adherence on 64 images at the cpu profile's settings: a harm no budget may miss
 # (key_budget_s: the time gate runs, call by call, and never trips: its calls must give what one go gives)
 PLAN = techniques.Plan(guidances=(7.5,), n_max=8, n_step=8, doses=(4.0,), ladder=(5, 10, 20), check_images=8,
-                       key_budget_s=1e6)
-KEYS = [controls.TWIN, f"control:dpmpp-2m@{controls.FEW_STEPS}", controls.noise_key(4.0), "grad:no_grad",
+                       independent_steps=160, key_budget_s=1e6)
+FEW = f"control:dpmpp-2m@{controls.FEW_STEPS}:karras"  # the positive control: the reference's own sampler at 4 steps
+KEYS = [controls.TWIN, FEW, controls.noise_key(4.0), "grad:no_grad",
         "scheduler:euler@10", "cuda_graphs"]
 
 
@@ -54,7 +56,7 @@ def test_the_twin_is_identical_and_within_and_a_known_harm_is_over(measured):
     assert harm.quality_verdict == paired.OVER and harm.adherence_delta_hi < -paired.ADHERENCE_BUDGET
     assert harm.latent_mse > t.loc["scheduler:euler@10"].latent_mse > 0
     ok, why = techniques.trust(measured, techniques.Plan(**{**PLAN.__dict__}))
-    few = t.loc[f"control:dpmpp-2m@{controls.FEW_STEPS}"]
+    few = t.loc[FEW]
     assert ok == (few.quality_verdict == paired.OVER), why  # trust is exactly "every control as it must read"
     assert t.loc["cuda_graphs"].status == "not_applicable" and "CUDA" in t.loc["cuda_graphs"].note
 
@@ -68,11 +70,43 @@ def test_every_measure_has_its_interval_and_the_sampler_runs_its_own_steps(measu
     for name in ("fid", "kid"):  # at 8 images a distance may not resolve its margin: then it must not vote
         v = r[f"{name}_verdict"]
         assert v in (paired.WITHIN, paired.OVER, paired.UNDECIDED) or v == f"unresolved at n={int(r.n_images)}"
+    assert (r.first_timestep, r.last_timestep) == (901, 1)  # the model's leading spacing: euler@10 starts below
     ref = measured[measured.key.str.startswith(techniques.REFERENCE)]
-    assert len(ref) == 1 and ref.iloc[0].key == f"converged:dpmpp-2m@{int(ref.iloc[0].steps)}"
+    assert len(ref) == 1 and ref.iloc[0].key == f"converged:dpmpp-2m@{int(ref.iloc[0].steps)}:karras"
+    assert (ref.iloc[0].first_timestep, ref.iloc[0].last_timestep) == (999, 0)  # from the noise's own level
     conv = measured.attrs["convergence"]
     assert list(conv.steps)[:1] == [5] and (conv.doubled == 2 * conv.steps).all()
-    assert conv.iloc[-1].share < 0.05 or not conv.iloc[-1].converged
+    assert (conv.first_timestep == 999).all() and (conv.independent == "euler@160:trailing").all()
+    last = conv.iloc[-1]  # converged means both legs within the share; otherwise the last count, not converged
+    assert (last.share < 0.05 and last.independent_share < 0.05) == bool(last.converged)
+    assert measured.attrs["former"].iloc[0].first_timestep == 951  # the reference before issue 60, measured too
+
+
+def test_a_reference_started_below_the_noise_level_is_rejected_by_the_independent_leg(measured, art):
+    """DPM-Solver++ with the model's own leading spacing (from t=951, the study's reference before issue 60) on
+    the real reference model: doubling its 25 steps moves it by little, so the doubling leg alone calls it
+    converged; the independent Euler solve from t=999 does not, and the check says not converged. The solves are
+    the judging fixture's (its cache: the same model, captions, noise and guidance), but the leading 50 steps."""
+    from sdperf.model.pipelines import build_from_weights
+    from sdperf.reference import converged
+
+    folder = store.default_dir()
+    caps, seeds = [s.caption for s in quality.prompts(PLAN.check_images)], list(range(PLAN.check_images))
+
+    def render(sampler, steps, c, d):
+        pipe = build_from_weights(str(folder), sampler)
+        return converged.Solve(*quality.generate_with_latents(pipe, c, d, 7.5, steps, batch=SOLVE_BATCH, pad=False))
+
+    solver = converged.Solver(render, converged.model_hash(store.verify(folder)), 7.5, converged.cache_dir(art.parent))
+    independent, fastest = (converged.INDEPENDENT, PLAN.independent_steps), ("euler", 10)
+    got = converged.converge(solver, caps, seeds, fastest, ladder=(25,), independent=independent, former=None,
+                             sampler="dpmpp-2m")
+    row = got.rows[0]
+    assert row["share"] < converged.SHARE <= row["independent_share"] and not got.converged, row
+    fixed = converged.converge(solver, caps, seeds, fastest, ladder=(PLAN.ladder[-1],), independent=independent,
+                               former=None)  # from t=999 on Karras's levels: both legs hold
+    assert fixed.converged and fixed.rows[0]["independent_share"] < converged.SHARE, fixed.rows[0]
+    assert solver.made == PLAN.check_images  # only the leading 50-step solve was new
 
 
 def test_a_second_run_reads_the_techniques_renders_back_builds_nothing_and_renders_the_controls(
@@ -231,10 +265,15 @@ def test_the_time_gate_predicts_the_first_batch_from_its_second_call(monkeypatch
     assert len(made) == 1 and "timed on its first call" in str(err.value)
 
 
+def _converged_at_5():
+    """A convergence check that passed at 5 steps, both legs at 0, for tests that skip solving it."""
+    return techniques.converged.Convergence(5, True, "euler@10", [dict(
+        steps=5, doubled=10, n_images=8, moved_mse=0.0, fastest_mse=1.0, share=0.0, independent_mse=0.0,
+        fastest_independent_mse=1.0, independent_share=0.0, independent="euler@160:trailing")], "euler@160:trailing")
+
+
 def test_a_key_over_the_time_budget_is_skipped_at_every_guidance(smoke_profile, monkeypatch, tmp_path):
-    convergence = techniques.converged.Convergence(5, True, "euler@10", [dict(
-        steps=5, doubled=10, n_images=8, moved_mse=0.0, fastest_mse=1.0, share=0.0)])
-    monkeypatch.setattr(techniques.converged, "converge", lambda *a, **k: convergence)
+    monkeypatch.setattr(techniques.converged, "converge", lambda *a, **k: _converged_at_5())
 
     plan = replace(PLAN, guidances=(7.5, 4.0), key_budget_s=60.0)
 
@@ -253,9 +292,7 @@ def test_a_key_over_the_time_budget_is_skipped_at_every_guidance(smoke_profile, 
 def test_the_plans_calibration_size_reaches_a_calibrated_key_and_its_render_key(smoke_profile, monkeypatch, tmp_path):
     """Plan.calibration_samples goes into the Context a technique is built in, and into the render-cache key of a
     calibrated key only (its IR, so its pictures, depend on it; another key's renders stay shared)."""
-    convergence = techniques.converged.Convergence(5, True, "euler@10", [dict(
-        steps=5, doubled=10, n_images=8, moved_mse=0.0, fastest_mse=1.0, share=0.0)])
-    monkeypatch.setattr(techniques.converged, "converge", lambda *a, **k: convergence)
+    monkeypatch.setattr(techniques.converged, "converge", lambda *a, **k: _converged_at_5())
     contexts, calls, context = {}, {}, technique_setup.context
     monkeypatch.setattr(technique_setup, "context", lambda *a: contexts.setdefault(len(contexts), context(*a)))
 
@@ -342,7 +379,14 @@ def test_rows_round_trip_and_for_study_measures_only_what_is_missing(measured, s
         assert back.loc[key, "steps"] == want.loc[key, "steps"]
         assert back.loc[key, "cached_images"] == want.loc[key, "cached_images"]
     assert back.loc["cuda_graphs", "status"] == "not_applicable"
-    assert len(techniques.convergence_from_rows(study.recorder.current())) == len(measured.attrs["convergence"])
+    conv, want_conv = techniques.convergence_from_rows(study.recorder.current()), measured.attrs["convergence"]
+    assert len(conv) == len(want_conv)
+    for col in ("moved_mse", "share", "independent_mse", "independent_share", "first_timestep", "last_timestep"):
+        assert list(conv[col]) == pytest.approx(list(want_conv[col])), col
+    former = techniques.former_from_rows(study.recorder.current())
+    assert former.iloc[0].mse == pytest.approx(measured.attrs["former"].iloc[0].mse)
+    said = techniques.convergence_sentence(study.recorder.current())
+    assert "t 999 -> 0" in said and "euler@160:trailing" in said and "before issue 60 (dpmpp-2m@25, t 951" in said
     asked = []
     monkeypatch.setattr(techniques, "measure", lambda ks, *a, **k: asked.append(ks) or measured.iloc[:0])
     plan = techniques.Plan(**{**PLAN.__dict__})
@@ -418,3 +462,21 @@ def test_the_time_gate_times_the_renders_not_the_build(monkeypatch):
     stored = type("C", (), {"get": lambda self, c, s: got.take(len(c)), "put": None})()
     built.clear()
     assert len(techniques._batch(0, 16, render, build, ref, plan, 4, stored)) == 16 and not built
+
+
+def test_a_reference_that_is_not_converged_admits_nothing():
+    """trust() with the convergence check's table: a guidance whose every count failed a leg is a reason, and so is
+    one never checked; the controls alone no longer decide."""
+    ok = pd.DataFrame([dict(guidance=7.5, steps=25, share=0.01, independent_share=0.02, chosen=True)])
+    bad = pd.DataFrame([dict(guidance=7.5, steps=n, share=0.01, independent_share=0.16, chosen=False)
+                        for n in (25, 50)])
+    assert techniques.converged_at(ok, (7.5,)) == (True, [])
+    good, why = techniques.converged_at(bad, (7.5,))
+    assert not good and "not converged by 50 steps" in why[0] and "independent solve 16.0%" in why[0]
+    good, why = techniques.converged_at(ok, (7.5, 4.0))
+    assert not good and why == ["guidance 4: the reference's convergence was not checked"]
+    verdicts = pd.DataFrame([dict(key=c.key, guidance=7.5, quality_verdict=c.expected)
+                             for c in controls.defaults(PLAN.doses)])
+    assert techniques.trust(verdicts, PLAN)[0] and techniques.trust(verdicts, PLAN, ok)[0]
+    trusted, why = techniques.trust(verdicts, PLAN, bad)
+    assert not trusted and "not converged" in why[0]

@@ -35,12 +35,13 @@ TIMING_COLUMNS = ["variant", "status", "unet_calls", "s_per_image_seed", "s_per_
 
 
 def parse(key: str) -> tuple[str, int]:
-    """'scheduler:dpmpp-2m@20' -> ('dpmpp-2m', 20), checked by the catalog before anything runs."""
+    """'scheduler:dpmpp-2m@20' -> ('dpmpp-2m', 20), 'scheduler:euler@6:trailing' -> ('euler:trailing', 6): the
+    sampler and its steps, checked by the catalog before anything runs."""
     tech = catalog.get(key)
     if tech.family != catalog.SCHEDULER:
-        raise ValueError(f"{key!r} is not a scheduler technique; give scheduler:<name>@<steps>, "
-                         f"schedulers: {', '.join(opt.SCHEDULERS)}")
-    return tech.key.split(":", 1)[1].split("@")[0], tech.steps
+        raise ValueError(f"{key!r} is not a scheduler technique; give scheduler:<name>@<steps>[:<spacing>], "
+                         f"schedulers: {', '.join(opt.SCHEDULERS)}; spacings: {', '.join(opt.SPACINGS)}")
+    return tech.sampler, tech.steps
 
 
 def check(keys: list[str]) -> list[str]:

@@ -99,6 +99,8 @@ class FidClip:
         print("budget:", techniques.budget_text())
         trusted, why = judged.attrs["trusted"]
         print("controls:", "as required" if trusted else "FAILED, the budget cannot be trusted: " + "; ".join(why))
+        said = techniques.convergence_sentence(self.study.recorder.current())
+        print(said or "the reference's convergence: not checked")
         print(judged.attrs["convergence"].round(5).to_string(index=False))
         reuse = techniques.reuse_sentence(self.study.recorder.current())
         if reuse:

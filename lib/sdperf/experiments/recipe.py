@@ -102,7 +102,7 @@ def reference_text(verdicts: pd.DataFrame) -> str:
 
     per = verdicts.attrs.get("per_guidance")
     keys = sorted({k for k in per.key if str(k).startswith(techniques.REFERENCE)}) if per is not None and len(per) else []
-    return (f"converged fp32 solve, {', '.join(k.split(':', 1)[1].replace('@', ' ') + ' steps' for k in keys)}"
+    return (f"converged fp32 solve, {', '.join(catalog.get('scheduler:' + k.split(':', 1)[1]).label for k in keys)}"
             if keys else f"converged fp32 solve ({converged.SOLVER}), not judged in this run")
 
 
@@ -110,7 +110,7 @@ def judged_text(row, verdicts: pd.DataFrame) -> str:
     """What a chosen stack was judged against and every lossy part's own verdict, for the headline."""
     cand = row["candidate"]
     if cand.lossless:
-        return (f"lossless: the seeds' fp32 {cand.sampler.split(':', 1)[1]} pictures themselves (its own verdict "
+        return (f"lossless: the seeds' fp32 pictures themselves ({catalog.get(cand.sampler).label}; its own verdict "
                 f"against the {reference_text(verdicts)}: {_verdict_of(cand.sampler, verdicts)})")
     parts = "; ".join(f"{p} alone {_verdict_of(p, verdicts)}" for p in cand.lossy_parts)
     whole = row.get("quality_verdict")

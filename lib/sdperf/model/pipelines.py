@@ -33,12 +33,68 @@ SCHEDULER_CLASSES = {
 diffusers.utils.logging.set_verbosity_error()
 
 
-def make_scheduler(name: str, base_config: dict):
+# Where a sampler's steps lie. diffusers' `timestep_spacing` values: "leading" (the SD 1.5 config's, with
+# steps_offset 1) starts below the last training timestep (t=951 for DPM-Solver++ at 25 steps), "trailing" and
+# "linspace" at it (t=999), where the initial noise is (Lin et al. 2024, "Common Diffusion Noise Schedules and
+# Sample Steps are Flawed", table 2). "karras": Karras et al. 2022's noise levels (diffusers' use_karras_sigmas),
+# from the last training timestep's sigma to the first's, denser near the image: where a solve's error is made.
+SPACINGS = ("leading", "trailing", "linspace", "karras")
+SPACING_SEP = ":"
+
+
+def sampler_spec(name: str, spacing: str | None = None) -> str:
+    """A sampler as one string: '<scheduler>' (the model's configured spacing) or '<scheduler>:<spacing>'."""
+    return name if spacing is None else f"{name}{SPACING_SEP}{spacing}"
+
+
+def parse_sampler(spec: str) -> tuple[str, str | None]:
+    """'euler:trailing' -> ('euler', 'trailing'); 'euler' -> ('euler', None), each part checked against its
+    choices."""
+    name, sep, spacing = str(spec).partition(SPACING_SEP)
+    if name not in SCHEDULER_CLASSES:
+        raise ValueError(f"scheduler {name!r} is not valid; choose one of: {', '.join(SCHEDULER_CLASSES)}")
+    if sep and spacing not in spacings(name):
+        raise ValueError(f"spacing {spacing!r} of sampler {spec!r} is not valid; choose one of: "
+                         f"{', '.join(spacings(name))} (or none: the model's configured spacing)")
+    return name, (spacing if sep else None)
+
+
+def spacings(name: str) -> tuple[str, ...]:
+    """The spacings scheduler `name` offers (karras only where its class takes Karras sigmas)."""
+    keys = set(inspect.signature(getattr(diffusers, SCHEDULER_CLASSES[name][0]).__init__).parameters)
+    return tuple(s for s in SPACINGS if s != "karras" or "use_karras_sigmas" in keys)
+
+
+def sampler_key(spec: str, steps: int) -> str:
+    """A sampler at a step count in the catalog's grammar: ('euler:trailing', 6) -> 'euler@6:trailing'."""
+    name, spacing = parse_sampler(spec)
+    return f"{name}@{int(steps)}" + (f"{SPACING_SEP}{spacing}" if spacing else "")
+
+
+def make_scheduler(spec: str, base_config: dict):
+    """The scheduler `spec` names ('<scheduler>[:<spacing>]') on the model's noise schedule `base_config`: sdperf's
+    settings for the class over the model's, a named spacing over both. The model's own configuration is kept on
+    the scheduler (`sdperf_model_config`), so a later switch starts from it and not from this one's overrides."""
+    name, spacing = parse_sampler(spec)
     cls_name, extra = SCHEDULER_CLASSES[name]
     cls = getattr(diffusers, cls_name)
     keys = set(inspect.signature(cls.__init__).parameters)  # accept only what the class takes
-    config = {k: v for k, v in dict(base_config, **extra).items() if k in keys}
-    return cls(**config)
+    placed = {} if spacing is None else {"timestep_spacing": spacing} if spacing != "karras" else \
+        {"use_karras_sigmas": True, "timestep_spacing": "linspace"}  # Euler's Karras sigmas span its spaced steps
+    if "use_karras_sigmas" in placed and "use_karras_sigmas" not in keys:
+        raise ValueError(f"spacing {spacing!r} is not one {name} ({cls_name}) offers; choose one of: "
+                         f"{', '.join(spacings(name))}")
+    merged = {**base_config, **extra, **placed}
+    sched = cls(**{k: v for k, v in merged.items() if k in keys})
+    sched.sdperf_model_config = dict(base_config)
+    return sched
+
+
+def timestep_span(spec: str, steps: int, base_config: dict) -> tuple[int, int]:
+    """(first, last) timestep at which the sampler `spec` calls the UNet at `steps` on this noise schedule."""
+    sched = make_scheduler(spec, base_config)
+    sched.set_timesteps(int(steps), device="cpu")
+    return int(round(float(sched.timesteps[0]))), int(round(float(sched.timesteps[-1])))
 
 
 def _seeded(seed: int, build):

@@ -98,6 +98,7 @@ class Technique:
     dtype: str = "float32"
     grad_mode: str | None = None
     steps: int | None = None
+    sampler: str | None = None  # a scheduler's '<scheduler>[:<spacing>]' (sdperf.model.pipelines.parse_sampler)
     allocator: str | None = None
     loop_only: bool = False
     note: str = ""
@@ -235,6 +236,11 @@ class Stack:
     @property
     def steps(self) -> int | None:
         return self._last("steps", None)
+
+    @property
+    def sampler(self) -> str | None:
+        """The stack's sampler ('<scheduler>[:<spacing>]'), None when it keeps the pipeline's."""
+        return self._last("sampler", None)
 
     @property
     def allocator(self) -> str:

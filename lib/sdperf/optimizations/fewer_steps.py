@@ -14,15 +14,15 @@ a pipeline built with the new scheduler from the start, whatever was switched be
 """
 from __future__ import annotations
 
-from sdperf.model.pipelines import SCHEDULER_CLASSES, make_scheduler
+from sdperf.model.pipelines import SCHEDULER_CLASSES, SPACINGS, make_scheduler, parse_sampler, sampler_spec, spacings
 from sdperf.optimizations.catalog import SCHEDULER, Technique
 
 SCHEDULERS = tuple(SCHEDULER_CLASSES)
 
 
-def check_scheduler(name: str) -> None:
-    if name not in SCHEDULER_CLASSES:
-        raise ValueError(f"scheduler {name!r} is not valid; choose one of: {', '.join(SCHEDULERS)}")
+def check_scheduler(spec: str) -> None:
+    """A sampler '<scheduler>[:<spacing>]' (sdperf.model.pipelines.parse_sampler), or ValueError naming the choices."""
+    parse_sampler(spec)
 
 
 def check_steps(steps) -> None:
@@ -32,14 +32,17 @@ def check_steps(steps) -> None:
 
 def availability(device: str, scheduler: str) -> tuple[bool, str]:
     """Every scheduler is host-side arithmetic on the latents, so it runs wherever the UNet runs."""
-    check_scheduler(scheduler)
-    cls_name, _ = SCHEDULER_CLASSES[scheduler]
+    cls_name, _ = SCHEDULER_CLASSES[parse_sampler(scheduler)[0]]
     return True, f"diffusers {cls_name}: scheduler arithmetic only, runs on {device} beside the UNet"
 
 
 def scheduler_config(pipe) -> dict:
-    """The model's noise-schedule configuration: the current scheduler's config without the values it held only
-    as its class defaults or as sdperf's settings for that class."""
+    """The model's noise-schedule configuration: the one the current scheduler was made from (make_scheduler keeps
+    it), else the current scheduler's config without the values it held only as its class defaults or as sdperf's
+    settings for that class."""
+    kept = getattr(pipe.scheduler, "sdperf_model_config", None)
+    if kept is not None:
+        return dict(kept)
     config = dict(pipe.scheduler.config)
     drop = set(config.pop("_use_default_values", None) or ())
     cls_name = type(pipe.scheduler).__name__
@@ -68,17 +71,27 @@ CANONICAL = (("dpmpp-2m", 20), ("dpmpp-2m", 25), ("euler", 20), ("euler", 25), (
 
 
 def technique(prefix: str, arg: str) -> Technique:
-    """scheduler:<name>@<steps>: the pipeline's scheduler replaced, and the generation run at that step count."""
-    name, sep, steps = arg.partition("@")
+    """scheduler:<name>@<steps>[:<spacing>]: the pipeline's scheduler replaced, and the generation run at that step
+    count; without a spacing the model's configured one (the SD 1.5 config's leading spacing: what its users get),
+    with one that spacing (sdperf.model.pipelines.SPACINGS: `trailing` puts the first step at the last training
+    timestep, where the noise is; `karras` takes Karras et al.'s noise levels, the "DPM++ 2M Karras" of UIs)."""
+    name, sep, rest = arg.partition("@")
+    steps, has_spacing, spacing = rest.partition(":")
     check_scheduler(name)
     if not sep or not steps.isdigit() or int(steps) < 1:
-        raise ValueError(f"give the step count as <scheduler>@<steps> with steps >= 1, e.g. dpmpp-2m@20; got {arg!r}")
-    n = int(steps)
-    return Technique(f"{prefix}:{name}@{n}", f"{name}, {n} steps", SCHEDULER, NOTEBOOK,
-                     apply=lambda pipe, ctx: apply(pipe, name),
-                     availability=lambda ctx: availability(ctx.device, name), changes_output=True, steps=n,
-                     loop_only=True,
-                     note="fewer UNet calls; the image moves with the sampler and its step count")
+        raise ValueError(f"give the step count as <scheduler>@<steps>[:<spacing>] with steps >= 1, e.g. dpmpp-2m@20 "
+                         f"or euler@6:trailing; got {arg!r}")
+    if has_spacing and spacing not in spacings(name):
+        raise ValueError(f"spacing {spacing!r} of {prefix}:{arg} is not valid; choose one of: "
+                         f"{', '.join(spacings(name))}, or none for the model's configured spacing")
+    n, spec = int(steps), sampler_spec(name, spacing if has_spacing else None)
+    tail, words = (f":{spacing}", f", {'Karras sigmas' if spacing == 'karras' else spacing + ' spacing'}") \
+        if has_spacing else ("", "")
+    return Technique(f"{prefix}:{name}@{n}{tail}", f"{name}, {n} steps{words}", SCHEDULER, NOTEBOOK,
+                     apply=lambda pipe, ctx: apply(pipe, spec),
+                     availability=lambda ctx: availability(ctx.device, spec), changes_output=True, steps=n,
+                     sampler=spec, loop_only=True,
+                     note="fewer UNet calls; the image moves with the sampler, its step count and its spacing")
 
 
 def techniques() -> list[Technique]:

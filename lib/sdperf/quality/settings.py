@@ -52,6 +52,8 @@ KEYS = {
     "reference_convergence_steps": Key("step_ladder", "an increasing list of integers >= 1 (the converged solve's "
                                                       "step counts, each checked against its double)"),
     "reference_check_images": Key("int", "an integer >= 2 (captions the convergence check solves at every count)"),
+    "reference_independent_steps": Key("int", "an integer >= 2 (trailing Euler steps of the convergence check's "
+                                              "independent solve, from the same noise and first timestep)"),
     "reference_key_budget_s": Key("seconds_or_none", "a number of seconds > 0, or null for no limit (the most a "
                                                      "technique's first batch may take on this machine, predicted "
                                                      "from its second call; over it the key is skipped, saying so)"),
@@ -91,6 +93,7 @@ class QualitySettings:
     reference_judge_guidances: tuple[float, ...]
     reference_convergence_steps: tuple[int, ...]
     reference_check_images: int
+    reference_independent_steps: int
     reference_key_budget_s: float | None
     reference_calibration_samples: int
     reference_fallbacks: int | None
@@ -166,7 +169,8 @@ def _path(profile: str, key: str, value, spec: Key) -> Path | None:
 def _value(profile: str, key: str, value, spec: Key):
     if spec.kind == "int":
         minimum = 2 if key in ("n_images", "ladder_n_images", "reference_n_images", "reference_delta_images",
-                               "reference_delta_step", "reference_check_images") else 1
+                               "reference_delta_step", "reference_check_images",
+                               "reference_independent_steps") else 1
         if not _is_int(value) or value < minimum:
             raise _fail(profile, key, value, spec)
         return value

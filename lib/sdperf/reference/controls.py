@@ -44,9 +44,10 @@ def noise_key(dose: float) -> str:
 
 def defaults(doses: tuple[float, ...]) -> tuple[Control, ...]:
     """The run's controls: the twin, the few-step solve and one noise control per dose."""
+    from sdperf.model.pipelines import sampler_key
     from sdperf.reference.converged import SOLVER
 
-    few = f"{PREFIX}{SOLVER}@{FEW_STEPS}"
+    few = f"{PREFIX}{sampler_key(SOLVER, FEW_STEPS)}"
     return (Control(TWIN, "fp32 twin of the converged solve (negative control)", expected(TWIN)),
             Control(few, f"{SOLVER}, {FEW_STEPS} steps (positive control)", expected(few), steps=FEW_STEPS),
             *(Control(noise_key(d), f"Gaussian noise of std {d:g} on the UNet's output (positive control)",

@@ -4,10 +4,23 @@ A sampler's picture is a numerical solution of the model's probability-flow ODE 
 PLMS at 50 steps (the seeds' setting) is one such solve, and at guidance 7.5 on the reference model not a converged
 one (it sits points of adherence below the same model solved to convergence). Judged against it, any technique that
 changes the sampler "gains" that deficit for free. So the reference here is the same fp32 model's solution run to
-convergence: DPM-Solver++(2M) at N steps, N the first count in LADDER at which doubling the steps moves the final
-latents (mean squared error per element, the DPM-Solver papers' measure) by less than SHARE of the fastest judged
-candidate's distance from the doubled solve. The check is stored with its numbers (`Convergence.rows`), so a reader
-sees why N is enough.
+convergence, from where the noise is: DPM-Solver++(2M) on Karras et al.'s noise levels (SOLVER), whose first step
+is at the last training timestep (t=999) and whose last at the first (t=0), whatever the model's scheduler config
+says. The SD 1.5 config's leading spacing would start it below (t=951 at 25 and 50 steps, t=801 at 200) and end it
+above (t=39 at 25), and a solve that never starts at the noise's level cannot converge to the solution from it,
+however many steps it takes (issue 60). Uniform trailing spacing starts at t=999 but leaves its last step from
+t=1000/N to 0, an error that shrinks only as fast as that step: on the reference model it needed 100 steps where
+Karras's levels need 25.
+
+N is the first count in LADDER that passes two checks, each against SHARE of the fastest judged candidate's
+distance from the same solve:
+- doubling: the solve at 2N moves the final latents (mean squared error per element, the DPM-Solver papers'
+  measure) by less than that;
+- an independent solver (INDEPENDENT: Euler, another family, on another grid, from the same noise and the same
+  first timestep) lands within that of the solve at N. Doubling alone is fooled by a start or an end both solves
+  share; a solver of another family on its own fine grid is not.
+Both are stored with their numbers (`Convergence.rows`), so a reader sees why N is enough, and so is the distance of
+FORMER (the study's reference before issue 60) to the independent solve.
 
 Solves are pure functions of the model's files, the captions, the noise seeds, the guidance, the solver and its
 steps: they are cached on disk under a key of exactly those (`Solver.key`), one file per chunk of CHUNK images, so
@@ -24,9 +37,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-SOLVER = "dpmpp-2m"
+from sdperf.model.pipelines import sampler_key, timestep_span
+
+SOLVER = "dpmpp-2m:karras"  # the converged solve's sampler (sdperf.model.pipelines.parse_sampler): t 999 -> 0
+INDEPENDENT = "euler:trailing"  # the independent leg's sampler: another family and grid, the same first timestep
+INDEPENDENT_STEPS = 400  # its steps where a profile names none (quality.reference_independent_steps)
+FORMER = ("dpmpp-2m", 25)  # the reference until issue 60: the model's leading spacing, from t=951
 LADDER = (25, 50, 100, 200, 400)  # step counts tried in turn; each is checked against its double
-SHARE = 0.05  # doubling must move the latents by less than 5% of the fastest candidate's distance (issue 31)
+SHARE = 0.05  # each check must land within 5% of the fastest candidate's distance (issue 31)
 CHECK_IMAGES = 64  # captions the convergence check solves at every count (the judged set's first ones)
 CHUNK = 64  # images per cache file
 CALLS = "one unpadded call per chunk"  # how a chunk is rendered: part of its key (batch size moves the last bits)
@@ -70,14 +88,20 @@ def cache_dir(scratch: Path) -> Path:
 @dataclass
 class Solver:
     """Cached fp32 solves of one model at one guidance. `render` makes the images; `model_hash` names the model's
-    files (a different model never reads another's solves)."""
+    files (a different model never reads another's solves); `schedule` is the model's noise-schedule config, from
+    which a sampler's first and last timesteps are read (`span`)."""
 
     render: Render
     model_hash: str
     guidance: float
     cache: Path | None = None
+    schedule: dict | None = None
     hits: int = field(default=0)  # images read back from the cache in this process
     made: int = field(default=0)  # images solved here
+
+    def span(self, sampler: str, steps: int) -> tuple[int | None, int | None]:
+        """(first, last) timestep the sampler calls the UNet at; (None, None) without a schedule."""
+        return timestep_span(sampler, steps, self.schedule) if self.schedule is not None else (None, None)
 
     def key(self, sampler: str, steps: int, captions: list[str], seeds: list[int]) -> str:
         what = json.dumps({"model": self.model_hash, "guidance": float(self.guidance), "sampler": sampler,
@@ -125,38 +149,74 @@ def store(path: Path, solve: Solve, **extra: np.ndarray) -> None:
 
 @dataclass
 class Convergence:
-    """The step count chosen and the check behind it: one row per count tried."""
+    """The step count chosen and the checks behind it: one row per count tried, each with both legs."""
 
     steps: int
     converged: bool
-    fastest: str  # the candidate whose distance sets the tolerance, as "sampler@steps"
+    fastest: str  # the candidate whose distance sets the tolerance, as "sampler@steps[:spacing]"
     rows: list[dict]
+    independent: str = ""  # the independent leg's solve, as "sampler@steps[:spacing]"
+    former: dict | None = None  # FORMER's distance to the independent solve: mse, share, span
+    sampler: str = SOLVER  # the sampler checked
 
     def text(self) -> str:
         last = self.rows[-1]
-        how = (f"doubling {self.steps} -> {2 * self.steps} steps moves the latents by {last['moved_mse']:.2e} "
-               f"(MSE), {last['share']:.1%} of {self.fastest}'s distance {last['fastest_mse']:.2e} "
-               f"(< {SHARE:.0%})") if self.converged else \
-            (f"not converged by {self.steps} steps: doubling still moves the latents by {last['share']:.1%} of "
-             f"{self.fastest}'s distance (>= {SHARE:.0%})")
-        return f"{SOLVER} {self.steps} steps: {how}, on {last['n_images']} images"
+        at = sampler_key(self.sampler, self.steps) + ("" if last.get("first_timestep") is None else
+                                                      f" (t {_span(last)})")
+        legs = (f"doubling to {last['doubled']} steps moves the latents by {last['moved_mse']:.2e} (MSE), "
+                f"{last['share']:.1%} of {self.fastest}'s distance; the independent {self.independent} solve is "
+                f"{last['independent_mse']:.2e} away, {last['independent_share']:.1%} of {self.fastest}'s distance "
+                f"to it")
+        verdict = f"converged (both < {SHARE:.0%})" if self.converged else \
+            f"NOT converged by {self.steps} steps (each must be < {SHARE:.0%})"
+        return f"{at}: {legs}: {verdict}, on {last['n_images']} images"
+
+
+def _span(row: dict) -> str:
+    first, last = row.get("first_timestep"), row.get("last_timestep")
+    return "?" if first is None else f"{first} -> {last}"
 
 
 def converge(solver: Solver, captions: list[str], seeds: list[int], fastest: tuple[str, int],
-             ladder: tuple[int, ...] = LADDER, share: float = SHARE) -> Convergence:
-    """The first count N in `ladder` whose solve moves by less than `share` of the fastest candidate's distance
-    when the steps are doubled: both distances measured against the doubled solve, on these captions."""
+             ladder: tuple[int, ...] = LADDER, share: float = SHARE,
+             independent: tuple[str, int] = (INDEPENDENT, INDEPENDENT_STEPS),
+             former: tuple[str, int] | None = FORMER, sampler: str = SOLVER) -> Convergence:
+    """The first count N in `ladder` at which both legs hold on these captions: the solve at 2N moves by less than
+    `share` of the fastest candidate's distance from it, and the `independent` solve lies within `share` of the
+    fastest candidate's distance from it. Without such an N the last count is returned, not converged. `former`
+    (a sampler and its steps) is measured against the independent solve too, for the record."""
     name, fast_steps = fastest
     fast = solver.solve(captions, seeds, fast_steps, sampler=name)
+    ind_name, ind_steps = independent
+    ind = solver.solve(captions, seeds, ind_steps, sampler=ind_name)
+    fast_ind = float(latent_mse(fast.latents, ind.latents).mean())
+    fastest_key, ind_key = sampler_key(name, fast_steps), sampler_key(ind_name, ind_steps)
+    ind_first, ind_last = solver.span(ind_name, ind_steps)
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b > 0 else float("inf")
+
+    old = None
+    if former is not None:
+        f = solver.solve(captions, seeds, former[1], sampler=former[0])
+        mse = float(latent_mse(f.latents, ind.latents).mean())
+        first, last = solver.span(*former)
+        old = dict(key=sampler_key(*former), mse=mse, share=ratio(mse, fast_ind), first_timestep=first,
+                   last_timestep=last)
     rows = []
     for n in ladder:
-        a, b = solver.solve(captions, seeds, n), solver.solve(captions, seeds, 2 * n)
+        a, b = solver.solve(captions, seeds, n, sampler=sampler), solver.solve(captions, seeds, 2 * n, sampler=sampler)
         moved, dist = float(latent_mse(a.latents, b.latents).mean()), float(latent_mse(fast.latents, b.latents).mean())
-        rows.append(dict(steps=n, doubled=2 * n, moved_mse=moved, fastest_mse=dist,
-                         share=moved / dist if dist > 0 else float("inf"), n_images=len(captions)))
-        if dist > 0 and moved < share * dist:
-            return Convergence(n, True, f"{name}@{fast_steps}", rows)
-    return Convergence(ladder[-1], False, f"{name}@{fast_steps}", rows)
+        off = float(latent_mse(a.latents, ind.latents).mean())
+        first, last = solver.span(sampler, n)
+        rows.append(dict(steps=n, doubled=2 * n, moved_mse=moved, fastest_mse=dist, share=ratio(moved, dist),
+                         independent_mse=off, fastest_independent_mse=fast_ind,
+                         independent_share=ratio(off, fast_ind), n_images=len(captions), first_timestep=first,
+                         last_timestep=last, independent=ind_key, independent_first_timestep=ind_first,
+                         independent_last_timestep=ind_last))
+        if rows[-1]["share"] < share and rows[-1]["independent_share"] < share:
+            return Convergence(n, True, fastest_key, rows, ind_key, old, sampler)
+    return Convergence(ladder[-1], False, fastest_key, rows, ind_key, old, sampler)
 
 
 def model_hash(manifest: dict) -> str:

@@ -55,6 +55,13 @@ def how(control, stack, n_converged: int) -> tuple[int, str, int, bool]:
     return (stack.steps if stack.steps is not None else n_converged), stack.grad_mode, RENDER_BATCH, False
 
 
+def sampler(control, stack) -> str:
+    """The sampler ('<scheduler>[:<spacing>]') a control or a stack renders with: its own, else the converged
+    solver's."""
+    own = stack.sampler if stack is not None else None
+    return own or converged.SOLVER
+
+
 def build(control, stack, ctx, fresh):
     """The pipeline that renders a control or a stack alone: a stack that names its sampler starts from PLMS (its
     scheduler part replaces it), anything else from the converged solver."""

@@ -3,8 +3,9 @@ solve of the same captions and noise, alone and stacked, with controls (issue 31
 
 Random weights cannot say what int8, fewer steps, DeepCache or token merging do to a picture; the reference model
 can. The reference is not fp32 PLMS-50 (the seeds' setting, itself a poor solve at guidance 7.5) but the same fp32
-model's converged solution (sdperf.reference.converged: DPM-Solver++(2M) at the step count its convergence check
-chose, cached on disk). Each key is judged for what it alone changes:
+model's converged solution (sdperf.reference.converged: DPM-Solver++(2M) from the last training timestep, at the
+step count both legs of its convergence check accept, cached on disk). Each key is judged for what it alone
+changes:
 - a stack that names a sampler (`scheduler:<name>@<steps>`, alone or with other parts) runs that sampler at its steps;
 - a stack without one (a precision, an executor, int8, attention, caching, merging, a stage engine) runs the
   converged solver at its steps, so its own error is all that moves;
@@ -32,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from sdperf.core import environment
+from sdperf.model.pipelines import sampler_key
 from sdperf.optimizations.quantization import CALIBRATION_SAMPLES
 from sdperf.reference import controls, converged, domain, paired, quality, renders, technique_setup
 from sdperf.reference.technique_setup import GUIDANCE, RENDER_BATCH, SOLVE_BATCH
@@ -64,6 +66,9 @@ DEFAULT_KEYS = (
     "int8:openvino-nncf-weights", "int8:openvino-nncf-ptq", "int8:openvino-nncf-hybrid", "int8:torch-ao-dynamic",
     "attention:sliced:max", *(f"scheduler:{s}@{n}" for s in ("dpmpp-2m", "euler") for n in (10, 15, 20, 25)),
     *(f"scheduler:unipc@{n}" for n in (10, 15, 20)),
+    # the spacing as a technique: from t=999 (trailing, Karras's levels) against the model's leading spacing
+    "scheduler:euler@6", "scheduler:euler@6:trailing", "scheduler:euler@8:trailing", "scheduler:euler@10:trailing",
+    "scheduler:dpmpp-2m@8:karras", "scheduler:dpmpp-2m@10:karras", "scheduler:dpmpp-2m@10:trailing",
     "deepcache:2", "deepcache:3", "deepcache:5", "tome:0.3", "tome:0.5", "stages:openvino-int8w",
     # every other technique the catalog declares lossy, so the table is whole (issue 31): where one cannot run here
     # its rows say why (not applicable), where it is too slow here they say so (skipped, OverBudget)
@@ -83,6 +88,7 @@ class Plan:
     doses: tuple[float, ...] = (2.0, 4.0)  # the profiles' (params/*.yml say what each cost on the reference model)
     ladder: tuple[int, ...] = converged.LADDER  # the convergence check's step counts (smoke and tests: shorter)
     check_images: int = converged.CHECK_IMAGES
+    independent_steps: int = converged.INDEPENDENT_STEPS  # the independent leg's steps (converged.INDEPENDENT)
     key_budget_s: float | None = None  # most seconds a key's first batch may take here, predicted from its own calls
     calibration_samples: int = CALIBRATION_SAMPLES  # UNet calls a calibrated int8 key collects
     fallbacks: int | None = None  # alternatives judged per key over the budget alone, in catalog order (None: all)
@@ -93,21 +99,23 @@ class Plan:
         return cls(guidances=tuple(s.reference_judge_guidances), n_max=s.reference_delta_images,
                    n_step=s.reference_delta_step, doses=tuple(s.reference_noise_doses),
                    ladder=tuple(s.reference_convergence_steps), check_images=s.reference_check_images,
+                   independent_steps=s.reference_independent_steps,
                    key_budget_s=s.reference_key_budget_s, calibration_samples=s.reference_calibration_samples,
                    fallbacks=s.reference_fallbacks)
 
     def text(self) -> str:
+        few = sampler_key(converged.SOLVER, controls.FEW_STEPS)
         return (f"guidance {', '.join(f'{g:g}' for g in self.guidances)}; images in batches of {self.n_step} up to "
-                f"{self.n_max}; controls: fp32 twin, {converged.SOLVER}@{controls.FEW_STEPS}, UNet-output noise "
-                f"{', '.join(f'{d:g}' for d in self.doses)}")
+                f"{self.n_max}; controls: fp32 twin, {few}, UNet-output noise {', '.join(f'{d:g}' for d in self.doses)}")
 
 
 def fastest_sampler(keys: list[str]) -> tuple[str, int]:
-    """The sampler with the fewest steps among FASTEST_DEFAULT and the judged keys' schedulers: the candidate whose
-    distance from the doubled solve sets the convergence tolerance."""
+    """The sampler ('<scheduler>[:<spacing>]') with the fewest steps among FASTEST_DEFAULT and the judged keys'
+    schedulers: the candidate whose distances from the doubled and the independent solve set the convergence
+    tolerance."""
     from sdperf.optimizations import catalog
 
-    found = [(t.steps, t.key.split(":", 1)[1].split("@")[0]) for k in keys for t in catalog.Stack.of(k).techniques
+    found = [(t.steps, t.sampler) for k in keys for t in catalog.Stack.of(k).techniques
              if t.family == catalog.SCHEDULER and t.steps]
     name, steps = FASTEST_DEFAULT  # always a candidate, and preferred on a tie: the tolerance stays put across calls
     steps, name = min(found + [(steps, name)], key=lambda f: (f[0], f[1] != FASTEST_DEFAULT[0]))
@@ -145,6 +153,11 @@ class OverBudget(Exception):
                          f"reference_key_budget_s of {budget_s:g} s: not judged on this machine")
 
 
+def reference_key(steps: int) -> str:
+    """The reference's own rows' key: converged:<sampler>@<steps>[:<spacing>]."""
+    return f"{REFERENCE}:{sampler_key(converged.SOLVER, steps)}"
+
+
 def _worst(verdicts) -> str:
     vs = [v for v in verdicts if v in SEVERITY]
     return max(vs, key=SEVERITY.get) if vs else UNDECIDED
@@ -157,7 +170,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
     `attrs`."""
     from sdperf.measure.comparison import release
     from sdperf.optimizations.catalog import Stack
-    from sdperf.model.pipelines import build_from_weights
+    from sdperf.model.pipelines import build_from_weights, timestep_span
     from sdperf.reference import store
 
     known = {c.key: c for c in controls.defaults(plan.doses)}
@@ -182,16 +195,21 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
         return converged.Solve(z, x)
 
     fastest = fastest_sampler(list(stacks))
-    refs, conv_rows = {}, []
+    schedule = solver_pipe(converged.SOLVER).scheduler.sdperf_model_config  # the model's noise schedule
+    refs, conv_rows, former_rows = {}, [], []
     for g in plan.guidances:
         solver = converged.Solver(lambda s, n, c, d, g=g: render_solve(s, n, c, d, g), converged.model_hash(manifest),
-                                  g, cache)
+                                  g, cache, schedule)
         check = min(plan.check_images, plan.n_max)
-        conv = converged.converge(solver, captions[:check], seeds[:check], fastest, ladder=plan.ladder)
+        conv = converged.converge(solver, captions[:check], seeds[:check], fastest, ladder=plan.ladder,
+                                  independent=(converged.INDEPENDENT, plan.independent_steps))
         say(f"guidance {g:g}: {conv.text()}")
         refs[g] = _Reference(solver, conv, net, captions, seeds, truth)
         conv_rows += [dict(guidance=g, chosen=conv.steps, converged=conv.converged, fastest=conv.fastest, **r)
                       for r in conv.rows]
+        if conv.former is not None:
+            former_rows.append(dict(guidance=g, fastest=conv.fastest, independent=conv.independent,
+                                    n_images=check, **conv.former))
 
     rows = []
     machine, mhash = environment.fingerprint("cpu"), converged.model_hash(manifest)
@@ -217,6 +235,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
             return built["pipe"]
 
         steps, grad_mode, batch, aligned = technique_setup.how(control, stack, n_converged)
+        first, last = timestep_span(technique_setup.sampler(control, stack), steps, schedule)
         try:
             for g in plan.guidances:
                 ref = refs[g]
@@ -228,7 +247,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
                 got = _sequential(pipe, steps, grad_mode, g, ref, plan, real, batch, aligned, pad=control is None,
                                   cache=cache)
                 rows.append(dict(row, guidance=g, status="ok", steps=steps, cached_images=cache.hits,
-                                 note=_facts(ctx.facts), **got))
+                                 first_timestep=first, last_timestep=last, note=_facts(ctx.facts), **got))
                 r = rows[-1]
                 said = f" ({cache.hits} read back from the render cache)" if cache.hits else ""
                 say(f"{key} @ {g:g}: n={r['n_images']}{said}, adherence {r['adherence_delta']:+.4f} "
@@ -252,11 +271,14 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
         most = table.loc[table.guidance == g, "n_images"].max() if "n_images" in table else None
         n = plan.n_step if most is None or pd.isna(most) else int(most)  # no key judged here: one batch's worth
         base = ref.first(n)
-        table = pd.concat([table, pd.DataFrame([dict(key=f"{REFERENCE}:{converged.SOLVER}@{ref.convergence.steps}",
+        first, last = ref.solver.span(converged.SOLVER, ref.convergence.steps)
+        table = pd.concat([table, pd.DataFrame([dict(key=reference_key(ref.convergence.steps),
                                                       label=ref.convergence.text(), family="reference", guidance=g,
                                                       status="ok", steps=ref.convergence.steps, n_images=n,
+                                                      first_timestep=first, last_timestep=last,
                                                       **_absolute(base, real))])], ignore_index=True)
     table.attrs.update(manifest_commit=manifest["commit"], convergence=pd.DataFrame(conv_rows),
+                       former=pd.DataFrame(former_rows),
                        cache_hits=sum(r.solver.hits for r in refs.values()),
                        cache_made=sum(r.solver.made for r in refs.values()))
     return table
@@ -345,6 +367,7 @@ CACHED = ("of the row's images, those read back from the render cache of an earl
           "(sdperf.reference.renders: same model, technique code, libraries, captions and noise); the rest were "
           "rendered in this run; controls are always rendered")
 CONVERGENCE = "converged reference"
+FORMER = "former reference"  # the study's reference before issue 60, measured against the independent solve
 
 
 def _scenario(key: str, guidance: float) -> str:
@@ -373,6 +396,7 @@ def record(study, table: pd.DataFrame) -> None:
         rows.append(dict(common, metric="reference_sampler_steps", value=float(r["steps"]), unit="steps", n=n,
                          note="the steps its sampler ran: its own scheduler's, else the converged solve's"))
         rows.append(dict(common, metric="reference_guidance", value=float(r["guidance"]), unit="", n=n))
+        rows += _span_rows(common, r, n)
         if not str(r["key"]).startswith(REFERENCE):  # the reference's own images are the solves cache's
             rows.append(dict(common, metric="reference_cached_images", value=float(_count(r.get("cached_images"))),
                              unit="images", n=n, note=CACHED))
@@ -381,23 +405,75 @@ def record(study, table: pd.DataFrame) -> None:
                              p10=_finite(r["psnr_db_p10"]), n=n, note="median over images vs the converged twin "
                              "(p10: 10th percentile); " + ("identical" if math.isinf(r["psnr_db_median"]) else
                                                             "8-bit images")))
-    conv = table.attrs.get("convergence")
-    if conv is not None and len(conv):
-        for c in conv.to_dict("records"):
-            sc = f"{CONVERGENCE}: {converged.SOLVER}, guidance {c['guidance']:g}"
-            common = dict(scenario=sc, key=f"{REFERENCE}:{converged.SOLVER}@{c['steps']}", n=c["n_images"],
-                          method=f"latent MSE per element, mean over images, against the {c['doubled']}-step solve")
-            chosen = bool(c["steps"] == c["chosen"] and c["converged"])
-            rows += [dict(common, metric="convergence_moved_mse", value=c["moved_mse"], unit="",
-                          note=f"{c['steps']} -> {c['doubled']} steps"),
-                     dict(common, metric="convergence_fastest_mse", value=c["fastest_mse"], unit="",
-                          note=f"{c['fastest']} against the {c['doubled']}-step solve"),
-                     dict(common, metric="convergence_share", value=c["share"], unit="share",
-                          note=f"tolerance {converged.SHARE:.0%}; {'chosen' if chosen else 'not enough'}"),
-                     dict(common, metric="convergence_steps", value=float(c["steps"]), unit="steps"),
-                     dict(common, metric="convergence_guidance", value=float(c["guidance"]), unit=""),
-                     dict(common, metric="convergence_chosen", value=float(chosen), unit="")]
+    rows += convergence_rows(table.attrs.get("convergence"), table.attrs.get("former"))
     study.recorder.add_many(rows)
+
+
+SPAN_METHOD = "the sampler's timesteps at its step count on the model's noise schedule (set_timesteps)"
+
+
+def _span_rows(common: dict, r: dict, n: int | None) -> list[dict]:
+    """The first and last timestep a row's sampler called the UNet at (the training's last is 999)."""
+    out = []
+    for end in ("first", "last"):
+        v = r.get(f"{end}_timestep")
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):
+            out.append(dict(common, metric=f"reference_{end}_timestep", value=float(v), unit="t", n=n,
+                            method=SPAN_METHOD))
+    return out
+
+
+def _legs_method(what: str) -> str:
+    return f"latent MSE per element, mean over images, against {what}"
+
+
+def convergence_rows(conv: pd.DataFrame | None, former: pd.DataFrame | None) -> list[dict]:
+    """Both legs of the convergence check per step count tried, and the former reference's distance to the
+    independent solve, as results rows."""
+    rows = []
+    for c in ([] if conv is None else conv.to_dict("records")):
+        sc = f"{CONVERGENCE}: {converged.SOLVER}, guidance {c['guidance']:g}"
+        key = reference_key(c["steps"])
+        chosen = bool(c["steps"] == c["chosen"] and c["converged"])
+        double = dict(scenario=sc, key=key, n=c["n_images"],
+                      method=_legs_method(f"the {c['doubled']}-step solve"))
+        ind = dict(double, method=_legs_method(f"the independent {c['independent']} solve from the same noise"))
+        passes = {leg: "within" if c[leg] < converged.SHARE else "NOT within" for leg in ("share", "independent_share")}
+        rows += [dict(double, metric="convergence_moved_mse", value=c["moved_mse"], unit="",
+                      note=f"{c['steps']} -> {c['doubled']} steps"),
+                 dict(double, metric="convergence_fastest_mse", value=c["fastest_mse"], unit="",
+                      note=f"{c['fastest']} against the {c['doubled']}-step solve"),
+                 dict(double, metric="convergence_share", value=c["share"], unit="share",
+                      note=f"doubling leg, {passes['share']} the {converged.SHARE:.0%} tolerance"),
+                 dict(ind, metric="convergence_independent_mse", value=c["independent_mse"], unit="",
+                      note=f"{key.split(':', 1)[1]} against {c['independent']}"),
+                 dict(ind, metric="convergence_fastest_independent_mse", value=c["fastest_independent_mse"], unit="",
+                      note=f"{c['fastest']} against {c['independent']}"),
+                 dict(ind, metric="convergence_independent_share", value=c["independent_share"], unit="share",
+                      note=f"independent leg, {passes['independent_share']} the {converged.SHARE:.0%} tolerance"),
+                 dict(double, metric="convergence_steps", value=float(c["steps"]), unit="steps"),
+                 dict(double, metric="convergence_guidance", value=float(c["guidance"]), unit=""),
+                 dict(double, metric="convergence_chosen", value=float(chosen), unit="",
+                      note="both legs within the tolerance: the reference's steps" if chosen else
+                      "not chosen: " + ("a leg is not within the tolerance" if not c["converged"] or
+                                        c["steps"] != c["chosen"] else ""))]
+        rows += _span_rows(dict(double, method=SPAN_METHOD), c, c["n_images"])
+        for end in ("first", "last"):
+            v = c.get(f"independent_{end}_timestep")
+            if v is not None and not pd.isna(v):
+                rows.append(dict(ind, metric=f"convergence_independent_{end}_timestep", value=float(v), unit="t",
+                                 method=SPAN_METHOD, note=c["independent"]))
+    for f in ([] if former is None else former.to_dict("records")):
+        common = dict(scenario=f"{FORMER}: {f['key']}, guidance {f['guidance']:g}", key=f"{REFERENCE}:{f['key']}",
+                      n=f["n_images"], method=_legs_method(f"the independent {f['independent']} solve from the "
+                                                            "same noise"))
+        rows += [dict(common, metric="convergence_former_independent_mse", value=f["mse"], unit="",
+                      note="the study's reference before issue 60 (the model's leading spacing)"),
+                 dict(common, metric="convergence_former_independent_share", value=f["share"], unit="share",
+                      note=f"of {f['fastest']}'s distance to {f['independent']}"),
+                 dict(common, metric="convergence_guidance", value=float(f["guidance"]), unit="")]
+        rows += _span_rows(dict(common, method=SPAN_METHOD), f, f["n_images"])
+    return rows
 
 
 def reuse_sentence(results) -> str | None:
@@ -466,19 +542,89 @@ def from_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def convergence_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """The convergence check as a table (guidance, steps, moved, fastest, share) from results rows."""
+    """The convergence check as a table from results rows: per guidance and step count tried, both legs (moved and
+    the fastest's distance against the doubled solve, and against the independent one), their shares, the
+    timesteps and whether the count was chosen."""
     if rows.empty or "scenario" not in rows:
         return pd.DataFrame()
     t = rows[rows.scenario.astype(str).str.startswith(CONVERGENCE + ": ")]
     out = []
-    for _, g in t.groupby(["scenario", "key"], sort=False):
+    for (_, key), g in t.groupby(["scenario", "key"], sort=False):
         by = dict(zip(g.metric, g.value))
         if "convergence_steps" not in by or "convergence_guidance" not in by:
             continue
-        out.append(dict(guidance=float(by["convergence_guidance"]), steps=int(by["convergence_steps"]),
+        out.append(dict(guidance=float(by["convergence_guidance"]), key=key, steps=int(by["convergence_steps"]),
                         moved_mse=by.get("convergence_moved_mse"), fastest_mse=by.get("convergence_fastest_mse"),
-                        share=by.get("convergence_share"), chosen=bool(by.get("convergence_chosen"))))
+                        share=by.get("convergence_share"), independent_mse=by.get("convergence_independent_mse"),
+                        fastest_independent_mse=by.get("convergence_fastest_independent_mse"),
+                        independent_share=by.get("convergence_independent_share"),
+                        first_timestep=by.get("reference_first_timestep"),
+                        last_timestep=by.get("reference_last_timestep"), chosen=bool(by.get("convergence_chosen"))))
     return pd.DataFrame(out)
+
+
+def former_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The former reference's distance to the independent solve, per guidance, from results rows."""
+    if rows.empty or "scenario" not in rows:
+        return pd.DataFrame()
+    t = rows[rows.scenario.astype(str).str.startswith(FORMER + ": ")]
+    out = []
+    for (_, key), g in t.groupby(["scenario", "key"], sort=False):
+        by = dict(zip(g.metric, g.value))
+        if "convergence_former_independent_mse" in by and "convergence_guidance" in by:
+            out.append(dict(guidance=float(by["convergence_guidance"]), key=key,
+                            mse=by["convergence_former_independent_mse"],
+                            share=by.get("convergence_former_independent_share"),
+                            first_timestep=by.get("reference_first_timestep"),
+                            last_timestep=by.get("reference_last_timestep")))
+    return pd.DataFrame(out)
+
+
+def convergence_sentence(rows: pd.DataFrame) -> str | None:
+    """The reference in words, from results rows at the first guidance checked: its solve, where it starts and
+    ends, both legs with their distances and shares, and the former reference's distance to the same independent
+    solve; None without rows."""
+    conv = convergence_from_rows(rows)
+    if conv.empty:
+        return None
+    at = conv[conv.guidance == conv.guidance.iloc[0]]
+    chosen = at[at.chosen.astype(bool)]
+    r = (chosen if len(chosen) else at).iloc[-1]
+    notes = dict(zip(rows.loc[rows.key == r.key, "metric"], rows.loc[rows.key == r.key, "note"].astype(str)))
+    fastest = notes.get("convergence_fastest_mse", "the fastest candidate").split(" against ")[0]
+    span = "" if pd.isna(r.first_timestep) else f", t {int(r.first_timestep)} -> {int(r.last_timestep)}"
+    head = f"The reference: {r.key.split(':', 1)[1]}{span} at guidance {r.guidance:g}"
+    double = (f"doubling its steps moves its final latents by {float(r.moved_mse):.2e} (MSE), {float(r.share):.1%} "
+              f"of {fastest}'s distance")
+    if pd.isna(r.independent_share):  # rows of a run before issue 60: doubling was its only check
+        return f"{head}, checked by doubling only: {double}; these rows hold no independent solve."
+    independent = notes.get("convergence_independent_mse", "").split(" against ")[-1] or "an independent solver"
+    text = (f"{head}, {'converged' if len(chosen) else 'NOT converged, so no stack is admitted'}: {double}; the "
+            f"independent {independent} solve from the same noise lies {float(r.independent_mse):.2e} from it, "
+            f"{float(r.independent_share):.1%} of {fastest}'s distance to it (each must be < {converged.SHARE:.0%}).")
+    former = former_from_rows(rows)
+    former = former[former.guidance == r.guidance] if len(former) else former
+    if len(former):
+        f = former.iloc[0]
+        fspan = "" if pd.isna(f.first_timestep) else f", t {int(f.first_timestep)} -> {int(f.last_timestep)}"
+        text += (f" The reference before issue 60 ({f.key.split(':', 1)[1]}{fspan}) lies {float(f.mse):.2e} from "
+                 f"that independent solve, {float(f.share):.1%} of {fastest}'s distance.")
+    return text
+
+
+def converged_at(convergence: pd.DataFrame, guidances: tuple[float, ...]) -> tuple[bool, list[str]]:
+    """Whether the reference passed both legs of its convergence check at every guidance, and why not."""
+    bad = []
+    for g in guidances:
+        at = convergence[convergence.guidance == g] if len(convergence) else convergence
+        if at.empty:
+            bad.append(f"guidance {g:g}: the reference's convergence was not checked")
+        elif not at.chosen.astype(bool).any():
+            last = at.iloc[-1]
+            bad.append(f"guidance {g:g}: the reference is not converged by {int(last.steps)} steps (doubling "
+                       f"{float(last.share):.1%}, independent solve {float(last.independent_share):.1%} of the "
+                       f"fastest candidate's distance; each must be < {converged.SHARE:.0%})")
+    return not bad, bad
 
 
 def overall(table: pd.DataFrame, guidances: tuple[float, ...] = (GUIDANCE,)) -> pd.DataFrame:
@@ -502,10 +648,11 @@ def overall(table: pd.DataFrame, guidances: tuple[float, ...] = (GUIDANCE,)) -> 
     return pd.DataFrame(out)
 
 
-def trust(table: pd.DataFrame, plan: Plan) -> tuple[bool, list[str]]:
-    """Whether every control read what it must, at every guidance."""
+def trust(table: pd.DataFrame, plan: Plan, convergence: pd.DataFrame | None = None) -> tuple[bool, list[str]]:
+    """Whether every control read what it must, at every guidance, and (given the convergence check's table) the
+    reference passed both legs of its convergence check there: a reference that is not converged admits nothing."""
     cs = controls.defaults(plan.doses)
-    ok, bad = True, []
+    ok, bad = (True, []) if convergence is None else converged_at(convergence, plan.guidances)
     for g in plan.guidances:
         at = table[table.guidance == g] if len(table) else table
         verdicts = dict(zip(at.key, at.get("quality_verdict", pd.Series(dtype=object))))
@@ -559,8 +706,10 @@ def for_study(study, keys: list[str], plan: Plan, *, folder: Path | None = None,
     out["why_judged"] = out.key.map(why)
     order = {k: i for i, k in enumerate(wanted)}
     out = out.sort_values("key", key=lambda s: s.map(lambda k: order.get(k, -1))).reset_index(drop=True)
-    out.attrs.update(per_guidance=per_guidance, trusted=trust(per_guidance, plan),
-                     convergence=convergence_from_rows(study.recorder.current()))
+    current = study.recorder.current()
+    convergence = convergence_from_rows(current)
+    out.attrs.update(per_guidance=per_guidance, trusted=trust(per_guidance, plan, convergence),
+                     convergence=convergence, former=former_from_rows(current))
     return out
 
 

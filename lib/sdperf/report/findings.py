@@ -180,6 +180,24 @@ def verdict(name: str, rows: pd.DataFrame, legend: Legend | None = None) -> str:
 QUALITY = "12_fid_clip"  # the notebook whose finding states the run's reference-model verdicts
 
 
+def reference_detail(results: pd.DataFrame) -> str | None:
+    """What every quality verdict is judged against, under 12's finding: the converged reference and both legs of
+    its convergence check, from the run's rows (whichever notebook recorded them)."""
+    from sdperf.reference import techniques
+
+    text = techniques.convergence_sentence(results)
+    return _esc(text) if text else None
+
+
+# notebook -> a paragraph under its finding in its own section (not on the first screen), from the run's rows
+DETAILS: dict[str, Callable[[pd.DataFrame], str | None]] = {QUALITY: reference_detail}
+
+
+def detail(name: str, results: pd.DataFrame) -> str | None:
+    got = DETAILS.get(name)
+    return got(results) if got is not None and len(results) else None
+
+
 def verdicts(results: pd.DataFrame, names: list[str], legend: Legend | None = None) -> dict[str, str]:
     return {name: verdict(name, rows_of(results, name), legend) for name in names}
 

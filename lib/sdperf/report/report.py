@@ -307,14 +307,17 @@ def _status_line(stamp: dict | None) -> str:
     return line
 
 
-def _notebook_section(profile: str, name: str, rows, stamp: dict | None, i: int) -> str:
+def _notebook_section(profile: str, name: str, rows, stamp: dict | None, i: int, results=None) -> str:
     parts = [f"<h2 id='{_esc(name)}'>{_esc(name)}</h2>", _status_line(stamp), _links(profile, name)]
     if len(rows):
-        from sdperf.report.findings import verdict
+        from sdperf.report.findings import detail, verdict
 
         counts = rows["status"].value_counts()
         tally = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items())
         parts.append(f"<p class='finding'>{verdict(name, rows)}</p>")
+        more = detail(name, rows if results is None else results)
+        if more:
+            parts.append(f"<p>{more}</p>")
         parts.append(f"<details><summary>All {len(rows)} rows ({_esc(tally)})</summary>"
                      + _results_table(rows, f"nb{i}") + "</details>")
     else:
@@ -625,7 +628,7 @@ def write_index(profile: str) -> Path:
             _summary_section(names, stamps, results),
             _ladder_section(profile, results),
             _environment_section(env, settings)]
-    body += [_notebook_section(profile, name, results[results["notebook"] == name], stamps.get(name), i)
+    body += [_notebook_section(profile, name, results[results["notebook"] == name], stamps.get(name), i, results)
              for i, name in enumerate(names)]
     path = folder / "index.html"
     atomic_write_text(path, _page(title, body))

@@ -265,14 +265,12 @@ def timesteps(profile, scheduler_key: str, seed_steps: int = 50) -> list[float]:
     """The timesteps a candidate's loop calls the UNet at: its scheduler at its steps, or the profile's scheduler
     at the seeds' 50 (PLMS: 51 calls), from the architecture's noise-schedule configuration."""
     from sdperf.config import architectures
-    from sdperf.optimizations.fewer_steps import SCHEDULER_CLASSES
     from sdperf.model.pipelines import make_scheduler
 
     name, steps = profile.scheduler, seed_steps
     if scheduler_key:
         tech = catalog.get(scheduler_key)
-        name, steps = tech.key.split(":", 1)[1].split("@")[0], tech.steps
-    assert name in SCHEDULER_CLASSES, name
+        name, steps = tech.sampler, tech.steps
     sched = make_scheduler(name, architectures.get(profile.arch).scheduler)
     sched.set_timesteps(steps, device="cpu")
     return [float(t) for t in sched.timesteps]
