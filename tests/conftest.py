@@ -18,6 +18,10 @@ def session_reports(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SDPERF_REPORTS_DIR", str(tmp_path_factory.mktemp("reports")))
         mp.delenv("SDPERF_PROFILE", raising=False)
+        # each session's own machine-wide run lock, and no worker re-measured for load: the other xdist worker and
+        # a shared CI host are load (tests/test_contention.py sets both where it tests them)
+        mp.setenv("SDPERF_MACHINE_LOCK", str(tmp_path_factory.mktemp("lock") / "machine.lock"))
+        mp.setenv("SDPERF_CONTENTION_SHARE", "1")
         yield
 
 

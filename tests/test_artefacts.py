@@ -76,8 +76,11 @@ def test_the_cross_run_cache_names_the_run_that_built_an_artefact_and_keeps_with
     import os
 
     monkeypatch.setenv("SDPERF_RUN_ID", "run-1")
-    root, shared = artefacts.root_for(tmp_path, "07")
-    assert shared and root == artefacts.shared_root(tmp_path)
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path))
+    scratch = tmp_path / "smoke" / ".scratch"  # the profile's scratch folder: trimmed only inside the reports folder
+    root, shared = artefacts.root_for(scratch, "07")
+    assert shared and root == artefacts.shared_root(scratch)
+    a, b = "ir-000000000000000a", "ir-000000000000000b"
 
     def build(size):
         def make(folder):
@@ -85,23 +88,23 @@ def test_the_cross_run_cache_names_the_run_that_built_an_artefact_and_keeps_with
             return {"export_s": 12.5}
         return make
 
-    _, facts, hit = artefacts.cached(root, "a", build(1000))
+    _, facts, hit = artefacts.cached(root, a, build(1000))
     assert not hit and artefacts.origin(facts, hit) == "converted into the run's cache"
-    assert artefacts.origin(*artefacts.cached(root, "a", build(1000))[1:]) == "loaded from the run's cache"
+    assert artefacts.origin(*artefacts.cached(root, a, build(1000))[1:]) == "loaded from the run's cache"
     monkeypatch.setenv("SDPERF_RUN_ID", "run-2")
-    _, facts, hit = artefacts.cached(root, "a", build(1000))
+    _, facts, hit = artefacts.cached(root, a, build(1000))
     assert hit and artefacts.origin(facts, hit) == "loaded from the cache of an earlier run (run-1; its build took 12 s)"
-    artefacts.cached(root, "b", build(1000))
-    os.utime(root / "b" / artefacts.DONE, (1, 1))  # b: least recently used
+    artefacts.cached(root, b, build(1000))
+    os.utime(root / b / artefacts.DONE, (1, 1))  # b: least recently used
     (root / artefacts.PLUGIN_CACHE).mkdir()
     (root / artefacts.PLUGIN_CACHE / "blob.bin").write_bytes(b"y" * 500)
-    assert artefacts.trim(root, 1800) == ["b"] and (root / "a").is_dir()
+    assert artefacts.trim(root, 1800) == [b] and (root / a).is_dir()
     monkeypatch.setenv(artefacts.CACHE_ENV, "0")
-    private, shared = artefacts.root_for(tmp_path, "07")
+    private, shared = artefacts.root_for(scratch, "07")
     assert not shared and private != root
     private.mkdir(parents=True)
     artefacts.release(private, shared)
-    assert not private.exists() and (root / "a").is_dir()
+    assert not private.exists() and (root / a).is_dir()
     monkeypatch.setenv(artefacts.CACHE_ENV, "lots")
     with pytest.raises(Exception, match="SDPERF_ENGINE_CACHE_GIB='lots'"):
         artefacts.cache_gib()

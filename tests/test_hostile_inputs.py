@@ -387,6 +387,7 @@ def test_the_largest_seed_is_one_torch_takes():
 
 
 def test_captions_that_a_spreadsheet_would_run_are_neutralised_and_read_back_as_written(tmp_path):
+    import numpy as np
     import pandas as pd
 
     from sdperf.imagegen import keys, store
@@ -397,7 +398,7 @@ def test_captions_that_a_spreadsheet_would_run_are_neutralised_and_read_back_as_
     for pid, text in {**texts, **ids}.items():
         key = keys.ImageKey(7.5, pid, 0)
         (tmp_path / key.relpath).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / key.relpath).write_bytes(b"png")
+        (tmp_path / key.relpath).write_bytes(store.png_bytes(np.zeros((2, 2, 3), np.uint8)))
         rows.append(dict(key=key.name, prompt_id=pid, caption=text, guidance=7.5, seed=0, file=key.relpath, steps=1,
                          resolution=64, profile="smoke", dtype="float32", commit="c", time_utc="t", rank=0))
     with store.ManifestPart(tmp_path, 0) as part:

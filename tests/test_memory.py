@@ -107,19 +107,49 @@ def test_formula_is_near_the_committed_cpu_baselines_measured_peak():
     assert 0.85 < est / measured < 1.15, (est, measured)
 
 
-def test_earlier_rows_on_this_machine_replace_the_formula(smoke, scratch_reports):
-    machine = environment.fingerprint(smoke.device)
+def _peak_row(profile, mib: float, **kw) -> dict:
+    """A measured process peak of the baseline at batch 1 on this machine, commit and setting."""
     row = dict.fromkeys(COLUMNS)
-    row.update(notebook="00_baseline", scenario="fp32 eager, batch 1", batch_size=1, metric="process_peak_memory", value=1234.5,
-               unit="MiB", key=BASELINE_KEY, machine=machine, profile=smoke.name, status="ok", device=smoke.device,
-               commit="c1", time_utc="2026-11-26T00:00:00Z")  # every field a row must carry (results.REQUIRED)
-    other = dict(row, value=99999.0, machine="another-machine")
-    upsert_rows(results_path(smoke.name), [row, dict(other, notebook="01_half_precision")])
+    row.update(notebook="00_baseline", scenario="fp32 eager, batch 1", batch_size=1, metric="process_peak_memory",
+               value=mib, unit="MiB", key=BASELINE_KEY, machine=environment.fingerprint(profile.device),
+               profile=profile.name, setting=profile.setting, status="ok", device=profile.device,
+               commit=environment.git_commit(), time_utc="2026-11-26T00:00:00Z")  # every field results.REQUIRED asks
+    return {**row, **kw}
+
+
+def test_earlier_rows_at_the_same_setting_machine_and_commit_replace_the_formula(smoke, scratch_reports):
+    formula = memory.formula(smoke, BASELINE_KEY, 1).mib
+    near = round(formula * 1.2, 2)
+    upsert_rows(results_path(smoke.name), [_peak_row(smoke, near),
+                                           _peak_row(smoke, formula * 1.4, notebook="01_half_precision",
+                                                     machine="another-machine")])
     est = memory.estimate(smoke, BASELINE_KEY, 1)
-    assert est.mib == pytest.approx(1234.5) and "results.csv" in est.basis
-    upsert_rows(results_path(smoke.name), [dict(row, hi=1300.25)])  # a row over rounds: its largest worker counts
-    assert memory.estimate(smoke, BASELINE_KEY, 1).mib == pytest.approx(1300.25)
+    assert est.mib == pytest.approx(near) and "results.csv" in est.basis
+    upsert_rows(results_path(smoke.name), [_peak_row(smoke, near, hi=near + 10)])  # over rounds: the largest worker
+    assert memory.estimate(smoke, BASELINE_KEY, 1).mib == pytest.approx(near + 10)
     assert memory.estimate(smoke, BASELINE_KEY, 2).basis.startswith("formula")
+
+
+@pytest.mark.parametrize("other", [{"setting": "sd15 512px, guidance 7.5, random weights, cpu"},
+                                   {"commit": "0123456789ab"}, {"setting": None}, {"status": "failed"}])
+def test_a_peak_measured_under_other_settings_or_code_is_not_used(smoke, scratch_reports, other):
+    """A 64 px run's peak once passed the same profile at 512 px (issue 61): the setting and commit must match."""
+    upsert_rows(results_path(smoke.name), [_peak_row(smoke, memory.formula(smoke, BASELINE_KEY, 1).mib, **other)])
+    assert memory.estimate(smoke, BASELINE_KEY, 1).basis.startswith("formula")
+
+
+def test_the_latest_peak_counts_and_an_outlier_moves_the_formula_only_within_its_band(smoke, scratch_reports):
+    """The largest peak ever recorded once won for good, so one 25,000 MiB row skipped the baseline, and with it
+    every comparison, in every later run."""
+    formula = memory.formula(smoke, BASELINE_KEY, 1)
+    path = results_path(smoke.name)
+    upsert_rows(path, [_peak_row(smoke, 25_000.0)])
+    est = memory.estimate(smoke, BASELINE_KEY, 1)
+    assert est.bytes == int(memory.TRUSTED_BAND[1] * formula.bytes) and "held to" in est.basis
+    assert est.parts["measured"] == 25_000 * memory.MIB  # the measurement is still shown
+    upsert_rows(path, [_peak_row(smoke, 1.0, scenario="fp32 eager, batch 1 (again)", time_utc="2026-11-27T00:00:00Z")])
+    low = memory.estimate(smoke, BASELINE_KEY, 1)  # the later row counts, and cannot lower the formula past the band
+    assert low.bytes == int(memory.TRUSTED_BAND[0] * formula.bytes) and "held to" in low.basis
 
 
 def test_a_bad_cap_names_the_value(monkeypatch):

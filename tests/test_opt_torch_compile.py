@@ -153,7 +153,8 @@ def test_compile_technique_puts_the_inductor_cache_in_scratch_and_its_log_in_fac
     monkeypatch.setenv(tc.CACHE_ENV, str(tmp_path / "elsewhere"))  # e.g. the fork server's default
     ctx = Context(smoke, scratch=tmp_path / "scratch")
     pipe = get("compile:default").apply(build_pipeline(smoke), ctx)
-    assert os.environ[tc.CACHE_ENV] == str(tmp_path / "scratch" / "inductor") == ctx.facts["inductor_cache"]
+    assert os.environ[tc.CACHE_ENV] == str(tc.inductor_dir(tmp_path / "scratch")) == ctx.facts["inductor_cache"]
+    assert os.environ[tc.CACHE_ENV].startswith(str(tmp_path / "scratch" / tc.CACHE_FOLDER))  # this run's own
     assert ctx.facts["compile_log"] is pipe.unet.log  # read by the worker after the timed calls
 
 

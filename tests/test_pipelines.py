@@ -110,6 +110,7 @@ def test_weights_cache_gives_the_same_networks_as_building_them(smoke, tmp_path)
     """The first process saves the seeded UNet, VAE and text encoder, a later one reads them back: bit-identical
     to a fresh build, non-persistent buffers (CLIP's position ids) included, and the same images."""
     from sdperf.model.pipelines import build_pipeline
+    from sdperf.store import verified
 
     parts = ("unet", "vae", "text_encoder")
     fresh_pipe = build_pipeline(smoke)
@@ -117,7 +118,9 @@ def test_weights_cache_gives_the_same_networks_as_building_them(smoke, tmp_path)
              for c in parts}
     build_pipeline(smoke, weights_cache=tmp_path)
     files = sorted(tmp_path.iterdir())
-    assert len(files) == 3 and all(f.suffix == ".safetensors" for f in files)  # no temporary file left beside
+    weights = [f for f in files if f.suffix == ".safetensors"]
+    assert len(weights) == 3 and sorted(files) == sorted(weights + [f.with_name(f.name + verified.SEAL)
+                                                                    for f in weights])  # sealed, no temporary file
     again_pipe = build_pipeline(smoke, weights_cache=tmp_path)
     for c in parts:
         again = getattr(again_pipe, c)
@@ -127,7 +130,7 @@ def test_weights_cache_gives_the_same_networks_as_building_them(smoke, tmp_path)
     w = Workload(PROMPT, 1, 2, 7.5, smoke.resolution, smoke.resolution, 0)
     assert torch.equal(generate(again_pipe, w).images, generate(fresh_pipe, w).images)
     other_seed = build_pipeline(dataclasses.replace(smoke, seed=smoke.seed + 1), weights_cache=tmp_path)
-    assert len(list(tmp_path.iterdir())) == 6
+    assert len(list(tmp_path.glob("*.safetensors"))) == 6
     assert not torch.equal(other_seed.unet.conv_in.weight, again_pipe.unet.conv_in.weight)
 
 

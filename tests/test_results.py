@@ -168,10 +168,11 @@ def test_failed_replace_leaves_old_file_and_no_temp(env, monkeypatch):
 def test_killed_writer_never_leaves_a_broken_table(scratch_reports):
     """SIGKILL a process in the middle of a stream of writes: the table always parses with whole rows."""
     code = textwrap.dedent("""
-        from sdperf.store.results import upsert_rows, results_path, COLUMNS
+        from sdperf.store.results import upsert_rows, results_path, COLUMNS, NUMERIC
         i = 0
         while True:
-            upsert_rows(results_path("smoke"), [dict({c: "x" * 50 for c in COLUMNS}, scenario=f"s{i}", value=i)])
+            upsert_rows(results_path("smoke"), [dict({c: 1.0 if c in NUMERIC else "x" * 50 for c in COLUMNS},
+                                                     scenario=f"s{i}", value=i)])
             i += 1
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ))

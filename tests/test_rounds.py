@@ -183,8 +183,8 @@ def _append_many(root, writer: int) -> None:
 
     book = Ledger(root)
     for i in range(200):
-        book.append({"role": "config", "stack": "grad:grad", "batch_size": 1, "round": 0, "writer": writer, "i": i,
-                     "pad": "x" * 5000})
+        book.append({"role": "config", "stack": "grad:grad", "batch_size": 1, "round": 0, "status": "ok",
+                     "writer": writer, "i": i, "pad": "x" * 5000})
 
 
 def test_a_loop_only_worker_gets_the_baseline_decode_interpolated_to_its_time():

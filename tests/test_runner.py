@@ -413,7 +413,32 @@ def test_a_run_keys_its_rounds_by_commit_machine_and_profile_and_clears_the_othe
     assert mine.is_dir() and not other.exists()
     runner.resume_rounds(smoke, force=True)
     assert not mine.exists()
-    assert ledgers.resume_key("a", "m", "p") != ledgers.resume_key("b", "m", "p") != ledgers.resume_key("a", "n", "p")
+    parts = ledgers.resume_parts("a", "m", "steps: 2\n")
+    for other_parts in (dict(parts, commit="b"), dict(parts, machine="n"), ledgers.resume_parts("a", "m", "steps: 3\n")):
+        assert ledgers.resume_key(other_parts) != ledgers.resume_key(parts)
+    # a comment, the description or the expected times may change; a setting may not
+    same = ledgers.resume_parts("a", "m", "description: other\nsteps: 2  # why\nexpected: {rounds_per_worker_s: 9}\n")
+    assert ledgers.resume_key(same) == ledgers.resume_key(parts)
+
+
+def test_a_resumed_run_under_other_threads_starts_clean_and_says_why(smoke, tmp_path, monkeypatch, capsys):
+    """Issue 61: a run killed after round 0 and resumed with OMP_NUM_THREADS=1 must not keep round 0 measured at 2
+    threads beside rounds at 1; the discarded rounds are announced with what changed."""
+    from sdperf.core import paths
+    from sdperf.run import runner
+
+    monkeypatch.setenv("SDPERF_REPORTS_DIR", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    first = runner.resume_rounds(smoke, force=False, say=lambda _: None)
+    finished = paths.scratch_dir(smoke.name) / "rounds" / f"{first}-smoke-abc"
+    finished.mkdir()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    said = []
+    second = runner.resume_rounds(smoke, force=False, say=said.append)
+    assert second != first and not finished.exists()
+    assert len(said) == 1 and "other threads (OMP_NUM_THREADS 2 -> 1)" in said[0] and first in said[0]
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert runner.resume_rounds(smoke, force=False, say=said.append) == first  # the same settings: the same key
 
 
 def test_a_skipped_notebook_whose_html_is_older_than_its_run_gets_fresh_html(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+from sdperf.core import paths
 from sdperf.core.errors import ConfigError, short
 from sdperf.config.profiles import AUTO, PROFILE_ENV, available_profiles, load_profile
 from sdperf.run.plan import check_sections
@@ -23,7 +24,8 @@ def _run(args) -> int:
     from sdperf.run import runner
 
     with _terminate_as_interrupt():
-        return runner.run(args.profile, only=args.only, force=args.force, beside_survivors=args.beside_survivors)
+        return runner.run(args.profile, only=args.only, force=args.force, beside_survivors=args.beside_survivors,
+                          beside_load=args.beside_load)
 
 
 @contextlib.contextmanager
@@ -123,6 +125,8 @@ def _doctor(args) -> int:
     from sdperf.measure import doctor
 
     profile = load_profile(args.profile, check_runtime=False)
+    if args.record:
+        paths.require_writable(paths.profile_reports(profile.name), "sdperf doctor --record")
     found = doctor.record(profile)
     print(doctor.report(profile, found))
     if args.record:
@@ -134,6 +138,7 @@ def _report(args) -> int:
     from sdperf.report import report
 
     profile = load_profile(args.profile, check_runtime=False)
+    paths.require_writable(paths.profile_reports(profile.name), "sdperf report")
     print(report.write_index(profile.name))
     return 0
 
@@ -223,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--beside-survivors", action="store_true",
                      help="measure even though workers a killed run left behind still run (named at the start); "
                      "their memory and cores bias every figure, so the run refuses by default")
+    run.add_argument("--beside-load", action="store_true",
+                     help="start even though other processes keep the CPUs busy (named at the start); every worker "
+                     "still measures its own window, is measured again when reached, and its rows are marked")
     add("profiles", _profiles, "list the profiles and what 'auto' picks here", profile=False)
     add("env", _env, "print the environment record stored beside every number")
     doc = add("doctor", _doctor, "every rung of the catalog with 'will run' or the reason it won't, on this machine "
@@ -273,8 +281,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from sdperf.core import paths
-
         paths.resolve_env()  # relative or empty SDPERF_*_DIR: made absolute (or refused) before anything runs
         return args.func(args)
     except ConfigError as exc:

@@ -77,6 +77,14 @@ class Profile:
     expected: dict = field(default_factory=dict)
 
     @property
+    def setting(self) -> str:
+        """What besides a row's technique and batch decides its process's memory: the architecture, the
+        resolution, whether guidance doubles the UNet's batch, the weights and the device (each row carries it, so
+        a peak measured at one setting is never taken for another's)."""
+        guidance = f"guidance {self.guidance_scale:g}" if self.guidance_scale > 1 else "no guidance"
+        return f"{self.arch} {self.resolution}px, {guidance}, {self.weights or 'random'} weights, {self.device}"
+
+    @property
     def latent_size(self) -> int:
         return self.resolution // vae_scale_factor(self.arch)
 

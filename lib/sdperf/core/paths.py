@@ -34,6 +34,19 @@ def resolve_env() -> None:
     for var, default in ((PARAMS_ENV, REPO_ROOT / "params"), (REPORTS_ENV, REPO_ROOT / "reports")):
         if var in os.environ:
             os.environ[var] = str(_env_dir(var, default))
+            if Path(os.environ[var]).exists() and not Path(os.environ[var]).is_dir():
+                raise ConfigError(f"${var}={os.environ[var]!r} is a file, not a folder; give a folder (it is made "
+                                  f"when missing) or unset it (default {str(default)!r})")
+
+
+def require_writable(folder: Path, what: str) -> Path:
+    """`folder`, when files can be written into it (made when missing), else a ConfigError naming what blocks it:
+    the check every command that writes into reports/ makes before it starts."""
+    existing = blocking(folder)
+    if existing is not None:
+        raise ConfigError(f"{what}: {str(folder)!r} cannot be written ({str(existing)!r} is not a writable folder); "
+                          f"make it writable or set {REPORTS_ENV} to another folder")
+    return Path(folder)
 
 
 def params_dir() -> Path:
@@ -99,3 +112,49 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def unsafe_folder(folder: Path, root: Path | None = None) -> str | None:
+    """Why sdperf may not remove files inside `folder`, else None: a folder it cleans must be a real folder (no
+    symlink anywhere from the reports root down to it) that lies inside the reports root (`root`, default
+    reports_root()). A user who links `.staging` or `.workers` elsewhere, or a reports folder at another disk's
+    files, must never see a clean-up reach through the link and delete what it finds there."""
+    root = Path(root or reports_root())
+    folder = Path(folder)
+    try:
+        rel = folder.relative_to(root)
+    except ValueError:
+        return f"{str(folder)!r} is not inside the reports folder {str(root)!r}"
+    here = root
+    for part in rel.parts:
+        here = here / part
+        if here.is_symlink():
+            return f"{str(here)!r} is a symbolic link (to {os.readlink(here)!r})"
+    real_root, real = os.path.realpath(root), os.path.realpath(folder)
+    if os.path.commonpath([real_root, real]) != real_root:
+        return f"{str(folder)!r} resolves to {real!r}, outside the reports folder {real_root!r}"
+    return None
+
+
+def removable(folder: Path, root: Path | None = None) -> bool:
+    """Whether a clean-up may remove what sdperf wrote in `folder` (unsafe_folder says why not); it warns once per
+    folder when not, and the clean-up then removes nothing there."""
+    why = unsafe_folder(folder, root)
+    if why is not None:
+        import warnings
+
+        warnings.warn(f"sdperf removes nothing through {why}; remove or replace the link to let it clean up",
+                      stacklevel=2)
+    return why is None
+
+
+def remove_owned(path: Path) -> None:
+    """Remove one entry sdperf wrote: a folder's tree (shutil.rmtree never follows the links inside it), a file, or
+    a link itself (never what it points to). The caller checked its folder with `removable`."""
+    import shutil
+
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)

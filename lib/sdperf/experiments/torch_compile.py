@@ -3,8 +3,6 @@ keys `compile:<spec>`) against fp32 eager by run_variants; what compiling costs 
 a warm one (later rounds: a new process, the inductor cache on disk); how many recompiles a new shape causes."""
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -30,11 +28,6 @@ def forget_compiled() -> None:
     """Dynamo's compiled code and inductor's in-memory caches gone (the in-process experiments below)."""
     torch._dynamo.reset()
     clear_caches()
-
-
-def inductor_cache(study: Study) -> Path:
-    """The inductor cache the workers share (optimizations.torch_compile sets it from the scratch folder)."""
-    return scratch_dir(study.profile.name) / "inductor"
 
 
 def cuda_graph_modes_here(study: Study) -> pd.DataFrame:
@@ -80,7 +73,9 @@ def run(study: Study, keys: list[str], cold: bool = True) -> tuple[Comparison, p
         if not k.startswith("compile:"):
             raise ValueError(f"{k!r} is not a torch.compile key; give compile:<spec>, e.g. compile:freezing")
     if cold:
-        shutil.rmtree(inductor_cache(study), ignore_errors=True)
+        from sdperf.optimizations.torch_compile import clear_inductor
+
+        clear_inductor(scratch_dir(study.profile.name))
     cmp = run_variants(study, keys)
     return cmp, compile_table(study, cmp)
 

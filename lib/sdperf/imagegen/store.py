@@ -159,8 +159,25 @@ def write_image(out_dir: Path, key: ImageKey, image: np.ndarray) -> Path:
     return path
 
 
+PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # every whole PNG's last 12 bytes: its empty IEND chunk
+
+
+def whole_png(path: Path) -> bool:
+    """Whether `path` is a regular file that starts and ends as a whole PNG (a truncated one ends elsewhere)."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size < 8 + len(PNG_END):
+            return False
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            fh.seek(-len(PNG_END), os.SEEK_END)
+            return head == b"\x89PNG\r\n\x1a\n" and fh.read() == PNG_END
+    except OSError:
+        return False
+
+
 def existing(out_dir: Path, keys) -> set[ImageKey]:
-    """Keys whose image is on disk (complete: images only appear by rename); one listing per guidance folder."""
+    """Keys whose image is on disk and whole (images only appear by rename, so a cut one was damaged later: it is
+    removed and generated again); one listing per guidance folder."""
     by_dir: dict[str, set[str]] = {}
     done = set()
     for key in keys:
@@ -170,7 +187,11 @@ def existing(out_dir: Path, keys) -> set[ImageKey]:
                 by_dir[folder] = set(os.listdir(out_dir / folder))
             by_dir.setdefault(folder, set())
         if name in by_dir[folder]:
-            done.add(key)
+            if whole_png(out_dir / key.relpath):
+                done.add(key)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(out_dir / key.relpath)
     return done
 
 
@@ -277,9 +298,14 @@ def rebuild_manifest(out_dir) -> pd.DataFrame:
     out_dir = Path(out_dir)
     with locked(out_dir / MANIFEST):  # independent shards may finish together: the last rebuild sees all rows
         latest: dict[ImageKey, dict] = {}
-        for row in sorted(read_parts(out_dir), key=lambda r: r["time_utc"]):
-            if (out_dir / row["file"]).is_file():
-                latest[row_key(row)] = row
+        for row in sorted(read_parts(out_dir), key=lambda r: str(r["time_utc"])):
+            try:
+                key = row_key(row)
+            except (TypeError, ValueError):  # a part row no generate wrote: not an image of this folder
+                continue
+            # a row's file is where its key's image lives, nothing else (a row naming /etc/passwd or ../x is not one)
+            if row["file"] == key.relpath and whole_png(out_dir / key.relpath):
+                latest[key] = row
         table = pd.DataFrame([latest[k] for k in sorted(latest)], columns=COLUMNS)
         atomic_write_text(out_dir / MANIFEST, neutralised(table).to_csv(index=False))
     return table

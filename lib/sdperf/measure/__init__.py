@@ -7,7 +7,8 @@ every comparison of a run (`ledger`), against an fp32 baseline interpolated arou
 for the noise floor and a 2x-work control (`comparison`). Below them: stage timing (`timing`), FLOPs and the
 measured matmul roof (`roofline`), output drift from the fp32 image (`drift`), in-process measurements
 (`measurements`), the memory estimate that refuses what cannot fit (`memory`), the half-precision budget rule
-(`half_budget`), every rung's verdict before a run (`doctor`), and the notebook's handle on all of it (`study`:
+(`half_budget`), what other processes took of the CPUs while a worker was timed (`contention`), every rung's
+verdict before a run (`doctor`), and the notebook's handle on all of it (`study`:
 profile, environment record, results recorder, captioned figures).
 
 May import: model/, config/, store/, core/, and the techniques (sdperf.optimizations).

@@ -105,6 +105,8 @@ def _setup_note(cmp: Comparison, variant: str) -> str:
     """The first round's set-up: cold, or (sdperf.optimizations.artefacts) its engine loaded from an earlier run's
     cache, which names that run and its build time."""
     facts = cmp.facts.get(variant) or {}
+    if facts.get("rebuilt"):
+        return f"techniques applied, first round: engine built again, since {facts['rebuilt']}"
     if artefacts.earlier_run(facts):
         return f"techniques applied, first round: engine {facts.get('artefact', '')}"
     return "techniques applied (export, build, quantize), first round: cold caches"
@@ -165,7 +167,19 @@ def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
         rows.append(dict(scenario="noise floor" + suffix, metric=f"{ratio}_noise_band", value=hi, unit="x", lo=lo,
                          hi=hi, n=m.rounds, method=m.method, key="fp32-eager", batch_size=batch_size,
                          note=f"{what}: fp32 eager against its twin, symmetric range over rounds"))
-    rec.add_many(rows)
+    rec.add_many(_marked(rows, m.beside_load, suffix))
+
+
+def _marked(rows: list[dict], beside: dict[str, str], suffix: str) -> list[dict]:
+    """`rows` with the mark of load on every row of a configuration whose workers (or its rounds' baselines) others'
+    load reached, and on the noise floor's when the twin's did (rounds.beside_load)."""
+    if not beside:
+        return rows
+    scenarios = {name + suffix: why for name, why in beside.items()}
+    if rounds.TWIN in beside:
+        scenarios["noise floor" + suffix] = beside[rounds.TWIN]
+    return [dict(r, note=f"{r.get('note') or ''}; {scenarios[r['scenario']]}".lstrip("; "))
+            if r["scenario"] in scenarios else r for r in rows]
 
 
 def run_variants(study: Study, items, *, batch_size: int = 1, say: Callable[[str], None] = print,

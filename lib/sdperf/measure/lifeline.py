@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import re
 import os
 import signal
 import subprocess
@@ -92,6 +93,9 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
+_PID_FILE = re.compile(r"[0-9]+\.json")  # registered()'s names: the only files survivors() may remove
+
+
 def folder(profile: str) -> Path:
     from sdperf.core.paths import profile_reports
 
@@ -134,25 +138,37 @@ def registered(profile: str, pid: int, spec: dict, server_pid: int | None = None
 def survivors(profile: str) -> list[dict]:
     """Workers and fork servers that a killed launcher left running: one dict per live process (pid, role, RSS
     in MiB, what it measured, its launcher); pid files whose processes are all gone are removed."""
+    from sdperf.core.paths import unsafe_folder
+
     out = []
     where = folder(profile)
-    for path in sorted(where.glob("*.json")) if where.is_dir() else []:
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+    mine = where.is_dir() and unsafe_folder(where) is None  # through a link nothing is read or removed
+    for path in sorted(p for p in where.glob("*.json") if _PID_FILE.fullmatch(p.name)) if mine else []:
+        if path.is_symlink():  # a pid file is written here, never linked: the link goes, its target stays
             path.unlink(missing_ok=True)
             continue
-        live = []
-        for role, p in record.get("processes", {}).items():
-            st = _stat(int(p["pid"]))
-            if st and st["state"] not in ("Z", "X") and st["start_ticks"] == p.get("start_ticks"):
-                live.append({"pid": int(p["pid"]), "role": role, "rss_mib": rss_mib(int(p["pid"])),
-                             "stack": record.get("stack"), "batch_size": record.get("batch_size"),
-                             "launcher": record.get("launcher"), "launcher_alive": alive(int(record["launcher"]))})
+        try:
+            record = json.loads(path.read_text())
+            live = _live(record)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):  # not a record registered() wrote
+            path.unlink(missing_ok=True)
+            continue
         if not live:
             path.unlink(missing_ok=True)
         out += [s for s in live if not s["launcher_alive"]]
     return out
+
+
+def _live(record: dict) -> list[dict]:
+    """The processes of a pid file's record that still run as the ones it registered (same start time)."""
+    live = []
+    for role, p in record["processes"].items():
+        st = _stat(int(p["pid"]))
+        if st and st["state"] not in ("Z", "X") and st["start_ticks"] == p.get("start_ticks"):
+            live.append({"pid": int(p["pid"]), "role": role, "rss_mib": rss_mib(int(p["pid"])),
+                         "stack": record.get("stack"), "batch_size": record.get("batch_size"),
+                         "launcher": record.get("launcher"), "launcher_alive": alive(int(record["launcher"]))})
+    return live
 
 
 def describe(found: list[dict]) -> str:

@@ -16,9 +16,14 @@ The estimate (every part an allowance, not a measurement, and said to be one):
 - what the technique adds: extra fp32 copies of the networks it holds beside the eager ones (EXTRA_COPIES: an
   engine two of the UNet, a frozen compiled UNet one, trainable parameters their gradients);
 - the interpreter and the libraries a worker imports.
-Rows of earlier runs on this machine refine it: when results.csv holds the configuration's own measured process
-peak at this batch on this machine's fingerprint, the largest such peak is the estimate. (tests/test_memory.py
-holds the formula to within 15% of the fp32 eager process peak the committed cpu report measured.)
+Rows of earlier runs refine it: when results.csv holds the configuration's own measured process peak taken at
+what decides memory, the same technique key, batch, machine fingerprint, commit and setting (architecture,
+resolution, guidance, weights, device: Profile.setting), the latest such row is the estimate, kept within
+TRUSTED_BAND of the formula: a peak measured under other settings is never used, and one outlier row can neither
+lower the estimate below 0.6x the formula (the largest undershoot in the committed cpu report: 0.64x, OpenVINO int8
+PTQ) nor push it above 1.5x (its largest overshoot: 1.09x) and so skip the configuration in every later run.
+(tests/test_memory.py holds the formula to within 15% of the fp32 eager process peak the committed cpu report
+measured.)
 
 The memory available is MemAvailable (/proc/meminfo), lowered to the room left under a cgroup memory limit when
 one is set, and to SDPERF_MEMORY_CAP_MIB when that is set (what the tests use to force a refusal).
@@ -109,7 +114,7 @@ def cap_bytes() -> int | None:
     raw = os.environ.get(CAP_ENV, "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:  # isdigit alone passes '²', which int() refuses
         raise ConfigError(f"{CAP_ENV}={raw!r} is not valid: set it to a positive whole number of MiB (e.g. 8192), "
                           "or unset it to use the memory available")
     return int(raw) * MIB
@@ -242,10 +247,15 @@ def formula(profile, stack_key: str, batch_size: int) -> Estimate:
     return Estimate(sum(parts.values()), parts, "formula: fp32 weights + activations + technique + runtime")
 
 
+# The share of the formula a measured peak may move the estimate to (module docstring)
+TRUSTED_BAND = (0.6, 1.5)
+
+
 @functools.lru_cache(maxsize=8)
 def _peaks(path: str, mtime_ns: int) -> dict:
-    """{(key, batch, machine): largest process peak MiB} of one results.csv as of `mtime_ns` (read once per
-    change: the doctor and a run ask for every rung)."""
+    """{(key, batch, machine, commit, setting): the latest row's process peak MiB} of one results.csv as of
+    `mtime_ns` (read once per change: the doctor and a run ask for every rung). Rows without a setting (tables
+    written before it was a column) match nothing."""
     import pandas as pd
 
     from sdperf.store.results import read_table
@@ -254,39 +264,47 @@ def _peaks(path: str, mtime_ns: int) -> dict:
         df = read_table(Path(path))
     except Exception:  # noqa: BLE001 - an unreadable table only means no refinement
         return {}
-    df = df[df.metric == "process_peak_memory"]
-    batch = df.batch_size
-    top = pd.concat([df.value.astype(float), df.hi.astype(float)], axis=1).max(axis=1)  # hi: the largest worker's
-    out: dict = {}
-    for key, b, machine, value in zip(df.key, batch, df.machine, top):
-        if pd.notna(b) and value == value:
-            k = (key, int(b), machine)
-            out[k] = max(out.get(k, 0.0), float(value))
-    return out
+    df = df[(df.metric == "process_peak_memory") & (df.status == "ok")]
+    if "setting" not in df:
+        return {}
+    df = df.assign(top=pd.concat([pd.to_numeric(df.value, errors="coerce"),  # hi: the largest worker's
+                                  pd.to_numeric(df.hi, errors="coerce")], axis=1).max(axis=1))
+    df = df[df.batch_size.notna() & df.top.notna() & df.setting.notna()].sort_values("time_utc", kind="stable")
+    return {(key, int(b), machine, commit, setting): float(top)
+            for key, b, machine, commit, setting, top in zip(df.key, df.batch_size, df.machine, df.commit,
+                                                               df.setting, df.top)}
 
 
-def measured_peak_mib(profile_name: str, stack_key: str, batch_size: int, machine: str) -> float | None:
-    """The largest process peak results.csv holds for this configuration at this batch on this machine, or None."""
+def measured_peak_mib(profile, stack_key: str, batch_size: int, machine: str, commit: str) -> float | None:
+    """The latest process peak results.csv holds for this configuration at this batch, machine, commit and
+    setting, or None."""
     from sdperf.store.results import results_path
 
-    path = results_path(profile_name)
+    path = results_path(profile.name)
     try:
         mtime = path.stat().st_mtime_ns
     except OSError:
         return None
-    return _peaks(str(path), mtime).get((stack_key, batch_size, machine))
+    return _peaks(str(path), mtime).get((stack_key, batch_size, machine, commit, profile.setting))
 
 
 def estimate(profile, stack_key: str = "fp32-eager", batch_size: int = 1) -> Estimate:
-    """The formula, replaced by the configuration's own largest measured peak on this machine when there is one."""
+    """The formula, refined by the configuration's own latest measured peak at the same setting, machine and
+    commit, within TRUSTED_BAND of the formula (module docstring)."""
     from sdperf.core import environment
 
     est = formula(profile, stack_key, batch_size)
-    seen = measured_peak_mib(profile.name, stack_key, batch_size, environment.fingerprint(profile.device))
+    seen = measured_peak_mib(profile, stack_key, batch_size, environment.fingerprint(profile.device),
+                             environment.git_commit())
     if seen is None:
         return est
-    return Estimate(int(seen * MIB), {"measured": int(seen * MIB), "formula": est.bytes},
-                    "the largest process peak of this configuration in results.csv on this machine")
+    low, high = (share * est.bytes for share in TRUSTED_BAND)
+    used = int(min(max(seen * MIB, low), high))
+    basis = "the latest process peak of this configuration in results.csv (same setting, machine and commit)"
+    if used != int(seen * MIB):
+        basis += (f", measured {seen:,.0f} MiB, held to {TRUSTED_BAND[0]:g}-{TRUSTED_BAND[1]:g}x the formula "
+                  "(a peak outside that band is more likely a stray row than the configuration's)")
+    return Estimate(used, {"measured": int(seen * MIB), "formula": est.bytes}, basis)
 
 
 def preflight(profile, stack_key: str = "fp32-eager", batch_size: int = 1,

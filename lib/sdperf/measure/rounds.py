@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from sdperf.core import environment
-from sdperf.measure import allocator_servers, drift, lifeline, memory, worker
+from sdperf.measure import allocator_servers, contention, drift, lifeline, memory, worker
 from sdperf.measure import ledger as ledgers
 from sdperf.optimizations import allocator as allocators
 from sdperf.optimizations.catalog import BASELINE_KEY, Context, Stack
@@ -52,6 +52,9 @@ RATIOS = (("latency_s", "speedup", "per image at the profile's steps"),
 FASTER, SLOWER, NOISE = results.FASTER, results.SLOWER, results.NOISE  # the verdict column's words
 # A comparison opens on the run's last baseline when nothing ran after it and it closed less than this ago
 REUSE_BASELINE_S = 600
+# A worker that others' load reached (sdperf.measure.contention) is measured again this many times, each once the
+# machine is quiet; one still reached is kept, and the rows of every ratio it enters are marked
+BESIDE_LOAD_RETRIES = 1
 # Imported once by the fork server, so a worker starts with them loaded (nothing is built there). diffusers and
 # transformers import their model modules lazily, on first use: naming them here saves every worker ~1 s.
 # sdperf.measure.forkserver_lifeline comes first: the fork server dies with its launcher before it spends seconds
@@ -330,6 +333,7 @@ class Measured:
     facts: dict = field(default_factory=dict)
     drift: dict = field(default_factory=dict)
     sittings: int = 1
+    beside_load: dict = field(default_factory=dict)  # {configuration: why its figures may be wrong} (beside_load)
 
     @property
     def method(self) -> str:
@@ -468,8 +472,8 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
             spec = _spec(profile, c, r, scratch, overrides or {}, artefacts,
                          save_output=not book.has_output(role, c.stack, b))
             why = too_big(profile, c)  # memory taken since the run began (a neighbour, a leak) counts too
-            result, output = ({"status": "skipped", "note": why}, None) if why is not None else launcher(
-                spec, setting=Stack.of(c.stack).allocator, allocator_server=own_servers,
+            result, output = ({"status": "skipped", "note": why}, None) if why is not None else _quiet_launch(
+                launcher, spec, c, say, setting=Stack.of(c.stack).allocator, allocator_server=own_servers,
                 timeout_s=getattr(profile, "cell_timeout_s", None))
             if result["status"] != "ok":
                 failed.add(c.stack)
@@ -480,6 +484,45 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
     finally:
         allocator_servers.stop_all()  # their workers have ended; each server holds its imported libraries
     return _measured(book, configs, gone, rounds, b)
+
+
+def _quiet_launch(launcher: Callable, spec: dict, config: Config, say, **kw) -> tuple[dict, object | None]:
+    """One worker, measured again (BESIDE_LOAD_RETRIES) once the machine is quiet when other processes took more
+    than their share of its CPUs while it was timed; a result still reached says so in its `contention`."""
+    result, output = launcher(spec, **kw)
+    for _ in range(BESIDE_LOAD_RETRIES):
+        if result.get("status") != "ok" or not contention.contended(result.get("contention")):
+            return result, output
+        say(f"  {config.name}: {contention.words(result['contention'])}; measured again once the machine is quiet")
+        contention.wait_quiet(say=say)
+        result, output = launcher(spec, **kw)
+    if result.get("status") == "ok" and contention.contended(result.get("contention")):
+        say(f"  {config.name}: still {contention.words(result['contention'])}: kept, and its ratios marked")
+    return result, output
+
+
+def beside_load(raw: pd.DataFrame) -> dict[str, str]:
+    """{configuration: why its figures may be wrong} for each one with a worker that others' load reached: its
+    own, or a baseline of one of its rounds (its ratios divide that baseline); the twin's reach the noise band."""
+    if "contention" not in raw or raw.empty:
+        return {}
+    ok = raw[raw.status == "ok"]
+    share = contention.threshold()
+    hit = ok[[contention.contended(c, share) if isinstance(c, dict) else False for c in ok.contention]]
+    if hit.empty:
+        return {}
+    base_rounds = set(hit.loc[hit.config == BASELINE, "round"])
+    said = {}
+    for name, g in ok.groupby("config", sort=False):
+        rounds_hit = set(hit.loc[hit.config == name, "round"]) | (base_rounds & set(g["round"]))
+        if not rounds_hit:
+            continue
+        involved = hit[((hit.config == name) | (hit.config == BASELINE)) & hit["round"].isin(rounds_hit)]
+        worst = max(c["share"] for c in involved.contention)
+        said[name] = (f"{contention.BESIDE_LOAD} in {len(rounds_hit)} of {g['round'].nunique()} round(s): other "
+                      f"processes took up to {worst:.0%} of the CPUs' time while it or its round's baseline was "
+                      f"timed (over {share:.0%} voids a timing); these figures may be wrong")
+    return said
 
 
 def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: int, b: int,
@@ -517,7 +560,8 @@ def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: i
                 d["verdict"] = drift.verdict(d)
                 drifts[name] = d
     used = {r.get("sitting") for r in rows if r.get("status") == "ok" and r.get("sitting")}
-    return Measured(rounds, raw, ratios, summary, bands, facts, drifts, sittings=max(len(used), 1))
+    return Measured(rounds, raw, ratios, summary, bands, facts, drifts, sittings=max(len(used), 1),
+                    beside_load=beside_load(raw))
 
 
 def alone(profile, configs: list[Config], *, rounds: int | None = None, scratch: Path | None = None,

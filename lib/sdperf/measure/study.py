@@ -69,6 +69,6 @@ class Study:
 def open_study(profile: str | None, notebook: str) -> Study:
     """Validate the profile (fails before any model is built), record the environment, set the plot style."""
     prof = load_profile(profile)
-    env = environment.record(prof.name, prof.device)
+    env = {**environment.record(prof.name, prof.device), "setting": prof.setting}
     plots.use_style()
     return Study(notebook=notebook, profile=prof, env=env, recorder=Recorder(notebook, prof.name, env))

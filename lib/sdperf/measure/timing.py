@@ -19,6 +19,8 @@ import numpy as np
 import torch
 import torch.utils.benchmark as benchmark
 
+from sdperf.measure import contention
+
 
 @dataclass
 class Timing:
@@ -26,6 +28,7 @@ class Timing:
     first_call: float
     peak_memory_bytes: int | None = None
     memory_kind: str = ""
+    contention: dict | None = None  # what other processes took of the CPUs over the timed calls (measure.contention)
 
     @property
     def median(self) -> float:
@@ -157,9 +160,11 @@ def measure(fn: Callable[[], object], *, device: str, warmup: int = 1, repeats: 
     for _ in range(max(warmup - 1, 0)):
         fn()
     reset_peak_memory(device)
+    before = contention.sample()
     times = [once(fn) for _ in range(repeats)]
+    taken = contention.between(before, contention.sample())
     peak, kind = peak_memory(device)
-    return Timing(times=times, first_call=first_s, peak_memory_bytes=peak, memory_kind=kind)
+    return Timing(times=times, first_call=first_s, peak_memory_bytes=peak, memory_kind=kind, contention=taken)
 
 
 def blocked(fn: Callable[[], object], *, device: str, min_run_time: float = 1.0) -> Timing:

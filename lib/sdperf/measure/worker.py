@@ -171,7 +171,7 @@ def measure(spec: dict) -> tuple[dict, object | None]:
         "vae_decode_s": _stage(run.stages, "vae_decode", "seconds_per_image_call") if decoded else None,
         "peak_memory_mib": s["peak_memory_mib"], "memory_kind": run.timing.memory_kind,
         "process_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "t_start": started, "t_end": finished, "threads": torch.get_num_threads(), "pid": os.getpid(),
+        "contention": run.timing.contention, "t_start": started, "t_end": finished, "threads": torch.get_num_threads(), "pid": os.getpid(),
         "allocator": stack.allocator, "allocator_in_effect": allocator.in_effect(stack.allocator),
         "facts": _jsonable(ctx.facts),
     }

@@ -15,7 +15,6 @@ import diffusers
 import torch
 
 from sdperf.config import architectures
-from sdperf.store.results import atomic_write
 from sdperf.config.profiles import Profile
 from sdperf.model.tokenizer import clip_tokenizer
 
@@ -130,25 +129,45 @@ def _cached(cache: Path | None, arch_name: str, component: str, config: dict, se
 
     Random init of SD 1.5's networks takes ~13 s on 2 cores (UNet ~9 s, text encoder ~3 s, VAE ~1 s) and every
     worker process of the study builds them; reading the same tensors back takes ~1-2 s. The file is named by
-    everything that determines the weights (component, architecture config, seed, torch and diffusers versions)
-    and written atomically, so a reader sees the complete weights of exactly this build or none. The tensors
-    are copied out of the file's mapping, so the process holds them in ordinary memory, as a fresh build does."""
+    everything that determines the weights (component, architecture config, seed, torch and diffusers versions),
+    written whole and sealed with its digest (sdperf.store.verified), so a reader sees the complete weights of
+    exactly this build or builds them again: a damaged, truncated or unsealed file, or one whose tensors do not
+    fill the network with the shapes and dtypes it declares, is set aside and rebuilt. The tensors are copied out
+    of the file's mapping, so the process holds them in ordinary memory, as a fresh build does."""
     from safetensors.torch import load_file, save_file
+
+    from sdperf.store import verified
 
     build = lambda: _seeded(seed, make)  # noqa: E731
     if cache is None:
         return build()
     path = _weights_file(cache, arch_name, component, config, seed)
-    if path.is_file():
-        with torch.device("meta"):
-            module = make()
-        _assign(module, {k: v.clone() for k, v in load_file(str(path)).items()})
-        if not any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
-            return module
+    with torch.device("meta"):
+        shell = make()
+
+    declared = {k: (tuple(t.shape), t.dtype) for k, t in [*shell.named_parameters(), *shell.named_buffers()]}
+
+    def read(p):
+        tensors = load_file(str(p))
+        odd = [k for k, t in tensors.items() if declared.get(k, (None, None)) != (tuple(t.shape), t.dtype)]
+        if odd:
+            raise ValueError(f"{len(odd)} tensor(s) are not the network's own (shape or dtype), e.g. {odd[0]}")
+        _assign(shell, {k: v.clone() for k, v in tensors.items()})
+        return shell
+
+    module = verified.load(path, read, expect=_filled)
+    if module is not None:
+        return module
     module = build()
     tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-    atomic_write(path, lambda tmp: save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp))
+    verified.write(path, lambda tmp: save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp))
     return module
+
+
+def _filled(module: torch.nn.Module) -> str | None:
+    """Why a network read from the weights cache is not whole: a tensor the file did not fill."""
+    missing = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
+    return f"{len(missing)} tensor(s) are missing from the file, e.g. {missing[0]}" if missing else None
 
 
 def build_random(arch_name: str, scheduler: str = "plms", seed: int = 0, weights_cache: Path | None = None):

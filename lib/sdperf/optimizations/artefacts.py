@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -46,8 +48,9 @@ def cache_gib() -> float:
         gib = float(raw) if raw.strip() else DEFAULT_CACHE_GIB
     except ValueError:
         raise ConfigError(f"{CACHE_ENV}={raw!r} is not a number of GiB (0 turns the engine cache off)") from None
-    if gib < 0 or gib != gib:
-        raise ConfigError(f"{CACHE_ENV}={raw!r} must be a number of GiB >= 0 (0 turns the engine cache off)")
+    if not math.isfinite(gib) or gib < 0:
+        raise ConfigError(f"{CACHE_ENV}={raw!r} must be a finite number of GiB >= 0, e.g. 24 (0 turns the engine "
+                          "cache off)")
     return gib
 
 
@@ -79,18 +82,47 @@ def _size(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
+def _ours(entry: Path) -> bool:
+    """An artefact folder cached() wrote: named '<kind>-<16 hex>' (cache_key), a real folder holding a DONE record
+    of a build (built_by), so a user's folder that happens to hold an artefact.json is never a unit to evict."""
+    if entry.is_symlink() or not entry.is_dir() or not _KEY.fullmatch(entry.name) or not (entry / DONE).is_file():
+        return False
+    try:
+        return "built_by" in json.loads((entry / DONE).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+_KEY = re.compile(r"[a-z0-9][a-z0-9_.-]*-[0-9a-f]{16}")
+
+
 def trim(root: Path, cap_bytes: int) -> list[str]:
     """Evict complete artefacts, least recently used first (DONE's mtime: touched on every load), until the folder
-    holds at most `cap_bytes`. Unfinished builds (no DONE) are another worker's, never touched here."""
+    holds at most `cap_bytes`; what cached() set aside as damaged goes first, whatever the cap. Unfinished builds
+    (no DONE) are another worker's, never touched here; nothing is
+    evicted through a link or outside the reports folder (paths.removable warns instead), and only what cached()
+    and OpenVINO's plugin cache wrote is a unit."""
+    from sdperf.core.paths import removable
+    from sdperf.store import verified
+
     root = Path(root)
-    if not root.is_dir():
+    if not root.is_dir() or not removable(root):
         return []
-    # units: complete artefacts (by their DONE) and the OpenVINO plugin's compiled blobs (each file its own)
-    units = {d: d / DONE for d in root.iterdir() if (d / DONE).is_file()}
-    units.update({f: f for f in (root / PLUGIN_CACHE).glob("*") if f.is_file()})
+    # units: what was set aside as damaged (first), complete artefacts (by their DONE) and the OpenVINO plugin's
+    # compiled blobs (each file its own)
+    aside = root / verified.QUARANTINE
+    first = [q for q in aside.iterdir() if not q.is_symlink()] if aside.is_dir() and not aside.is_symlink() else []
+    for q in first:
+        shutil.rmtree(q, ignore_errors=True) if q.is_dir() else q.unlink(missing_ok=True)
+    gone = [f"{verified.QUARANTINE}/{q.name}" for q in first]
+    units = {d: d / DONE for d in root.iterdir() if _ours(d)}
+    plugin = root / PLUGIN_CACHE
+    if plugin.is_dir() and not plugin.is_symlink():
+        units.update({f: f for f in plugin.glob("*") if f.is_file() and not f.is_symlink()
+                      and f.name != verified.FOLDER_SEAL})
     order = sorted(units, key=lambda u: units[u].stat().st_mtime)
     sizes = {u: _size(u) if u.is_dir() else u.stat().st_size for u in order}
-    total, gone = sum(sizes.values()), []
+    total = sum(sizes.values())
     for u in order:
         if total <= cap_bytes:
             break
@@ -112,7 +144,7 @@ def origin(facts: dict, hit: bool, made: str = "converted") -> str:
     """What a row's note says of its artefact: built now, loaded from this run's cache, or from an earlier run's
     (with that run and its build time: the set-up a fresh machine pays)."""
     if not hit:
-        return f"{made} into the run's cache"
+        return f"{made} into the run's cache" + (f" ({facts['rebuilt']})" if facts.get("rebuilt") else "")
     by = earlier_run(facts)
     if by:
         took = facts.get("export_s")
@@ -145,20 +177,38 @@ def cache_key(kind: str, module: torch.nn.Module, **what) -> str:
 
 def cached(root: Path | str, key: str, build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
     """(folder, facts, hit): the complete artefact `key` under `root`, built by `build(folder) -> facts` when
-    absent. A build that raises leaves nothing behind."""
+    absent. A build that raises leaves nothing behind. Every file of a built artefact is sealed with its digest
+    (sdperf.store.verified) and checked before the artefact is used: one that fails (a weight changed in place,
+    a truncated file, an unreadable DONE record, a file added) is set aside and built again, and the new facts
+    say why under `rebuilt`."""
     from sdperf.core import environment
+    from sdperf.store import verified
 
     root = Path(root)
     final = root / key
-    if (final / DONE).is_file():
-        os.utime(final / DONE)  # used now: the last to be evicted (trim)
-        return final, json.loads((final / DONE).read_text()), True
-    shutil.rmtree(final, ignore_errors=True)  # not ours to trust: only complete folders carry DONE
+    rebuilt = None
+    if (final / DONE).is_file() and not final.is_symlink():
+        rebuilt = verified.check_folder(final)
+        if rebuilt is None:
+            try:
+                facts = json.loads((final / DONE).read_text())
+            except (OSError, ValueError) as exc:
+                rebuilt = f"its {DONE} cannot be read ({exc})"
+            else:
+                os.utime(final / DONE)  # used now: the last to be evicted (trim)
+                return final, facts, True
+        verified.quarantine(final, rebuilt)
+    elif final.is_symlink():
+        final.unlink()  # an artefact is built here, never linked in: the link goes, its target stays
+    else:
+        shutil.rmtree(final, ignore_errors=True)  # not ours to trust: only complete folders carry DONE
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
     try:
-        facts = dict(build(tmp), built_by=environment.run_id())
+        facts = dict(build(tmp), built_by=environment.run_id(),
+                     **({"rebuilt": f"the cached artefact was set aside: {rebuilt}"} if rebuilt else {}))
         (tmp / DONE).write_text(json.dumps(facts, default=str))
+        verified.seal_folder(tmp)
         try:
             os.replace(tmp, final)
         except OSError:  # another worker finished the same artefact first: use theirs

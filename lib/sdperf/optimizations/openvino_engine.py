@@ -77,18 +77,32 @@ def convert(unet: torch.nn.Module, example: tuple):
 def compile_model(model, precision: str, shapes: dict | None = None, cache_dir=None):
     """Compile for the CPU with the precision hint (none for 'default') and torch's thread count; `shapes`
     reshapes the model to static input shapes first; `cache_dir` is OpenVINO's own compiled-model cache (a
-    later worker imports the compiled blob instead of compiling). Returns (compiled model, precision used)."""
+    later worker imports the compiled blob instead of compiling). OpenVINO loads a blob it finds there without a
+    check (4 KB of garbage in one gave NaN images beside a "faster" row), so the folder is sealed after every
+    compile and any blob not sealed or not matching its digest is deleted before one (sdperf.store.verified):
+    OpenVINO then compiles afresh. Returns (compiled model, precision used)."""
+    import warnings
+
     import openvino as ov
+
+    from sdperf.store import verified
 
     check_precision(precision)
     config = {"INFERENCE_NUM_THREADS": torch.get_num_threads()}
+    kept: dict = {}
     if cache_dir is not None:
+        loose, kept = verified.prune_folder(cache_dir) if Path(cache_dir).is_dir() else ([], {})
+        if loose:
+            warnings.warn(f"OpenVINO's compiled-model cache {str(cache_dir)!r}: {len(loose)} blob(s) not sealed by "
+                          "sdperf or changed since were deleted, and are compiled again", stacklevel=2)
         config["CACHE_DIR"] = str(cache_dir)
     if precision != "default":
         config["INFERENCE_PRECISION_HINT"] = precision
     if shapes:
         model.reshape({name: ov.PartialShape(list(shape)) for name, shape in shapes.items()})
     compiled = ov.Core().compile_model(model, DEVICE, config)
+    if cache_dir is not None and Path(cache_dir).is_dir():
+        verified.seal_folder(cache_dir, known=kept)
     used = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
     if precision != "default" and used != precision:
         raise RuntimeError(f"OpenVINO compiled with inference precision {used} although {precision} was asked; "

@@ -308,18 +308,38 @@ CANONICAL = ("default", "freezing", "reduce-overhead", "max-autotune-no-cudagrap
 
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+CACHE_FOLDER = "inductor"  # under a profile's scratch folder, one sub-folder per run (inductor_dir)
+
+
+def inductor_dir(scratch: Path) -> Path:
+    """This run's inductor cache under a profile's scratch folder: one folder per run id, shared by the run's
+    workers (round 0 compiles cold, later rounds find its kernels) and never by another run. Inductor executes the
+    Python wrappers it caches, so a cache that outlived its run would run whatever was appended to it since."""
+    from sdperf.core import environment
+
+    return Path(scratch) / CACHE_FOLDER / environment.run_id()
+
+
+def clear_inductor(scratch: Path) -> None:
+    """Every run's inductor cache under `scratch` gone (the next compile is cold), never through a link."""
+    from sdperf.core.paths import remove_owned, removable
+
+    folder = Path(scratch) / CACHE_FOLDER
+    if (folder.exists() or folder.is_symlink()) and removable(folder.parent):
+        remove_owned(folder)
 
 
 def _compiled(spec: str):
     def run(pipe, ctx):
         if ctx.scratch is not None:
-            # inductor's on-disk caches in the profile's scratch, kept between worker processes: round 0 compiles
-            # cold (when the folder is empty), later rounds find its kernels, as a restarted server would. Set
-            # here because inductor reads it at compile time and the fork server may have set its default.
+            # inductor's on-disk caches in this run's folder of the profile's scratch (inductor_dir), kept between
+            # the run's worker processes: round 0 compiles cold, later rounds find its kernels, as a restarted
+            # server would. Set here because inductor reads it at compile time and the fork server may have set
+            # its default.
             # Freezing's graph is never cached: it prepacks weights as oneDNN (mkldnn) tensors, which inductor's
             # FX graph cache cannot pickle ("Bypassing FX Graph Cache because 'mkldnn tensors unpickleable'"), so
             # every round re-traces and re-lowers it (~70 s on SD 1.5 here) and reuses only the C++ kernels.
-            os.environ[CACHE_ENV] = str(Path(ctx.scratch) / "inductor")
+            os.environ[CACHE_ENV] = str(inductor_dir(ctx.scratch))
             ctx.facts["inductor_cache"] = os.environ[CACHE_ENV]
         pipe = apply(pipe, spec)
         log = getattr(pipe.unet, "log", None)

@@ -67,6 +67,19 @@ class Solve:
     def __len__(self) -> int:
         return len(self.images)
 
+    def problem(self, n: int) -> str | None:
+        """Why this solve, read back from a cache, is not `n` whole images: a count, a dtype or a rank other than
+        the render's, or a latent that is not finite; None when it is."""
+        lat, img = self.latents, self.images
+        if lat.dtype != torch.float32 or lat.ndim != 4 or img.dtype != np.uint8 or img.ndim != 4 or img.shape[-1] != 3:
+            return (f"it holds latents {lat.dtype} {tuple(lat.shape)} and images {img.dtype} {tuple(img.shape)}, not "
+                    "float32 NCHW latents and uint8 NHWC RGB images")
+        if len(lat) != n or len(img) != n:
+            return f"it holds {len(lat)} latents and {len(img)} images, not {n}"
+        if not bool(torch.isfinite(lat).all()):
+            return "its latents hold NaN or inf"
+        return None
+
     def take(self, n: int) -> "Solve":
         return Solve(self.latents[:n], self.images[:n])
 
@@ -121,12 +134,10 @@ class Solver:
 
     def _chunk(self, sampler: str, steps: int, captions: list[str], seeds: list[int]) -> Solve:
         path = self.cache / f"{self.key(sampler, steps, captions, seeds)}.npz" if self.cache else None
-        if path is not None and path.exists():
-            with np.load(path) as f:
-                got = Solve(torch.from_numpy(f["latents"]), f["images"])
-            if len(got) == len(captions):
-                self.hits += len(got)
-                return got
+        got = read(path, len(captions))[0] if path is not None else None
+        if got is not None:
+            self.hits += len(got)
+            return got
         got = self.render(sampler, steps, captions, seeds)
         self.made += len(got)
         if path is not None:
@@ -134,17 +145,35 @@ class Solver:
         return got
 
 
-def store(path: Path, solve: Solve, **extra: np.ndarray) -> None:
-    """Written whole or not at all (a temp file renamed into place): a killed run leaves no torn cache entry.
+def read(path: Path, n: int) -> tuple[Solve | None, dict]:
+    """(the solve of `n` images stored at `path`, the extra arrays stored with it), or (None, {}) when there is
+    none or it is not whole: an entry whose digest does not match, that cannot be read (truncated, not a zip) or
+    that does not hold `n` finite images of the render's dtypes is set aside (sdperf.store.verified) and rendered
+    again."""
+    from sdperf.store import verified
+
+    def load(p):
+        with np.load(p, allow_pickle=False) as f:
+            return Solve(torch.from_numpy(f["latents"]), f["images"]), {k: f[k] for k in f.files
+                                                                         if k not in ("latents", "images")}
+
+    got = verified.load(path, load, expect=lambda v: v[0].problem(n))
+    return got if got is not None else (None, {})
+
+
+def store(path: Path, solve: Solve, **extra: np.ndarray) -> bool:
+    """Written whole or not at all (a temp file renamed into place) and sealed: a killed run leaves no torn cache
+    entry, and a write that fails (a full disk) keeps the solve computed now (sdperf.store.verified.write).
     `extra` arrays are stored beside the latents and images (sdperf.reference.renders keeps a build's facts)."""
-    import io
+    from sdperf.store import verified
 
-    from sdperf.store.results import atomic_write_bytes
+    return verified.write(path, lambda tmp: _savez(tmp, latents=solve.latents.numpy(), images=solve.images,
+                                                   **extra))
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    np.savez(buf, latents=solve.latents.numpy(), images=solve.images, **extra)
-    atomic_write_bytes(path, buf.getvalue())
+
+def _savez(path: str, **arrays: np.ndarray) -> None:
+    with open(path, "wb") as fh:  # a file object: np.savez would add '.npz' to a temp name without it
+        np.savez(fh, **arrays)
 
 
 @dataclass

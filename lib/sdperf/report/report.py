@@ -158,6 +158,17 @@ def failure_text(stamp: dict) -> str:
 
 # ---------------------------------------------------------------- sections
 
+def _beside_load_rows(rows) -> str:
+    """A notebook's rows measured beside other load (sdperf.measure.contention), in words; '' when none."""
+    from sdperf.measure.contention import BESIDE_LOAD
+
+    marked = rows[rows["note"].astype(str).str.contains(BESIDE_LOAD, regex=False)]
+    if marked.empty:
+        return ""
+    return (f"{len(marked)} row(s) {BESIDE_LOAD.lower()} (their notes say how much), e.g. "
+            f"{marked['scenario'].iloc[0]}")
+
+
 def _summary_section(names: list[str], stamps: dict, results) -> str:
     import pandas as pd
 
@@ -167,6 +178,9 @@ def _summary_section(names: list[str], stamps: dict, results) -> str:
         status = stamp.get("status", "unknown")
         counts = results[results["notebook"] == name]["status"].value_counts()
         problem = failure_text(stamp) if status == "failed" else interrupted_text(stamp)
+        loaded = _beside_load_rows(results[results["notebook"] == name])
+        if loaded:
+            problem = "; ".join(filter(None, [problem, loaded]))
         if status == "ok" and counts.get("failed", 0):  # the notebook ran; some of its rows did not
             status = "partial"
             failed = results[(results["notebook"] == name) & (results["status"] == "failed")]
@@ -212,6 +226,18 @@ def _threads_allocator_gpu_facts(env: dict) -> dict:
     return facts
 
 
+def _beside_facts(env: dict) -> dict:
+    """What the last run was told to measure beside (--beside-survivors, --beside-load), as table rows."""
+    if "beside_survivors" not in env:
+        return {"measured beside": NOT_RECORDED}
+    survivors = env.get("beside_survivors") or []
+    load = env.get("beside_load")
+    return {"measured beside survivors": "; ".join(f"pid {s.get('pid')} ({s.get('role')} of {s.get('stack')})"
+                                                   for s in survivors) or "none (a quiet start)",
+            "measured beside load": (f"other processes took {load.get('others_share', 0):.0%} of the CPUs' time "
+                                     "at the start (--beside-load)") if isinstance(load, dict) else "none"}
+
+
 def _environment_section(env: dict | None, settings: dict) -> str:
     parts = ["<h2 id='environment'>Environment</h2>"]
     if env is None:
@@ -226,6 +252,7 @@ def _environment_section(env: dict | None, settings: dict) -> str:
         facts["ISA flags absent"] = ", ".join(f for f, on in isa.items() if not on) or "none"
         facts["allocator env"] = ", ".join(f"{k}={v}" for k, v in (env.get("malloc_env") or {}).items()) or "unset"
         facts.update(_threads_allocator_gpu_facts(env))
+        facts.update(_beside_facts(env))
         packages = {k: v or "not installed" for k, v in (env.get("packages") or {}).items()}
         parts += ["<h3>Machine</h3>", _kv_table(facts), "<details><summary>Package versions</summary>",
                   _kv_table(packages, "package", "version"), "</details>"]

@@ -193,7 +193,12 @@ def check_page(page_path: Path, screenshot: Path | None = None, width: int = WID
     screenshot.parent.mkdir(parents=True, exist_ok=True)
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, headless=True)
+        try:
+            browser = pw.chromium.launch(executable_path=executable, headless=True)
+        except Exception as exc:  # noqa: BLE001 - playwright's own Error: the program is not a working Chromium
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise BrowserMissing(f"{executable!r} did not start as a headless Chromium ({first}); set "
+                                 f"${CHROMIUM_ENV} to a Chromium or Chrome, or unset it; {INSTALL_HINT}") from None
         try:
             page = browser.new_page(viewport={"width": width, "height": HEIGHT}, device_scale_factor=1)
             page.goto(page_path.as_uri(), wait_until="load", timeout=LOAD_TIMEOUT_MS)

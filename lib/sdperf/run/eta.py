@@ -13,6 +13,7 @@ fewer).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,12 +31,23 @@ class Expected:
     kind: str = ""  # "here", or where the figure was taken (the profile's run on record, its CPU)
 
 
+def _seconds(value) -> float | None:
+    """A duration as written in a stamp or a profile: a finite number >= 0, else None (a hand-edited or damaged
+    figure is no figure, not a traceback or a negative time left)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
 def _read(path: Path) -> dict | None:
     try:
         stamp = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    return stamp if isinstance(stamp, dict) and isinstance(stamp.get("duration_s"), (int, float)) else None
+    return stamp if isinstance(stamp, dict) and _seconds(stamp.get("duration_s")) is not None else None
+
+
+MEASURED_ON_CHARS = 160  # of a profile's expected.measured_on said per run: the note is for reading, not a log
 
 
 def _kind(stamp: dict, machine: str, cpu_on_record: str) -> str:
@@ -49,7 +61,17 @@ def _source(stamp: dict, machine: str, cpu_on_record: str) -> str:
 
 
 def _estimate_source(estimate: dict) -> str:
-    return f"the profile's estimate (measured on {estimate.get('measured_on', '?')})"
+    said = str(estimate.get("measured_on", "?"))
+    if len(said) > MEASURED_ON_CHARS:
+        said = said[:MEASURED_ON_CHARS - 1] + "…"
+    return f"the profile's estimate (measured on {said})"
+
+
+def _estimate(estimate: dict | None, *path: str) -> float | None:
+    value = estimate if isinstance(estimate, dict) else {}
+    for part in path:
+        value = value.get(part) if isinstance(value, dict) else None
+    return _seconds(value)
 
 
 def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "",
@@ -58,7 +80,7 @@ def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "",
     and would promise too little); else from the profile's `estimate` (its expected: section) when it has one."""
     stamp = _read(stamp_path)
     if stamp is None or stamp.get("status") != "ok":
-        seconds = (estimate or {}).get("notebooks_s", {}).get(name)
+        seconds = _estimate(estimate, "notebooks_s", name)
         if seconds is not None:
             where = _estimate_source(estimate)
             return Expected(name, float(seconds), where, where)
@@ -72,16 +94,17 @@ def rounds(stamp_path: Path, workers_left: int, machine: str, cpu_on_record: str
     """The rounds up front: seconds per worker of their last run (else the profile's estimate per worker), times the
     workers this run still launches."""
     stamp = _read(stamp_path)
-    if workers_left == 0:
+    if workers_left <= 0:
         return Expected(ROUNDS, 0.0, "all measured already")
-    if stamp is None or not stamp.get("workers"):
-        per = (estimate or {}).get("rounds_per_worker_s")
+    workers = stamp.get("workers") if stamp is not None else None
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers <= 0:
+        per = _estimate(estimate, "rounds_per_worker_s")
         if per is not None:
             where = _estimate_source(estimate)
             return Expected(ROUNDS, float(per) * workers_left,
                             f"{float(per):.0f} s per worker x {workers_left}, {where}", where)
         return Expected(ROUNDS, None, "no run on record")
-    per = float(stamp["duration_s"]) / int(stamp["workers"])
+    per = float(stamp["duration_s"]) / workers
     return Expected(ROUNDS, per * workers_left,
                     f"{per:.0f} s per worker x {workers_left}, {_source(stamp, machine, cpu_on_record)}",
                     _kind(stamp, machine, cpu_on_record))

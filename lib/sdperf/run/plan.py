@@ -75,6 +75,53 @@ def check_notebook_parameters(profile: Profile, selected: list[str], notebooks_d
                                   f"parameters: {', '.join(valid) or '(none)'}")
             check_parameter_type(f"profile {profile.name!r}: notebooks: {name}: {key}", value,
                                  declared[key].get("inferred_type_name"))
+            check_catalog_keys(f"profile {profile.name!r}: notebooks: {name}: {key}", value, declared[key])
+
+
+def _catalog_prefixes() -> set[str]:
+    """What a catalog key begins with: each declared key's family prefix and each parametric prefix."""
+    from sdperf.optimizations import catalog
+
+    return {k.partition(":")[0] for k in catalog.keys()} | set(catalog._prefixes())
+
+
+def _is_key(text: str) -> bool:
+    from sdperf.optimizations import catalog
+
+    try:
+        catalog.Stack.of(text)
+    except ConfigError:
+        return False
+    return True
+
+
+def check_catalog_keys(where: str, value, declared: dict) -> None:
+    """A key-valued parameter's keys, checked against the catalog before anything runs (an unknown key once failed
+    only in the notebook's seventh cell, minutes in). A parameter holds keys when its notebook's default does (every
+    element a catalog key), when its help says so ("catalog"), or, for any other parameter, a value that begins
+    with a catalog prefix is taken for one."""
+    import ast
+
+    from sdperf.optimizations import catalog
+
+    values = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
+    try:
+        default = ast.literal_eval(declared.get("default") or "None")
+    except (ValueError, SyntaxError):
+        default = None
+    defaults = [default] if isinstance(default, str) else default if isinstance(default, list) else []
+    holds_keys = (bool(defaults) and all(isinstance(d, str) and _is_key(d) for d in defaults)) \
+        or "catalog" in (declared.get("help") or "")
+    prefixes = _catalog_prefixes()
+    for v in values:
+        if not isinstance(v, str):
+            continue
+        first = v.split(catalog.STACK_SEP)[0].partition(":")
+        if holds_keys or (first[1] and first[0] in prefixes):
+            try:
+                catalog.Stack.of(v)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
 
 
 # a parameters cell's annotation -> the YAML values it accepts; a list holds scalars only (every notebook's lists are

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -209,7 +208,9 @@ def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = Non
         return 0.0
     scratch = scratch_dir(profile.name)
     if COMPILE_NOTEBOOK in notebooks and parameters(COMPILE_NOTEBOOK, profile, notebooks_dir).get("cold_cache", True):
-        shutil.rmtree(scratch / "inductor", ignore_errors=True)  # 04's round 0 compiles cold (its cold_cache)
+        from sdperf.optimizations.torch_compile import clear_inductor
+
+        clear_inductor(scratch)  # 04's round 0 compiles cold (its cold_cache)
     n_rounds = getattr(profile, "rounds", rounds.MIN_ROUNDS)
     shared = _ledger(profile)
     engines, cross_run = artefacts.root_for(scratch, "prefetch")

@@ -21,7 +21,7 @@ from sdperf.run import eta
 from sdperf.run.plan import check_notebook_parameters, check_sections, notebook_names, notebook_parameters, select
 from sdperf.store import staging
 from sdperf.store.stamps import (FAILED, OK, SKIPPED, fingerprint, mark_running, outputs_dir, read_running,
-                                 read_stamp, running_path, sha256_file, should_skip, stamp_path,
+                                 read_stamp, running_path, should_skip, stamp_path,
                                  write_stamp)
 
 # the kernel's own log (not the notebook's output): at its default level every kernel printed a warning about TCP
@@ -57,6 +57,9 @@ def validate(profile_name: str | None, only: list[str] | None,
     memory.cap_bytes()  # a bad SDPERF_MEMORY_CAP_MIB fails here, naming it, not in the first notebook's preflight
     selected = select(only, notebook_names(notebooks_dir))
     check_notebook_parameters(profile, selected, notebooks_dir)
+    from sdperf.optimizations import artefacts  # imports torch: after the cheap checks
+
+    artefacts.cache_gib()  # a bad SDPERF_ENGINE_CACHE_GIB fails here, not after the doctor
     return load_profile(profile.name), selected
 
 
@@ -326,11 +329,13 @@ def summary_table(outcomes: list[Outcome]) -> str:
     return pd.DataFrame(rows).fillna("").to_string(index=False)
 
 
-def write_environment(profile: Profile) -> Path:
+def write_environment(profile: Profile, beside: dict | None = None) -> Path:
+    """reports/<P>/environment.json: the machine's record, with what the run was told to measure beside
+    (`beside`: the survivors of a killed run it was allowed to run beside, the load it started beside)."""
     from sdperf.store.results import atomic_write_text
 
     path = paths.profile_reports(profile.name) / "environment.json"
-    record = environment.record(profile.name, profile.device)
+    record = {**environment.record(profile.name, profile.device), **(beside or {})}
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
     return path
 
@@ -400,25 +405,35 @@ def expected_parts(profile: Profile, stale: list[str], folder: Path) -> tuple[li
 
 
 def run(profile_name: str | None, only: list[str] | None = None, force: bool = False,
-        notebooks_dir: Path | None = None, beside_survivors: bool = False) -> int:
+        notebooks_dir: Path | None = None, beside_survivors: bool = False, beside_load: bool = False) -> int:
     """Run the study for one profile; 0 when every selected notebook ran or was already up to date, else 1.
-    One run per profile at a time (sdperf.store.staging.run_lock): a second fails at once instead of mixing rows.
-    Workers a killed run left running are named first, and refused unless `beside_survivors` (check_survivors)."""
+    One run on the machine at a time, whatever its profile or reports folder (sdperf.measure.contention.machine_lock),
+    and one per profile (sdperf.store.staging.run_lock): a second fails at once instead of timing the first's load.
+    Workers a killed run left running are named first, and refused unless `beside_survivors` (check_survivors);
+    a busy machine likewise unless `beside_load` (check_quiet)."""
+    from sdperf.measure import contention
+
     profile, selected = validate(profile_name, only, notebooks_dir)
     os.environ[environment.RUN_ID_ENV] = ""  # a new run id for this run, shared by its notebooks' kernels
-    with staging.run_lock(profile.name, environment.run_id()):
+    with contention.machine_lock(f"profile {profile.name}, reports {paths.profile_reports(profile.name)}"), \
+            staging.run_lock(profile.name, environment.run_id()):
         resume_rounds(profile, force)
-        return _run_locked(profile, selected, force, notebooks_dir, beside_survivors)
+        return _run_locked(profile, selected, force, notebooks_dir, beside_survivors, beside_load)
 
 
-def resume_rounds(profile: Profile, force: bool) -> str:
-    """Key this run's rounds (sdperf.measure.ledger) by commit, machine and profile, so a killed run's finished rounds are
-    the next run's; the notebooks' kernels inherit the key. Rounds of another commit or machine are removed, and
-    with `force` this key's too (everything is measured again). Returns the key."""
-    key = ledgers.resume_key(environment.git_commit(), environment.fingerprint(profile.device),
-                             sha256_file(paths.params_dir() / f"{profile.name}.yml"), environment.tree_digest())
+def resume_rounds(profile: Profile, force: bool, say=print) -> str:
+    """Key this run's rounds (sdperf.measure.ledger) by commit, machine, profile settings, thread settings, CPU set
+    and libraries, so a killed run's finished rounds are the next run's; the notebooks' kernels inherit the key.
+    Rounds of another key are removed, and with `force` this key's too (everything is measured again); each
+    discarded key is said with what differed. Returns the key."""
+    parts = ledgers.resume_parts(environment.git_commit(), environment.fingerprint(profile.device),
+                                 (paths.params_dir() / f"{profile.name}.yml").read_text(), environment.tree_digest())
+    key = ledgers.resume_key(parts)
     os.environ[ledgers.KEY_ENV] = key
-    ledgers.forget(paths.scratch_dir(profile.name) / "rounds", keep=None if force else key)
+    folder = paths.scratch_dir(profile.name) / "rounds"
+    for line in ledgers.forget(folder, keep=None if force else key, parts=parts):
+        say(f"finished rounds not resumed, removed: {line}")
+    ledgers.remember(folder, key, parts)
     return key
 
 
@@ -428,6 +443,11 @@ def check_survivors(profile: str, beside: bool = False, say=print) -> list[dict]
     figure of the run (and an SDXL survivor holds 14 GB). Returns them."""
     from sdperf.measure import lifeline
 
+    where = lifeline.folder(profile)
+    why = paths.unsafe_folder(where) if where.exists() or where.is_symlink() else None
+    if why is not None:  # its pid files would be read, and removed, through the link
+        raise ConfigError(f"sdperf keeps its worker records only in a real folder inside the reports folder, and "
+                          f"{why}; nothing was removed: replace the link with a folder and run again")
     left = lifeline.survivors(profile)
     if not left:
         return left
@@ -439,14 +459,36 @@ def check_survivors(profile: str, beside: bool = False, say=print) -> list[dict]
     return left
 
 
+def check_quiet(beside: bool = False, say=print) -> dict | None:
+    """Refuse to start on a machine whose other processes take more than their share of the CPUs (waiting up to
+    contention.QUIET_WAIT_S for them to stop), naming the busiest, unless `beside`; returns what they took then
+    (None when quiet). Every worker still measures its own window and is measured again or marked."""
+    from sdperf.measure import contention
+
+    contention.threshold()  # a bad SDPERF_CONTENTION_SHARE is refused by name before anything is sampled
+    taken = contention.wait_quiet(say=say)
+    if not contention.contended(taken):
+        return None
+    who = contention.busiest()
+    msg = (f"the machine is busy: other processes take {taken['others_share']:.0%} of its CPUs' time"
+           + (f", the hypervisor {taken['steal_share']:.0%}" if taken["steal_share"] >= 0.005 else "")
+           + (f" (busiest: {', '.join(who)})" if who else ""))
+    if not beside:
+        raise ConfigError(f"{msg}; every ratio would time that load too: stop them, or pass --beside-load to measure "
+                          "anyway (each worker still measures its own window, and its rows are marked)")
+    say(f"warning: {msg}; measuring beside it (--beside-load)")
+    return taken
+
+
 def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_dir: Path | None,
-                beside_survivors: bool = False) -> int:
+                beside_survivors: bool = False, beside_load: bool = False) -> int:
     from tqdm import tqdm
 
     from sdperf.measure import doctor
     from sdperf.report import report
 
-    check_survivors(profile.name, beside_survivors, tqdm.write)
+    survivors = check_survivors(profile.name, beside_survivors, tqdm.write)
+    load = check_quiet(beside_load, tqdm.write)
     for name in selected:
         if read_running(profile.name, name) is not None:
             tqdm.write(f"{name}: its last run was interrupted; its previous results stood and it runs again")
@@ -477,7 +519,9 @@ def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_di
             outcomes.append(run_one(folder / f"{name}.ipynb", profile, commit, force, tqdm.write))
             done.add(name)
     staging.remove_run(profile.name, run_id)
-    write_environment(profile)  # at the end: a run killed before this leaves the last finished run's record
+    write_environment(profile, {"beside_survivors": [{k: s.get(k) for k in ("pid", "role", "stack", "rss_mib")}
+                                                     for s in survivors],
+                                "beside_load": load})  # at the end: a killed run leaves the last finished record
     if found is not None:
         doctor.write_record(found)
     html_ok = convert(profile.name, outcomes, tqdm.write)

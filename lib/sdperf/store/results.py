@@ -33,9 +33,11 @@ KEY = ["notebook", "scenario", "metric"]
 # note says the same to a reader, and no code reads it back out of the note.
 MEASURE_COLUMNS = ["value", "unit", "p10", "p90", "lo", "hi", "n", "status", "method", "key", "batch_size", "verdict",
                    "note"]
-# run_id: one `sdperf run` (or one notebook opened alone); machine: the CPU/GPU fingerprint the row was taken on
-ENV_COLUMNS = ["profile", "dtype", "device", "device_name", "cpu_model", "machine", "threads", "commit", "run_id",
-               "torch", "diffusers", "python", "packages", "time_utc"]
+# run_id: one `sdperf run` (or one notebook opened alone); machine: the CPU/GPU fingerprint the row was taken on;
+# setting: the profile's architecture, resolution, guidance, weights and device (Profile.setting; empty in tables
+# written before it was a column)
+ENV_COLUMNS = ["profile", "setting", "dtype", "device", "device_name", "cpu_model", "machine", "threads", "commit",
+               "run_id", "torch", "diffusers", "python", "packages", "time_utc"]
 COLUMNS = KEY + MEASURE_COLUMNS + ENV_COLUMNS
 STATUSES = ("ok", "not_applicable", "skipped", "failed")
 # A ratio whose whole range over rounds lies above the noise band is faster, below it slower, else within noise
@@ -46,6 +48,7 @@ VERDICTS = (FASTER, SLOWER, NOISE, *NOT_MEASURED_VERDICTS.values())
 # what every row must carry: a row without its key cannot be replaced, and one without its environment cannot be
 # placed (a row with no time_utc sorted as "the latest run" and hid every good row of the page)
 REQUIRED = KEY + ["status", "profile", "device", "machine", "commit", "time_utc"]
+NUMERIC = ["value", "p10", "p90", "lo", "hi", "n", "batch_size"]  # a number or empty in every row
 
 
 class DamagedTable(ConfigError):
@@ -167,8 +170,9 @@ def check_table(path: Path, data: bytes) -> str:
         header = next(reader)
         _check_header(path, header)
         required = [header.index(c) for c in REQUIRED]
+        numeric = [header.index(c) for c in NUMERIC if c in header]
         for row in reader:
-            _check_row(path, reader.line_num, row, header, required)
+            _check_row(path, reader.line_num, row, header, required, numeric)
     except csv.Error as exc:
         raise _damage(path, reader.line_num, f"not CSV ({exc})") from None
     return text
@@ -194,12 +198,25 @@ def _check_header(path: Path, header: list[str]) -> None:
                       f"{short(unknown)}, missing: {short(missing)}); valid columns: {', '.join(COLUMNS)}")
 
 
-def _check_row(path: Path, line: int, row: list[str], header: list[str], required: list[int]) -> None:
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_row(path: Path, line: int, row: list[str], header: list[str], required: list[int],
+               numeric: list[int] = ()) -> None:
     if len(row) != len(header):
         raise _damage(path, line, f"the row has {len(row)} field(s), the header {len(header)}")
     empty = [header[i] for i in required if not row[i].strip()]
     if empty:
         raise _damage(path, line, f"the row has no {', '.join(empty)} (every row needs {', '.join(REQUIRED)})")
+    text = [(header[i], row[i]) for i in numeric if row[i].strip() and not _number(row[i])]
+    if text:
+        raise _damage(path, line, f"the row's {text[0][0]} is {short(text[0][1])}, not a number (the columns "
+                      f"{', '.join(NUMERIC)} hold numbers or nothing)")
 
 
 def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
@@ -271,7 +288,8 @@ class Recorder:
             "notebook": self.notebook, "scenario": scenario, "metric": metric, "value": value, "unit": unit,
             "p10": p10, "p90": p90, "lo": lo, "hi": hi, "n": n, "status": status, "method": method, "key": key,
             "batch_size": batch_size, "verdict": verdict, "note": note,
-            "profile": self.profile, "dtype": dtype or self.dtype, "device": env["device"],
+            "profile": self.profile, "setting": env.get("setting"), "dtype": dtype or self.dtype,
+            "device": env["device"],
             "device_name": env["device_name"], "cpu_model": env["cpu_model"], "machine": env.get("machine"),
             "threads": env["threads"], "commit": env["commit"], "run_id": env.get("run_id"),
             "torch": env["packages"].get("torch"),

@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import time
 from pathlib import Path
 
 from sdperf.core.errors import ConfigError
-from sdperf.core.paths import figures_dir, profile_reports
+from sdperf.core.held import exclusive
+from sdperf.core.paths import figures_dir, profile_reports, remove_owned, unsafe_folder
 
 STAGE_ENV = "SDPERF_STAGE"
 STAGING = ".staging"
@@ -78,8 +78,10 @@ def discard(profile: str, notebook: str, run_id: str) -> None:
 
 
 def remove_run(profile: str, run_id: str) -> None:
-    """The run's staging folder, once every notebook of it is promoted or discarded."""
-    shutil.rmtree(folder(profile, run_id), ignore_errors=True)
+    """The run's staging folder, once every notebook of it is promoted or discarded (nothing through a link)."""
+    path = folder(profile, run_id)
+    if unsafe_folder(path.parent) is None:
+        remove_owned(path)
 
 
 def clean_leftovers(profile: str, now: float | None = None) -> list[str]:
@@ -90,12 +92,20 @@ def clean_leftovers(profile: str, now: float | None = None) -> list[str]:
     root = profile_reports(profile)
     removed = []
     staging = root / STAGING
+    subs = [(root, STALE_TEMP_S), (root / "notebooks", 0.0), (figures_dir(profile), STALE_TEMP_S)]
+    refused = [why for f in [staging] + [s for s, _ in subs] if (f.exists() or f.is_symlink())
+               and (why := unsafe_folder(f)) is not None]
+    if refused:  # before anything is removed, and before a new run stages its rows through the link
+        raise ConfigError(f"sdperf cleans and writes only real folders inside the reports folder, and {refused[0]}; "
+                          "nothing was removed: replace the link with a folder (or point $SDPERF_REPORTS_DIR at "
+                          "the other disk) and run again")
     if staging.is_dir():
         for path in sorted(staging.iterdir()):
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-            removed.append(str(path.relative_to(root)))
+            if path.is_dir() or path.is_symlink():  # run folders (a link: itself, never what it points to)
+                remove_owned(path)
+                removed.append(str(path.relative_to(root)))
     now = time.time() if now is None else now
-    for sub, min_age in ((root, STALE_TEMP_S), (root / "notebooks", 0.0), (figures_dir(profile), STALE_TEMP_S)):
+    for sub, min_age in subs:
         if not sub.is_dir():
             continue
         for path in sorted(sub.iterdir()):
@@ -106,10 +116,11 @@ def clean_leftovers(profile: str, now: float | None = None) -> list[str]:
 
 
 def _is_temp(path: Path) -> bool:
-    """paths.sibling_tempfile's names: '.<target name>.<random><suffix>', never a lock or the staging folder."""
+    """paths.sibling_tempfile's names: '.<target name>.<random><suffix>', never a lock or the staging folder, and
+    a file of its own (a link named like one is not followed: `is_file` would)."""
     name = path.name
-    return (path.is_file() and name.startswith(".") and name.count(".") >= 2 and not name.endswith(".lock")
-            and name not in (RUN_LOCK, STAGING))
+    return (not path.is_symlink() and path.is_file() and name.startswith(".") and name.count(".") >= 2
+            and not name.endswith(".lock") and name not in (RUN_LOCK, STAGING))
 
 
 def _mtime(path: Path) -> float:
@@ -125,24 +136,10 @@ def run_lock(profile: str, run_id: str):
     root = profile_reports(profile)
     root.mkdir(parents=True, exist_ok=True)
     path = root / RUN_LOCK
-    fh = open(path, "a+", encoding="utf-8")
-    try:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            raise ConfigError(f"another `sdperf run --profile {profile}` is running ({holder}; lock {str(path)!r}); "
-                              "wait for it to finish or stop it") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} run {run_id}")
-        fh.flush()
+    with exclusive(path, f"pid {os.getpid()} run {run_id}",
+                   lambda holder: ConfigError(f"another `sdperf run --profile {profile}` is running ({holder}; lock "
+                                              f"{str(path)!r}); wait for it to finish or stop it")):
         yield
-    finally:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fh, fcntl.LOCK_UN)
-        fh.close()
 
 
 def running_run(profile: str) -> str | None:

@@ -1,0 +1,33 @@
+"""A lock a second holder is refused at once: `sdperf run`'s per-profile lock and its machine-wide one.
+
+The lock is an flock on a small file that names its holder, so the refusal can say who holds it; it goes with the
+holding process, however that process ends.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+from pathlib import Path
+from typing import Callable
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, holder: str, refusal: Callable[[str], Exception]):
+    """Hold the lock at `path`, written with `holder`; when another process holds it, raise `refusal(what the
+    holder wrote)` at once instead of waiting."""
+    fh = open(path, "a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            raise refusal(fh.read().strip() or "another process") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(holder)
+        fh.flush()
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
