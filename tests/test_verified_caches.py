@@ -226,3 +226,20 @@ def test_a_damaged_ledger_output_is_set_aside_and_saved_again(tmp_path, how):
     assert any("set aside" in str(w.message) for w in seen)
     book.append(dict(record, round=1), out)  # the next worker of the entry saves its own
     assert book.output(ledgers.BASELINE_ROLE, "fp32-eager", 1).latents.equal(out.latents)
+
+
+def test_an_engine_build_that_meets_a_full_disk_says_so(tmp_path, monkeypatch):
+    """OpenVINO's serializer says only `basic_ios::clear: iostream error` when the disk is full."""
+    import collections
+    import shutil
+
+    def build(folder):
+        raise RuntimeError("Exception from src/core/src/pass/serialize.cpp: basic_ios::clear: iostream error")
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: collections.namedtuple("u", "total used free")(1, 1, 2**20))
+    with pytest.raises(OSError, match=r"has 1 MiB free .*basic_ios::clear.*SDPERF_ENGINE_CACHE_GIB=0"):
+        artefacts.cached(tmp_path, "openvino-ir-0123456789abcdef", build)
+    assert not any(tmp_path.iterdir())  # the half-built folder is gone
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: collections.namedtuple("u", "total used free")(1, 1, 2**40))
+    with pytest.raises(RuntimeError, match="iostream error"):  # plenty of room: the library's own error stands
+        artefacts.cached(tmp_path, "openvino-ir-0123456789abcdef", build)

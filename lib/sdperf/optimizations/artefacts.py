@@ -18,6 +18,7 @@ row's note names the run that built it and that build's time, which is the set-u
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -214,10 +215,31 @@ def cached(root: Path | str, key: str, build: Callable[[Path], dict]) -> tuple[P
         except OSError:  # another worker finished the same artefact first: use theirs
             shutil.rmtree(tmp, ignore_errors=True)
             return final, json.loads((final / DONE).read_text()), True
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        full = _disk_full(root, exc)
+        if full is not None:
+            raise OSError(errno.ENOSPC, f"building the engine {key} failed: {full} ({type(exc).__name__}: "
+                                        f"{str(exc)[:200]}); free space there or set {CACHE_ENV}=0") from exc
         raise
     return final, facts, False
+
+
+LOW_DISK_BYTES = 1 << 30  # a build that fails with less than this free beside it is said to have met a full disk
+
+
+def _disk_full(root: Path, exc: BaseException) -> str | None:
+    """Why a failed build met a full disk, in words, else None: OpenVINO's serializer says only `basic_ios::clear:
+    iostream error` when its write fails, so the free space is read instead of the message."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"the disk holding {str(root)!r} is full"
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return None
+    if free < LOW_DISK_BYTES:
+        return f"the disk holding {str(root)!r} has {free / 2**20:,.0f} MiB free"
+    return None
 
 
 def clear(root: Path | str) -> None:
