@@ -136,3 +136,15 @@ def test_a_quiet_run_marks_nothing(smoke, share):
     m = rounds.run(smoke, [Config("fast", "grad:no_grad")], rounds=3, launcher=LoadedMachine({}),
                    say=lambda _m: None)
     assert m.beside_load == {}
+
+
+def test_the_baselines_own_description_is_measured_again_and_marked_too(smoke, share, monkeypatch):
+    """00 describes fp32 eager from processes of its own (rounds.alone): the same re-measure and mark."""
+    monkeypatch.setattr(contention, "wait_quiet", lambda **_kw: None)
+    machine = LoadedMachine({("fp32-eager", 0): 0.7})  # round 0 reached both times
+    raw = rounds.alone(smoke, [Config("fp32 eager, batch 1", "fp32-eager")], rounds=3, launcher=machine,
+                       say=lambda _m: None)
+    assert machine.launched.count(("fp32-eager", 0)) == 1 + rounds.BESIDE_LOAD_RETRIES and len(raw) == 3
+    said = rounds.reached_words(raw)
+    assert said.startswith(f"{contention.BESIDE_LOAD} in 1 of 3 process(es)") and "70%" in said
+    assert rounds.reached_words(raw[raw["round"] > 0]) == ""

@@ -115,11 +115,12 @@ def measure_batches(study: Study, say=print) -> BaselineRuns:
     for b, g in ok.groupby("batch_size"):
         row = {"batch_size": int(b), "rounds": len(g), "iterations": int(g.iterations.iloc[0]),
                "it_per_s": float(g.it_per_s.median()), "method": methods[int(b)]}
+        reached = rounds.reached_words(g)  # others' load over a process's timed calls: marked, as comparisons are
         for metric, col, unit, note in METRICS:
             row[col], row[col + "_lo"], row[col + "_hi"] = g[col].median(), g[col].min(), g[col].max()
             recs.append(dict(scenario=f"{LABEL}, batch {int(b)}", metric=metric, value=row[col], unit=unit,
                              lo=row[col + "_lo"], hi=row[col + "_hi"], n=len(g), method=methods[int(b)],
-                             key=BASELINE_KEY, batch_size=int(b), note=note))
+                             key=BASELINE_KEY, batch_size=int(b), note="; ".join(filter(None, [note, reached]))))
         rows.append(row)
     one = ok[ok.batch_size == min(ok.batch_size)]
     stages = _stages(one)

@@ -525,6 +525,20 @@ def beside_load(raw: pd.DataFrame) -> dict[str, str]:
     return said
 
 
+def reached_words(rows: pd.DataFrame) -> str:
+    """The mark for figures taken from these workers' results (one configuration's processes) when others' load
+    reached any of them, else ''."""
+    if "contention" not in rows or rows.empty:
+        return ""
+    share = contention.threshold()
+    hit = [c for c in rows.contention if isinstance(c, dict) and contention.contended(c, share)]
+    if not hit:
+        return ""
+    return (f"{contention.BESIDE_LOAD} in {len(hit)} of {len(rows)} process(es): other processes took up to "
+            f"{max(c['share'] for c in hit):.0%} of the CPUs' time while timed (over {share:.0%} voids a timing); "
+            "these figures may be wrong")
+
+
 def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: int, b: int,
               base_skipped: str | None = None) -> Measured:
     """The comparison of `configs` from the ledger: the run's baselines and twin at this batch size, and each
@@ -583,10 +597,10 @@ def alone(profile, configs: list[Config], *, rounds: int | None = None, scratch:
                     say(f"  {c.name}: {why}")
                     result = {"status": "skipped", "note": why}
                 else:
-                    result, _ = launcher(_spec(profile, c, r, scratch, overrides or {}),
-                                         setting=Stack.of(c.stack).allocator,
-                                         allocator_server=Stack.of(c.stack).allocator != "default",
-                                         timeout_s=getattr(profile, "cell_timeout_s", None))
+                    result, _ = _quiet_launch(launcher, _spec(profile, c, r, scratch, overrides or {}), c, say,
+                                              setting=Stack.of(c.stack).allocator,
+                                              allocator_server=Stack.of(c.stack).allocator != "default",
+                                              timeout_s=getattr(profile, "cell_timeout_s", None))
                 records.append({"config": c.name, "stack": c.stack, "batch_size": c.batch_size, "round": r, **result})
     finally:
         allocator_servers.stop_all()
