@@ -62,9 +62,16 @@ def study(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SDPERF_REPORTS_DIR", str(root / "reports"))
         mp.setattr(environment, "git_commit", lambda *a, **k: CLEAN_SHA)
+        wrapper = root / "reports" / "smoke" / ".scratch" / "inductor" / "an-earlier-run" / "wrapper.py"
+        wrapper.parent.mkdir(parents=True)
+        wrapper.write_text("print('ran')")  # a cached wrapper inductor would run: it must not outlive its run
         code, out = run_quiet("smoke", notebooks_dir=nbdir)
         yield {"root": root, "nbdir": nbdir, "marker": marker, "code": code, "out": out,
                "reports": root / "reports" / "smoke", "mp": mp}
+
+
+def test_inductors_cache_goes_with_the_run(study):
+    assert not (study["reports"] / ".scratch" / "inductor").exists()
 
 
 def test_good_notebook_runs_with_profile_parameter(study):

@@ -105,10 +105,10 @@ def contended(taken: dict | None, share: float | None = None) -> bool:
     return bool(taken) and taken.get("share", 0.0) > (threshold() if share is None else share)
 
 
-def words(taken: dict) -> str:
-    """A worker's contention in words, for a row's note."""
+def words(taken: dict, when: str = "while it was timed") -> str:
+    """What others took in words: a worker's over its timed calls (a row's note), or the machine's `when`."""
     steal = f", the hypervisor {taken['steal_share']:.0%}" if taken.get("steal_share", 0) >= 0.005 else ""
-    return f"other processes took {taken['others_share']:.0%} of its CPUs' time while it was timed{steal}"
+    return f"other processes took {taken['others_share']:.0%} of its CPUs' time {when}{steal}"
 
 
 def machine_now(seconds: float = 1.0) -> dict | None:

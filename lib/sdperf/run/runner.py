@@ -470,8 +470,7 @@ def check_quiet(beside: bool = False, say=print) -> dict | None:
     if not contention.contended(taken):
         return None
     who = contention.busiest()
-    msg = (f"the machine is busy: other processes take {taken['others_share']:.0%} of its CPUs' time"
-           + (f", the hypervisor {taken['steal_share']:.0%}" if taken["steal_share"] >= 0.005 else "")
+    msg = (f"the machine is busy: {contention.words(taken, 'over the last second')}"
            + (f" (busiest: {', '.join(who)})" if who else ""))
     if not beside:
         raise ConfigError(f"{msg}; every ratio would time that load too: stop them, or pass --beside-load to measure "
@@ -485,6 +484,7 @@ def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_di
     from tqdm import tqdm
 
     from sdperf.measure import doctor
+    from sdperf.optimizations.torch_compile import clear_inductor
     from sdperf.report import report
 
     survivors = check_survivors(profile.name, beside_survivors, tqdm.write)
@@ -519,6 +519,7 @@ def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_di
             outcomes.append(run_one(folder / f"{name}.ipynb", profile, commit, force, tqdm.write))
             done.add(name)
     staging.remove_run(profile.name, run_id)
+    clear_inductor(paths.scratch_dir(profile.name))  # inductor's cache holds code it runs: it goes with the run
     write_environment(profile, {"beside_survivors": [{k: s.get(k) for k in ("pid", "role", "stack", "rss_mib")}
                                                      for s in survivors],
                                 "beside_load": load})  # at the end: a killed run leaves the last finished record
