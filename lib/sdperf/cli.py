@@ -143,6 +143,31 @@ def _report(args) -> int:
     return 0
 
 
+def _answer(args) -> int:
+    """Print the answer table of reports/<profile>; with --readme, rewrite that file's answer block from it."""
+    from sdperf.report import answer
+    from sdperf.report.report import one_machine
+    from sdperf.store.results import read_results
+
+    profile = load_profile(args.profile, check_runtime=False)
+    results, _ = one_machine(read_results(profile.name))
+    if args.readme is None:
+        print(answer.markdown(results))
+        return 0
+    from pathlib import Path
+    from sdperf.store.results import atomic_write_text
+
+    path = Path(args.readme)
+    if not path.is_file():
+        raise ConfigError(f"--readme {short(args.readme)} is not a file; give the README whose answer block to rewrite")
+    try:
+        atomic_write_text(path, answer.replace_block(path.read_text(), results))
+    except answer.MissingBlock as exc:
+        raise ConfigError(f"--readme {short(args.readme)}: {exc}") from None
+    print(f"{path}: answer block written from reports/{profile.name}")
+    return 0
+
+
 def _check_report(args) -> int:
     """Exit 0 when the page passes, 1 with every problem listed, 3 (not 1) when no browser is here to check it."""
     from sdperf.report import report_check
@@ -238,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--record", action="store_true", help="also write reports/<profile>/doctor.json, shown at the "
                      "top of the report (sdperf run records it itself)")
     add("report", _report, "rebuild reports/<profile>/index.html from what is on disk")
+    ans = add("answer", _answer, "print the study's answer table from reports/<profile>/results.csv (the README's)")
+    ans.add_argument("--readme", metavar="FILE", help="rewrite FILE's answer block from it instead of printing")
     check = add("check-report", _check_report, "open reports/<profile>/index.html in headless Chromium and fail on "
                 "images that do not load, tables wider than the page, figures without a caption")
     check.add_argument("--screenshot", metavar="PNG", help="where to write the full-page screenshot "

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from sdperf.core import paths
 from sdperf.config.profiles import load_profile
+from sdperf.report import answer
 from sdperf.report.numbers import value_range
 from sdperf.select import scenarios
 
@@ -410,7 +411,7 @@ def headline_sentences(results, legend=None) -> list[str]:
         s = (f"{kind.capitalize()} on this machine: <b>{_esc(key)}</b>, "
              f"{_range(v, 'seed_speedup_vs_fp32')} per image over fp32 eager at 50 PLMS steps "
              f"({_esc(per_image.get('note', ''))}), {_range(v, 'unet_step_speedup_vs_fp32')} per UNet step")
-        seeds = _seeds_quality(results) if "key" in mine and _lossless(mine["key"].iloc[0]) else None
+        seeds = answer.seeds_quality(results) if "key" in mine and answer.lossless(mine["key"].iloc[0]) else None
         if seeds is not None:  # its pictures are fp32 PLMS-50's: that sampler's own rows say what they cost
             fid = seeds["fid_delta"]["value"]
             s += (f"; its pictures are fp32 PLMS-50's own, which on the trained reference model read adherence "
@@ -431,34 +432,6 @@ def headline_sentences(results, legend=None) -> list[str]:
         method = mine["method"].iloc[0]
         out.append(s + (f". Method {legend.cite(method)}." if legend is not None else f". Method: {_esc(method)}."))
     return out
-
-
-def _lossless(key) -> bool:
-    """A headline stack none of whose parts may change the picture (sdperf.optimizations.catalog)."""
-    from sdperf.optimizations.catalog import Stack
-
-    try:
-        return isinstance(key, str) and bool(key) and not Stack.of(key).changes_output
-    except Exception:  # a key this commit's catalog no longer knows: its own rows speak for it
-        return False
-
-
-def _seeds_quality(results) -> dict | None:
-    """fp32 PLMS-50's own judged rows at the seeds' guidance (sdperf.reference.techniques), as _range reads them:
-    the one source of a lossless stack's quality on the page (the pictures are the same), or None if not judged."""
-    from sdperf.reference import techniques
-
-    t = techniques.from_rows(results)
-    if t.empty:
-        return None
-    t = t[(t.key == techniques.SEEDS_SAMPLER) & (t.guidance == techniques.GUIDANCE) & (t.status == "ok")]
-    if t.empty or "quality_verdict" not in t:
-        return None
-    r = t.iloc[-1]
-    return {"adherence_delta": {"value": r["adherence_delta"], "lo": r["adherence_delta_lo"],
-                                "hi": r["adherence_delta_hi"]},
-            "fid_delta": {"value": r["fid_delta"], "lo": r["fid_delta_lo"], "hi": r["fid_delta_hi"]},
-            "verdict": str(r["quality_verdict"]), "n": int(r["n_images"])}
 
 
 def no_admissible_sentence(results) -> str | None:
