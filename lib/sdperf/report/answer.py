@@ -102,8 +102,7 @@ def rows(results: pd.DataFrame) -> list[dict]:
     ladder = results[results["notebook"] == LADDER] if len(results) else results
     if ladder.empty:
         return []
-    judged = techniques.from_rows(results)
-    judged = techniques.overall(judged) if not judged.empty else judged
+    judged = techniques.overall(techniques.from_rows(results))
     seeds = seeds_quality(results)
     out = []
     for kind in scenarios.HEADLINES:
@@ -127,10 +126,15 @@ def rows(results: pd.DataFrame) -> list[dict]:
 
 
 def _where(results: pd.DataFrame) -> str:
+    """Where and how the rows were taken, from the rows: machine, commit, run, and the setting and batch of 10's
+    headline rows."""
     r = results.sort_values("time_utc", kind="stable").iloc[-1]
+    head = scenarios.of_kind(results[results["notebook"] == LADDER], *scenarios.HEADLINES)
+    setting = head["setting"].dropna().iloc[0] if "setting" in head and head["setting"].notna().any() else r["profile"]
+    batches = sorted({int(b) for b in head["batch_size"].dropna()}) if "batch_size" in head else []
     return (f"Measured on {r['cpu_model']} ({r['threads']} threads), commit {str(r['commit'])[:7]}, run "
-            f"{r['run_id']}: SD 1.5's architecture at random init, 256 px, batch 1; each ratio over fp32 eager at 50 "
-            "PLMS steps per image (composed from the measured stages), median [min-max] over fresh-process rounds. "
+            f"{r['run_id']}: {setting}, batch {', '.join(map(str, batches)) or 'as in each row'}; each ratio over fp32 "
+            "eager at 50 PLMS steps per image (composed from the measured stages), median [min-max] over fresh-process rounds. "
             "Quality: the trained reference model (docs/reference-model.md), adherence delta as a share of the "
             "caption's claims with its 95% bootstrap interval, paired against that model's converged fp32 solve "
             "(docs/judging.md); what may not transfer to SD 1.5 is on the page.")

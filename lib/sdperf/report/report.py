@@ -354,7 +354,7 @@ def _notebook_section(profile: str, name: str, rows, stamp: dict | None, i: int,
     return "<section>" + "\n".join(parts) + "</section>"
 
 
-LADDER = "10_ladder"
+LADDER = answer.LADDER
 LADDER_METRICS = {"latency": "s / image", "speedup_vs_fp32": "x fp32 eager", "speedup_vs_rung_below": "x rung below",
                   "unet_step_speedup_vs_fp32": "x per UNet step", "image_psnr_db": "PSNR dB vs fp32"}
 
