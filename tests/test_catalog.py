@@ -27,7 +27,7 @@ def test_every_key_is_found_by_itself_and_declared_by_its_own_module():
 def test_parametric_keys_and_bad_keys():
     assert catalog.get("scheduler:euler@10").steps == 10
     assert catalog.get("compile:max-autotune-no-cudagraphs+freezing").family == catalog.EXECUTOR
-    with pytest.raises(ConfigError, match="valid techniques: grad:inference_mode"):
+    with pytest.raises(ConfigError, match="valid techniques: .*grad:inference_mode"):
         catalog.get("inference-mode")
     with pytest.raises(ConfigError, match="dpmpp-2m@20"):
         catalog.get("scheduler:plms")

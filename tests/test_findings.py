@@ -96,7 +96,7 @@ def test_a_method_is_cited_by_label_and_written_once_in_the_legend():
 
 
 def _judged(key: str, delta: float, half: float = 0.004) -> dict:
-    """A row of sdperf.reference.techniques' table: `delta` of adherence and soft adherence, +-`half` around it."""
+    """A row of sdperf.judge.techniques' table: `delta` of adherence and soft adherence, +-`half` around it."""
     return dict(key=key, label=key, guidance=7.5, status="ok", steps=50, n_images=128, adherence=0.99 + delta,
                 adherence_lo=0.98 + delta, adherence_hi=1.0, adherence_delta=delta, adherence_delta_lo=delta - half,
                 adherence_delta_hi=delta + half, soft_adherence_delta=delta, soft_adherence_delta_lo=delta - half,
@@ -109,7 +109,7 @@ def _judged(key: str, delta: float, half: float = 0.004) -> dict:
 def test_the_quality_finding_is_recomputed_from_the_interval_columns():
     from types import SimpleNamespace
 
-    from sdperf.reference import controls, techniques
+    from sdperf.judge import controls, techniques
 
     class Recorder(list):
         add_many = list.extend
@@ -140,7 +140,7 @@ def test_12s_finding_states_the_controls_and_plms50_that_10_recorded():
     still in 12's finding, and a stack 10's search judged is not counted as a technique alone."""
     from types import SimpleNamespace
 
-    from sdperf.reference import controls, techniques
+    from sdperf.judge import controls, techniques
 
     class Recorder(list):
         add_many = list.extend
@@ -167,7 +167,7 @@ def test_a_lossless_headline_shows_plms50s_own_cost_against_the_converged_solve(
     inside its interval), never a 0 beside PLMS-50's interval as 63f8373's headline row held."""
     from types import SimpleNamespace
 
-    from sdperf.reference import techniques
+    from sdperf.judge import techniques
     from sdperf.select import scenarios
 
     class Recorder(list):
@@ -211,7 +211,7 @@ def test_rows_of_another_machine_or_commit_are_refused_and_counted():
 def test_the_first_screen_names_the_converged_reference_only_once_it_exists():
     from types import SimpleNamespace
 
-    from sdperf.reference import controls, techniques, transfer
+    from sdperf.judge import controls, techniques, transfer
 
     class Recorder(list):
         add_many = list.extend
@@ -232,7 +232,7 @@ def test_the_first_screen_names_the_converged_reference_only_once_it_exists():
 def test_the_quality_section_states_the_reference_and_both_legs_of_its_check():
     """Under 12's finding, from the convergence rows whichever notebook recorded them: the reference's solve, its
     first and last timestep, both legs' distances and shares, and the former reference against the same solve."""
-    from sdperf.reference import techniques
+    from sdperf.judge import techniques
 
     legs = dict(guidance=7.5, chosen=25, converged=True, fastest="euler@10", doubled=50, n_images=64,
                 independent="euler@400:trailing", fastest_independent_mse=0.017, independent_first_timestep=999,

@@ -268,28 +268,28 @@ def _listed(folder: Path) -> dict:
 
 
 def test_the_committed_model_covers_its_folder(model_copy):
-    from sdperf.reference import manifest
+    from sdperf.refmodel import manifest
 
     assert manifest.verify(model_copy)["files"] == manifest.write_files(model_copy)
 
 
 def test_an_empty_file_list_verifies_nothing_so_a_tampered_unet_never_loads(model_copy):
     from sdperf.model.pipelines import build_from_weights
-    from sdperf.reference import store
+    from sdperf.refmodel import storage
 
     unet = model_copy / "unet" / "diffusion_pytorch_model.safetensors"
     unet.write_bytes(unet.read_bytes()[:-8] + b"tampered")
     with pytest.raises(ConfigError, match="changed .*unet/diffusion_pytorch_model.safetensors"):
-        store.verify(model_copy)
+        storage.verify(model_copy)
     _rewrite(model_copy, {})
-    for check in (store.verify, lambda f: build_from_weights(str(f), "plms")):  # `weights:` folders too
+    for check in (storage.verify, lambda f: build_from_weights(str(f), "plms")):  # `weights:` folders too
         with pytest.raises(ConfigError, match="lists no files, so it verifies nothing"):
             check(model_copy)
 
 
 @pytest.mark.parametrize("entry", ["../../../../etc/passwd", "/etc/passwd", "unet/../../outside.txt", "link.txt"])
 def test_a_manifest_entry_outside_the_folder_is_refused_without_reading_it(model_copy, monkeypatch, entry):
-    from sdperf.reference import manifest
+    from sdperf.refmodel import manifest
 
     (model_copy.parent / "outside.txt").write_text("secret")
     (model_copy / "link.txt").symlink_to(model_copy.parent / "outside.txt")
@@ -305,11 +305,11 @@ def test_a_manifest_entry_outside_the_folder_is_refused_without_reading_it(model
 
 
 def test_an_unlisted_file_in_the_folder_is_refused(model_copy):
-    from sdperf.reference import store
+    from sdperf.refmodel import storage
 
     (model_copy / "unet" / "diffusion_pytorch_model.bin").write_bytes(b"a second set of weights, never hashed")
     with pytest.raises(ConfigError, match=r"does not list: \['unet/diffusion_pytorch_model.bin'\]"):
-        store.verify(model_copy)
+        storage.verify(model_copy)
 
 
 # ---------------------------------------------------------------- train-reference never replaces another model
@@ -317,11 +317,11 @@ def test_an_unlisted_file_in_the_folder_is_refused(model_copy):
 def test_quick_training_never_lands_on_a_model_of_another_recipe(tmp_path, monkeypatch, capsys):
     import json
 
-    from sdperf.reference import store, train
-    from sdperf.reference.recipe import QUICK, Recipe
+    from sdperf.refmodel import storage, train_command
+    from sdperf.refmodel.training_recipe import QUICK, Recipe
 
     ran = []
-    monkeypatch.setattr(train, "run", lambda recipe, target, **kw: ran.append((recipe, Path(target))))
+    monkeypatch.setattr(train_command, "run", lambda recipe, target, **kw: ran.append((recipe, Path(target))))
     committed = tmp_path / "reference"
     committed.mkdir()
     (committed / "manifest.json").write_text(json.dumps({"recipe": Recipe(seed=0).to_dict(), "files": {}}))
@@ -337,7 +337,7 @@ def test_quick_training_never_lands_on_a_model_of_another_recipe(tmp_path, monke
 
     ran.clear()
     assert main(["train-reference", "--quick", "--no-progress"]) == 0  # the README's command
-    assert ran[0][1] == store.default_dir().parent / ".reference-quick" != store.default_dir()
+    assert ran[0][1] == storage.default_dir().parent / ".reference-quick" != storage.default_dir()
 
 
 # ---------------------------------------------------------------- captions, seeds and names a user writes

@@ -19,9 +19,9 @@ LIB = Path(__file__).resolve().parents[1] / "lib" / "sdperf"
 LAYERS = ["cli", "tooling", "experiments", "run", "report", "select", "measure", "model", "config", "store", "core"]
 # Packages of one subject that cut across the layers (a technique's availability and its notebook's figures live
 # together); the rules below still bind them: no experiments, no run, and no circles.
-SUBJECTS = ["optimizations", "quality", "reference", "training", "serving", "imagegen"]
+SUBJECTS = ["optimizations", "quality", "refmodel", "judge", "training", "serving", "imagegen"]
 # Code that stores or reads back what a run wrote: it must not depend on how the run is driven.
-STORES = ["sdperf.store", "sdperf.report", "sdperf.imagegen.store", "sdperf.reference.store"]
+STORES = ["sdperf.store", "sdperf.report", "sdperf.imagegen.store", "sdperf.refmodel.storage"]
 
 
 def module_name(path: Path, root: Path = LIB) -> str:
@@ -155,6 +155,8 @@ def forbidden(g: dict) -> list[str]:
             bad.append(f"{where}: {src} imports {dst}; only the command line drives a run")
         if any(_under(src, s) for s in STORES) and (_under(dst, "sdperf.run") or dst == "sdperf.cli"):
             bad.append(f"{where}: store/report code {src} imports run code {dst}")
+        if _under(src, "sdperf.refmodel") and _under(dst, "sdperf.judge"):
+            bad.append(f"{where}: the reference model {src} imports its judge {dst}")
     return bad
 
 
@@ -208,13 +210,16 @@ def test_an_upward_import_is_named_with_its_line(tmp_path):
 
 def test_library_code_importing_an_experiment_or_the_runner_is_named(tmp_path):
     root = _tree(tmp_path, {"experiments/ladder.py": "", "run/runner.py": "",
-                            "reference/store.py": "from sdperf.run import runner\n",
+                            "refmodel/storage.py": "from sdperf.run import runner\n", "judge/paired.py": "",
+                            "refmodel/sdref.py": "from sdperf.judge import paired\n",
                             "quality/rungs.py": "import sdperf.experiments.ladder\n"})
     bad = forbidden(graph(root))
     assert "sdperf/quality/rungs.py:1: sdperf.quality.rungs imports the notebook module " \
            "sdperf.experiments.ladder; only notebooks import experiments/" in bad
-    assert "sdperf/reference/store.py:1: store/report code sdperf.reference.store imports run code " \
+    assert "sdperf/refmodel/storage.py:1: store/report code sdperf.refmodel.storage imports run code " \
            "sdperf.run.runner" in bad
+    assert "sdperf/refmodel/sdref.py:1: the reference model sdperf.refmodel.sdref imports its judge " \
+           "sdperf.judge.paired" in bad
 
 
 def test_every_notebook_calls_its_own_module_in_experiments():

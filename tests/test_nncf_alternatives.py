@@ -11,8 +11,8 @@ from sdperf.model.generation import generate
 from sdperf.model.pipelines import build_pipeline
 from sdperf.optimizations import catalog
 from sdperf.optimizations import quantization as opt
-from sdperf.reference import techniques
-from sdperf.reference.paired import OVER, WITHIN
+from sdperf.judge import techniques
+from sdperf.judge.paired import OVER, WITHIN
 
 PTQ = "int8:openvino-nncf-ptq"
 CAPTIONS = ("a red square on a white background", "two blue circles", "a green triangle above a yellow line")

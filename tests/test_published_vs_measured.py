@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from sdperf.core import data
+from sdperf.core import tables
 from sdperf.report import published_vs_measured as pvm
 from sdperf.core.errors import ConfigError
 from sdperf.core.paths import REPO_ROOT
@@ -28,7 +28,7 @@ CLAIM = "fp32 -> fp16 (torch.float16)"
 
 
 def _data(name: str) -> pd.DataFrame:
-    return data.table(name, dtype=str, keep_default_na=False)
+    return tables.table(name, dtype=str, keep_default_na=False)
 
 
 def _row(table: pd.DataFrame, claim: str, source: str = "Cerebrium SD ladder") -> pd.Series:

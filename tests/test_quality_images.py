@@ -12,7 +12,7 @@ from sdperf.core.errors import ConfigError
 from sdperf.imagegen import read_manifest
 from sdperf.model.prompts import smoke_captions
 from sdperf.quality import fid, images, rungs, score
-from sdperf.quality.settings import settings
+from sdperf.quality.quality_settings import settings
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from sdperf.core.environment import record
 from sdperf.core.errors import ConfigError
 from sdperf.config.profiles import available_profiles, load_profile
 from sdperf.quality import gate
-from sdperf.quality.settings import CLIP_ARCHS, FID_FEATURES, KEYS, settings
+from sdperf.quality.quality_settings import CLIP_ARCHS, FID_FEATURES, KEYS, settings
 from sdperf.store.results import Recorder
 
 
@@ -61,7 +61,7 @@ def test_bad_numbers_say_what_was_expected(smoke, key, value):
 def test_the_convergence_check_follows_the_profile(smoke):
     """smoke's short ladder and few check images reach the judging plan; the cpu profile keeps the full ladder."""
     from sdperf.config.profiles import load_profile
-    from sdperf.reference import converged, techniques
+    from sdperf.judge import converged, techniques
 
     plan = techniques.Plan.of(settings(smoke))
     assert plan.ladder == tuple(smoke.quality["reference_convergence_steps"]) and plan.ladder[0] < 25

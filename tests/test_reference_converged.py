@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sdperf.reference import converged
+from sdperf.judge import converged
 
 EXACT = torch.arange(4 * 2 * 2 * 2, dtype=torch.float32).reshape(4, 2, 2, 2) / 10
 
@@ -97,9 +97,9 @@ def test_the_reference_starts_at_the_last_training_timestep_at_every_count():
 
     from sdperf.config.profiles import load_profile
     from sdperf.model.pipelines import timestep_span
-    from sdperf.reference import store
+    from sdperf.refmodel import storage
 
-    config = json.loads((store.default_dir() / "scheduler" / "scheduler_config.json").read_text())
+    config = json.loads((storage.default_dir() / "scheduler" / "scheduler_config.json").read_text())
     last = config["num_train_timesteps"] - 1
     counts = set(converged.LADDER) | {2 * n for n in converged.LADDER}
     for name in ("smoke", "cpu", "cpu-full"):

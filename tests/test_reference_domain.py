@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sdperf.reference import domain, evaluator
-from sdperf.reference.domain import Scene, Thing
+from sdperf.refmodel import domain, evaluator
+from sdperf.refmodel.domain import Scene, Thing
 
 
 def test_a_scene_is_a_function_of_seed_and_index_alone():

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from sdperf.reference import domain, evaluator, quality, store
+from sdperf.refmodel import domain, domain_quality, evaluator, storage
 
 
 @pytest.fixture(scope="module")
 def reference():
-    return store.load()
+    return storage.load()
 
 
 def test_the_committed_files_match_the_manifest_and_say_how_they_were_made(reference):
@@ -32,8 +32,8 @@ def test_the_evaluator_reads_unseen_held_out_renders_at_98_percent(reference):
 def test_the_model_follows_its_captions_at_guidance_7_5(reference):
     pipe, net, _ = reference
     # 48 captions: the manifest's 0.914 [0.898-0.928] over 500 puts 0.8 several standard errors away even at 48
-    items = domain.scenes(quality.PROMPT_SEED, 48, start=10_000)
-    images = quality.generate(pipe, [s.caption for s in items], list(range(48)), 7.5, 50, batch=48)  # unpadded
+    items = domain.scenes(domain_quality.PROMPT_SEED, 48, start=10_000)
+    images = domain_quality.generate(pipe, [s.caption for s in items], list(range(48)), 7.5, 50, batch=48)  # unpadded
     scores = evaluator.adherence_checks(evaluator.predict(net, images), domain.labels_many(items))
     assert scores.mean() >= 0.8, scores.mean()
     # the images follow THEIR captions: judged against the next caption's claims they score far lower

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from sdperf.core.errors import ConfigError
-from sdperf.reference import controls, paired, quality, store, technique_setup, techniques
-from sdperf.reference.technique_setup import SOLVE_BATCH
+from sdperf.judge import controls, paired, technique_setup, techniques
+from sdperf.refmodel import domain_quality, storage
+from sdperf.judge.technique_setup import SOLVE_BATCH
 
 STEPS = 10
 # the smoke scale: one batch of 8 images, a short convergence ladder; noise of std 4 on the UNet's output cost 42
@@ -88,16 +89,16 @@ def test_a_reference_started_below_the_noise_level_is_rejected_by_the_independen
     converged; the independent Euler solve from t=999 does not, and the check says not converged. The solves are
     the judging fixture's (its cache: the same model, captions, noise and guidance), but the leading 50 steps."""
     from sdperf.model.pipelines import build_from_weights
-    from sdperf.reference import converged
+    from sdperf.judge import converged
 
-    folder = store.default_dir()
-    caps, seeds = [s.caption for s in quality.prompts(PLAN.check_images)], list(range(PLAN.check_images))
+    folder = storage.default_dir()
+    caps, seeds = [s.caption for s in domain_quality.prompts(PLAN.check_images)], list(range(PLAN.check_images))
 
     def render(sampler, steps, c, d):
         pipe = build_from_weights(str(folder), sampler)
-        return converged.Solve(*quality.generate_with_latents(pipe, c, d, 7.5, steps, batch=SOLVE_BATCH, pad=False))
+        return converged.Solve(*domain_quality.generate_with_latents(pipe, c, d, 7.5, steps, batch=SOLVE_BATCH, pad=False))
 
-    solver = converged.Solver(render, converged.model_hash(store.verify(folder)), 7.5, converged.cache_dir(art.parent))
+    solver = converged.Solver(render, converged.model_hash(storage.verify(folder)), 7.5, converged.cache_dir(art.parent))
     independent, fastest = (converged.INDEPENDENT, PLAN.independent_steps), ("euler", 10)
     got = converged.converge(solver, caps, seeds, fastest, ladder=(25,), independent=independent, former=None,
                              sampler="dpmpp-2m")
@@ -111,10 +112,10 @@ def test_a_reference_started_below_the_noise_level_is_rejected_by_the_independen
 
 def test_a_second_run_reads_the_techniques_renders_back_builds_nothing_and_renders_the_controls(
         measured, smoke_profile, art, monkeypatch):
-    """The render cache (sdperf.reference.renders): a run on the same machine and model, with the same technique
+    """The render cache (sdperf.judge.renders): a run on the same machine and model, with the same technique
     code and libraries, reads each technique's batches back and builds no pipeline for them; its numbers are the
     first run's; the controls are rendered again; other technique code is another key."""
-    from sdperf.reference import renders
+    from sdperf.judge import renders
 
     built, build = [], technique_setup.build
     monkeypatch.setattr(technique_setup, "build", lambda control, stack, *a: built.append(
@@ -138,28 +139,28 @@ def test_a_second_run_reads_the_techniques_renders_back_builds_nothing_and_rende
 
 
 def test_the_real_side_is_computed_once_per_evaluator_and_handed_out_as_a_copy(monkeypatch):
-    from sdperf.reference import evaluator
+    from sdperf.refmodel import evaluator
 
     torch.manual_seed(0)
     net, other = evaluator.Evaluator(32).eval(), evaluator.Evaluator(32).eval()
     renders = []
     real_held_out = evaluator.held_out
     monkeypatch.setattr(evaluator, "held_out", lambda n, r: renders.append(n) or real_held_out(n, r))
-    first = quality.Real.of(net, 24)
+    first = domain_quality.Real.of(net, 24)
     first.features.add_(1.0)  # a caller's change stays in its own copy
-    again = quality.Real.of(net, 24)
+    again = domain_quality.Real.of(net, 24)
     assert renders == [24] and not torch.equal(first.features, again.features)
     assert torch.equal(again.features, evaluator.features(net, real_held_out(24, 32)[1]))
-    quality.Real.of(other, 24)
-    quality.Real.of(net, 16)
+    domain_quality.Real.of(other, 24)
+    domain_quality.Real.of(net, 16)
     with torch.no_grad():
         next(net.parameters()).view(-1)[0] += 1e-3  # one weight moved: the digest changes, the set is computed again
-    quality.Real.of(net, 24)
+    domain_quality.Real.of(net, 24)
     assert renders == [24, 24, 16, 24]
 
 
 def test_soft_adherence_equals_the_checks_for_certain_predictions():
-    from sdperf.reference import domain, evaluator
+    from sdperf.refmodel import domain, evaluator
 
     items = domain.scenes(5, 40)
     truth = domain.labels_many(items)
@@ -204,11 +205,11 @@ def test_the_budget(a, s, fid, kid, expected):
 
 def test_the_paired_distance_interval_is_narrower_than_the_unpaired_spread():
     g = torch.Generator().manual_seed(0)
-    real = quality.Real(torch.randn(400, 8, generator=g, dtype=torch.float64))
+    real = domain_quality.Real(torch.randn(400, 8, generator=g, dtype=torch.float64))
     base = torch.randn(200, 8, generator=g, dtype=torch.float64) * 1.2
     variant = base + 0.01 * torch.randn(200, 8, generator=g, dtype=torch.float64)
-    d, lo, hi = paired.distance_delta(variant, base, quality.fid_to(real), n_resamples=100)
-    f_lo, f_hi = quality.fid_interval(base, real, n_resamples=100)
+    d, lo, hi = paired.distance_delta(variant, base, domain_quality.fid_to(real), n_resamples=100)
+    f_lo, f_hi = domain_quality.fid_interval(base, real, n_resamples=100)
     assert lo <= d <= hi and (hi - lo) < (f_hi - f_lo) / 5
     k, k_lo, k_hi = paired.distance_delta(variant, base, paired.kid_to(real.features), n_resamples=100)
     assert k_lo <= k <= k_hi and abs(paired.kid(base, base)) < paired.kid(base * 3, real.features)
@@ -223,18 +224,18 @@ def test_the_batched_bootstrap_scores_each_resample_as_the_set_itself_would():
     """FidTo/KidTo.resampled (every resample from weighted sums, one batched eigenvalue call) against scoring each
     resampled set on its own, with the same draws: the same numbers to float64 rounding, repeats included."""
     g = torch.Generator().manual_seed(1)
-    real = quality.Real(torch.randn(300, 8, generator=g, dtype=torch.float64))
+    real = domain_quality.Real(torch.randn(300, 8, generator=g, dtype=torch.float64))
     fake = torch.randn(40, 8, generator=g, dtype=torch.float64) * 1.3 + 0.2
     rng = np.random.default_rng(7)
     picks = [rng.integers(len(fake), size=len(fake)) for _ in range(25)]
-    counts = quality.draws(np.random.default_rng(7), len(fake), 25)
+    counts = domain_quality.draws(np.random.default_rng(7), len(fake), 25)
     assert (counts == np.stack([np.bincount(p, minlength=len(fake)) for p in picks])).all()
     assert (counts.max(axis=1) > 1).all()  # every resample repeats some image
-    for of in (quality.fid_to(real), paired.kid_to(real.features)):
+    for of in (domain_quality.fid_to(real), paired.kid_to(real.features)):
         one_by_one = [of(fake[torch.as_tensor(p)]) for p in picks]
         np.testing.assert_allclose(of.resampled(fake, counts), one_by_one, rtol=1e-9, atol=1e-12)
     whole = np.ones((1, len(fake)), dtype=int)  # each image once: the set's own score
-    assert quality.fid_to(real).resampled(fake, whole)[0] == pytest.approx(quality.domain_fid(fake, real), rel=1e-9)
+    assert domain_quality.fid_to(real).resampled(fake, whole)[0] == pytest.approx(domain_quality.domain_fid(fake, real), rel=1e-9)
 
 
 def test_the_time_gate_predicts_the_first_batch_from_its_second_call(monkeypatch):
@@ -327,13 +328,13 @@ def test_noise_control_adds_the_dose_the_same_on_both_guidance_halves():
 def test_deepcache_runs_the_deep_branch_only_every_interval_calls():
     from sdperf.optimizations import feature_reuse
 
-    pipe = store.load()[0]
+    pipe = storage.load()[0]
     deep, calls = [], []
     compute = pipe.unet.mid_block.forward  # counted below DeepCache's wrapper: a reused output never reaches it
     pipe.unet.mid_block.forward = lambda *a, **k: deep.append(1) or compute(*a, **k)
     pipe.unet.register_forward_pre_hook(lambda *a: calls.append(len(deep)))
     feature_reuse.apply(pipe, 3)
-    quality.generate(pipe, ["a small red circle at the top left on a light background"], [0], technique_setup.GUIDANCE,
+    domain_quality.generate(pipe, ["a small red circle at the top left on a light background"], [0], technique_setup.GUIDANCE,
                      STEPS, batch=technique_setup.RENDER_BATCH)
     timesteps = list(pipe.scheduler.timesteps)
     assert len(calls) == len(timesteps) == STEPS + 1  # PLMS evaluates its first timestep twice
@@ -346,19 +347,19 @@ def test_deepcache_runs_the_deep_branch_only_every_interval_calls():
 
 def _render(pipe, captions: list[str]) -> np.ndarray:
     """Images as a judged technique renders them: seed 0, the seeds' guidance, RENDER_BATCH prompts per call."""
-    return quality.generate(pipe, captions, [0], technique_setup.GUIDANCE, STEPS, batch=technique_setup.RENDER_BATCH)
+    return domain_quality.generate(pipe, captions, [0], technique_setup.GUIDANCE, STEPS, batch=technique_setup.RENDER_BATCH)
 
 
 def test_token_merging_patches_the_highest_resolution_blocks_and_changes_the_picture():
     from sdperf.optimizations import token_merging
 
     caption = ["a large blue square at the bottom right on a dark background"]
-    pipe = store.load()[0]
+    pipe = storage.load()[0]
     base = _render(pipe, caption)
     token_merging.apply(pipe, 0.5, seed=0)
     assert token_merging.merged_blocks(pipe.unet) > 0
     merged = _render(pipe, caption)
-    again = store.load()[0]
+    again = storage.load()[0]
     token_merging.apply(again, 0.5, seed=0)
     assert not np.array_equal(base, merged)
     assert np.array_equal(merged, _render(again, caption))  # seeded: the same merges

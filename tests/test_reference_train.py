@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from sdperf.core.errors import ConfigError
-from sdperf.reference import first_stage, loop, model, quality, store, train, unet_stage
-from sdperf.reference.recipe import QUICK, Recipe
+from sdperf.refmodel import domain_quality, first_stage, loop, sdref, storage, train_command, unet_stage
+from sdperf.refmodel.training_recipe import QUICK, Recipe
 
 
 @pytest.mark.parametrize("change, named", [
@@ -73,7 +73,7 @@ def unet_work(tmp_path_factory):
     """A work folder holding what the UNet stage reads: the recipe and latents from a random-init VAE."""
     work = tmp_path_factory.mktemp("work")
     recipe = dataclasses.replace(QUICK, unet_steps=6, checkpoint_every=2, world_size=1)
-    pipe = model.build(recipe.seed)
+    pipe = sdref.build(recipe.seed)
     loop.save(work / unet_stage.LATENTS, first_stage.encode_training_set(recipe, pipe.vae, pipe.tokenizer))
     (work / "recipe.json").write_text(json.dumps(recipe.to_dict()))
     return work
@@ -82,7 +82,7 @@ def unet_work(tmp_path_factory):
 def _stage(work, *extra):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("RANK", None)
-    return subprocess.run([sys.executable, "-m", "sdperf.reference.unet_stage", "--work", str(work), "--no-progress",
+    return subprocess.run([sys.executable, "-m", "sdperf.refmodel.unet_stage", "--work", str(work), "--no-progress",
                            *extra], env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -103,14 +103,14 @@ def test_a_killed_unet_stage_resumes_to_the_weights_of_an_uninterrupted_one(unet
         assert a[part].keys() == b[part].keys()
         for k in a[part]:
             torch.testing.assert_close(b[part][k], a[part][k], rtol=0, atol=0, msg=f"{part}.{k}")
-    start = model.build(0)
+    start = sdref.build(0)
     assert not torch.equal(a["unet"]["conv_in.weight"], start.unet.conv_in.weight)  # it trained
 
 
 @pytest.fixture(scope="module")
 def quick_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("models") / "reference"
-    manifest = train.run(QUICK, out, show=False, command="sdperf train-reference --quick", say=lambda *_: None)
+    manifest = train_command.run(QUICK, out, show=False, command="sdperf train-reference --quick", say=lambda *_: None)
     return out, manifest
 
 
@@ -124,7 +124,7 @@ def test_the_quick_run_writes_a_hashed_diffusers_folder_with_its_provenance(quic
     assert 0 <= manifest["autoencoder_reconstructions"]["adherence"] <= 1
     assert manifest["judge"]["trained"]["n"] == QUICK.check_images
     assert 0 <= manifest["judge"]["trained"]["adherence"] <= 1
-    assert store.verify(out) == manifest
+    assert storage.verify(out) == manifest
     assert not list(out.parent.glob("*.partial"))
     curves = json.loads((out / "training.json").read_text())
     assert [c["step"] for c in curves["unet"]][-1] == QUICK.unet_steps
@@ -132,9 +132,9 @@ def test_the_quick_run_writes_a_hashed_diffusers_folder_with_its_provenance(quic
 
 def test_the_stored_model_loads_as_a_pipeline_and_generates_domain_images(quick_model):
     out, _ = quick_model
-    pipe, net, manifest = store.load(out)
+    pipe, net, manifest = storage.load(out)
     assert pipe.vae.config.scaling_factor == pytest.approx(manifest["scaling_factor"])
-    images = quality.generate(pipe, ["a small red circle at the top left on a dark background"] * 2, [0, 1], 7.5, 3, batch=2)
+    images = domain_quality.generate(pipe, ["a small red circle at the top left on a dark background"] * 2, [0, 1], 7.5, 3, batch=2)
     assert images.shape == (2, 32, 32, 3) and images.dtype == np.uint8
     assert not np.array_equal(images[0], images[1])  # two seeds, two images
 
@@ -152,19 +152,19 @@ def test_a_changed_or_missing_file_is_named_by_verify(quick_model, tmp_path):
         fh.write(bytes([last[0] ^ 1]))
     (copy / "evaluator" / "evaluator.json").unlink()
     with pytest.raises(ConfigError, match="vae/diffusion_pytorch_model.safetensors") as err:
-        store.verify(copy)
+        storage.verify(copy)
     assert "evaluator/evaluator.json" in str(err.value)
     with pytest.raises(ConfigError, match="train-reference"):
-        store.verify(tmp_path / "nothing")
+        storage.verify(tmp_path / "nothing")
 
 
 def test_paired_delta_sees_a_regression_that_unpaired_means_would_call_noise():
     rng = np.random.default_rng(0)
     base = rng.uniform(0.3, 1.0, 300)  # prompts differ a lot from each other
     worse = base - 0.02 + rng.normal(0, 0.005, 300)  # every prompt a little worse
-    mean, lo, hi = quality.paired_delta(worse, base)
+    mean, lo, hi = domain_quality.paired_delta(worse, base)
     assert hi < 0 and lo < mean < hi
-    _, lo_u, hi_u = quality.mean_interval(base)
+    _, lo_u, hi_u = domain_quality.mean_interval(base)
     assert lo_u < worse.mean() < hi_u  # unpaired, the variant's mean sits inside the baseline's interval
 
 
@@ -181,22 +181,22 @@ def test_the_command_refuses_a_bad_seed_and_a_foreign_output_folder_before_train
 
 
 def test_the_guidance_curve_gives_intervals_a_verdict_and_figures(quick_model):
-    from sdperf.reference import curve
+    from sdperf.judge import guidance_curve
 
     out, manifest = quick_model
-    pipe, net, _ = store.load(out)
-    real = quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
-    table, kept = curve.run(pipe, net, real, [1.5, 4.0], n=6, steps=3, keep=2)
+    pipe, net, _ = storage.load(out)
+    real = domain_quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
+    table, kept = guidance_curve.run(pipe, net, real, [1.5, 4.0], n=6, steps=3, keep=2)
     assert list(table.guidance) == [1.5, 4.0] and (table.n_images == 6).all()
     assert ((table.adherence_lo <= table.adherence) & (table.adherence <= table.adherence_hi)).all()
     assert ((table.fid_lo <= table.fid_hi) & (table.domain_fid >= 0)).all()
-    assert "guidance 1.5" in curve.verdict(table) and "Domain FID is lowest" in curve.verdict(table)
-    assert len(curve.plot(table, "t").axes) == 3
-    assert len(curve.grid(kept, ["a", "b"]).axes) == 4
+    assert "guidance 1.5" in guidance_curve.verdict(table) and "Domain FID is lowest" in guidance_curve.verdict(table)
+    assert len(guidance_curve.plot(table, "t").axes) == 3
+    assert len(guidance_curve.grid(kept, ["a", "b"]).axes) == 4
     # a later run reads the same solves back from the cache, says so, and states no time it did not measure
     cache = out.parent / "solves"
-    first, _ = curve.run(pipe, net, real, [1.5], n=6, steps=3, cache=cache, model_hash="m")
-    again, _ = curve.run(pipe, net, real, [1.5], n=6, steps=3, cache=cache, model_hash="m")
+    first, _ = guidance_curve.run(pipe, net, real, [1.5], n=6, steps=3, cache=cache, model_hash="m")
+    again, _ = guidance_curve.run(pipe, net, real, [1.5], n=6, steps=3, cache=cache, model_hash="m")
     assert first.from_cache.tolist() == [0] and again.from_cache.tolist() == [6]
     assert again.adherence.tolist() == first.adherence.tolist() and again.s_per_image.isna().all()
     assert first.adherence.tolist() == table.adherence.iloc[:1].tolist()  # the cache changes no figure
@@ -205,6 +205,6 @@ def test_the_guidance_curve_gives_intervals_a_verdict_and_figures(quick_model):
 def test_an_autoencoder_below_its_gate_stops_the_run_before_the_unet_stage(tmp_path):
     recipe = dataclasses.replace(QUICK, vae_min_adherence=1.0)  # a few steps cannot reconstruct every claim
     with pytest.raises(RuntimeError, match="vae_steps"):
-        train.run(recipe, tmp_path / "reference", work=tmp_path / "work", show=False, say=lambda *_: None)
+        train_command.run(recipe, tmp_path / "reference", work=tmp_path / "work", show=False, say=lambda *_: None)
     assert (tmp_path / "work" / "autoencoder-check.json").is_file()
     assert not (tmp_path / "work" / unet_stage.LATENTS).exists() and not (tmp_path / "reference").exists()

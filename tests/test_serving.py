@@ -10,7 +10,7 @@ import torch
 from sdperf.core.errors import ConfigError
 from sdperf.model.generation import Workload, generate
 from sdperf.config.profiles import available_profiles, load_profile
-from sdperf.serving import settings
+from sdperf.serving import serving_settings
 from sdperf.serving.stages import Request, SDStages, build_design
 
 
@@ -124,8 +124,8 @@ def test_unknown_design_names_the_choices(sd):
 
 def test_every_profile_has_a_valid_serving_section():
     for name in available_profiles():
-        cfg = settings.load(load_profile(name, check_runtime=False))
-        assert set(cfg.designs) <= set(settings.DESIGNS) and min(cfg.concurrency) >= 1
+        cfg = serving_settings.load(load_profile(name, check_runtime=False))
+        assert set(cfg.designs) <= set(serving_settings.DESIGNS) and min(cfg.concurrency) >= 1
 
 
 def _with(smoke, **changes):
@@ -143,15 +143,15 @@ def _with(smoke, **changes):
 ])
 def test_bad_serving_values_name_value_and_choices(smoke, key, value, expected):
     with pytest.raises(ConfigError, match=expected):
-        settings.load(_with(smoke, **{key: value}))
+        serving_settings.load(_with(smoke, **{key: value}))
 
 
 def test_unknown_and_missing_serving_keys_are_named(smoke):
     with pytest.raises(ConfigError, match=r"serving.concurrancy is not a valid key; valid keys: designs"):
-        settings.load(_with(smoke, concurrancy=[1]))
+        serving_settings.load(_with(smoke, concurrancy=[1]))
     partial = dataclasses.replace(smoke, serving={k: v for k, v in smoke.serving.items() if k != "repeats"})
     with pytest.raises(ConfigError, match="missing keys repeats"):
-        settings.load(partial)
+        serving_settings.load(partial)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams between stages need a GPU")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sdperf.core import data, paths
+from sdperf.core import paths, tables
 from sdperf.report.numbers import fixed, value_range
 from sdperf.store.results import atomic_write, atomic_write_bytes
 
@@ -22,10 +22,10 @@ def test_a_range_reads_the_same_everywhere_and_a_difference_keeps_its_signs():
 
 def test_data_tables_are_read_from_the_package_by_name():
     path = Path(paths.REPO_ROOT / "lib" / "sdperf" / "data" / "published_inference.csv")
-    pd.testing.assert_frame_equal(data.table("published_inference.csv"), pd.read_csv(path))
-    claims = data.table("published_claims.csv", dtype=str, keep_default_na=False)  # read options pass through
+    pd.testing.assert_frame_equal(tables.table("published_inference.csv"), pd.read_csv(path))
+    claims = tables.table("published_claims.csv", dtype=str, keep_default_na=False)  # read options pass through
     assert claims.map(lambda v: isinstance(v, str)).all().all()
-    with data.file("published_inference.csv") as f:
+    with tables.file("published_inference.csv") as f:
         assert Path(f).read_bytes() == path.read_bytes()
 
 

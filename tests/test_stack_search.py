@@ -6,7 +6,7 @@ import pytest
 
 from sdperf.select import stack_search as ss
 from sdperf.optimizations import feature_reuse
-from sdperf.reference.techniques import OVER, UNDECIDED, WITHIN
+from sdperf.judge.techniques import OVER, UNDECIDED, WITHIN
 from sdperf.measure.rounds import BASELINE
 
 
@@ -225,7 +225,7 @@ def test_the_cpu_profiles_judge_every_lossy_part_of_their_search_in_12s_table(na
     31); the hour's cpu judges a subset of them, each lossy part it measures stand-alone among it."""
     from sdperf.optimizations import catalog
     from sdperf.config.profiles import load_profile
-    from sdperf.reference.techniques import DEFAULT_KEYS
+    from sdperf.judge.techniques import DEFAULT_KEYS
     from sdperf.run import prefetch
     from sdperf.run.runner import notebook_parameters
 

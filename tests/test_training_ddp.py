@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from sdperf.training import collect, data, launch, settings
+from sdperf.training import collect, dataset, launch, training_settings
 
 pytestmark = pytest.mark.all_cores  # two ranks, a core each (conftest.py pins a worker to its share otherwise)
 
@@ -16,9 +16,9 @@ pytestmark = pytest.mark.all_cores  # two ranks, a core each (conftest.py pins a
 def two_rank_row(smoke, tmp_path_factory):
     if launch.usable_cores() < 2:
         pytest.skip("needs two CPU cores for two ranks")
-    s = dataclasses.replace(settings.from_profile(smoke), warmup_steps=1, steps=3)
-    path = data.save(tmp_path_factory.mktemp("data") / "latents.pt",
-                     data.synthetic(smoke.arch, s.resolution, s.samples, smoke.seed))
+    s = dataclasses.replace(training_settings.from_profile(smoke), warmup_steps=1, steps=3)
+    path = dataset.save(tmp_path_factory.mktemp("data") / "latents.pt",
+                     dataset.synthetic(smoke.arch, s.resolution, s.samples, smoke.seed))
     return launch.run_config(smoke, s, launch.Config("ddp", 2, 2, 1), path)
 
 
@@ -38,9 +38,9 @@ def test_the_run_reports_throughput_per_rank_memory_and_steps(two_rank_row):
 
 
 def test_sampler_gives_each_rank_a_disjoint_reproducible_shard():
-    ds = data.LatentDataset(data.synthetic("tiny", 64, 8, seed=0))
+    ds = dataset.LatentDataset(dataset.synthetic("tiny", 64, 8, seed=0))
     def first_epoch(rank):
-        it = data.batches(ds, 2, rank, 2, seed=5)
+        it = dataset.batches(ds, 2, rank, 2, seed=5)
         return [tuple(next(it)["latents"][:, 0, 0, 0].tolist()) for _ in range(2)]
     r0, r1 = first_epoch(0), first_epoch(1)
     seen0, seen1 = {x for b in r0 for x in b}, {x for b in r1 for x in b}
@@ -56,4 +56,4 @@ def test_a_hand_launched_torchrun_run_is_collected(smoke, tmp_path):
     assert proc.returncode == 0, launch.error_line(proc.stdout + proc.stderr)
     row = collect.read_run(tmp_path)
     assert row["status"] == "ok" and row["label"] == "by hand" and row["global_batch"] == 2
-    assert row["timed_steps"] == settings.from_profile(smoke).steps and row["params_changed"]
+    assert row["timed_steps"] == training_settings.from_profile(smoke).steps and row["params_changed"]

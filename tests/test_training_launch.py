@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from sdperf.core.errors import ConfigError
-from sdperf.training import launch, settings
+from sdperf.training import launch, training_settings
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def no_spawn(monkeypatch):
 
 @pytest.fixture(scope="module")
 def smoke_settings(smoke):
-    return settings.from_profile(smoke)
+    return training_settings.from_profile(smoke)
 
 
 def test_world_size_larger_than_the_cores_fails_naming_the_valid_sizes(smoke, smoke_settings, no_spawn):

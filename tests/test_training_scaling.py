@@ -96,7 +96,7 @@ def test_every_configuration_figure_recorded_names_its_launch(scratch_reports):
     """samples/s, step times, memory and the rank check come from one launch per configuration: the rows say so."""
     from sdperf.experiments import training_scaling as experiment
     from sdperf.measure.study import open_study
-    from sdperf.training.settings import from_profile
+    from sdperf.training.training_settings import from_profile
 
     study = open_study("smoke", notebook="test_training_scaling")
     ok = dict(label="ddp, world 2, batch 1/rank", status="ok", note="", timed_steps=5, world_size=2,

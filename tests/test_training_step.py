@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdperf.training import data, model, step
+from sdperf.training import dataset, model, step
 
 
 def _batch(arch: str, n: int = 2) -> dict:
-    return data.synthetic(arch, 64, n, seed=0)
+    return dataset.synthetic(arch, 64, n, seed=0)
 
 
 def _eval_loss(unet, sched, batch) -> float:

@@ -14,8 +14,8 @@ import torch
 
 from sdperf.measure import ledger as ledgers
 from sdperf.optimizations import artefacts
-from sdperf.reference import converged
-from sdperf.reference.converged import Solve, Solver
+from sdperf.judge import converged
+from sdperf.judge.converged import Solve, Solver
 from sdperf.store import verified
 
 
@@ -194,7 +194,7 @@ def test_a_damaged_converged_chunk_is_solved_again(tmp_path, how):
 
 
 def test_a_damaged_render_chunk_is_rendered_again(tmp_path):
-    from sdperf.reference.renders import Cache
+    from sdperf.judge.renders import Cache
 
     r = Cache(folder=tmp_path, model_hash="m", machine="x", key="tome:0.5", steps=10, guidance=7.5, call={},
               facts={"build_s": 1.0})

@@ -114,9 +114,10 @@ def _profiles(args) -> int:
 
 def _env(args) -> int:
     from sdperf.core import environment
+    from sdperf.optimizations import catalog
 
     profile = load_profile(args.profile, check_runtime=False)
-    print(json.dumps(environment.record(profile.name, profile.device), indent=2))
+    print(json.dumps(environment.record(profile.name, profile.device, catalog.packages()), indent=2))
     return 0
 
 
@@ -222,9 +223,9 @@ def _generate(args) -> int:
 
 
 def _train_reference(args) -> int:
-    from sdperf.reference import train
+    from sdperf.refmodel import train_command
 
-    return train.main(seed=args.seed, out=args.out, quick=args.quick, show=not args.no_progress, force=args.force)
+    return train_command.main(seed=args.seed, out=args.out, quick=args.quick, show=not args.no_progress, force=args.force)
 
 
 def _int(what: str, text: str) -> int:

@@ -107,7 +107,7 @@ ARCHS: dict[str, Architecture] = {
                             num_attention_heads=20, max_position_embeddings=77, hidden_act="gelu",
                             projection_dim=1280),
     ),
-    # The study's own reference model (sdperf.reference), trained here on the shapes domain at 32 px: SD's
+    # The study's own reference model (sdperf.refmodel), trained here on the shapes domain at 32 px: SD's
     # components (AutoencoderKL, CLIP text tower, UNet2DConditionModel with cross-attention) at a few million
     # parameters. Its VAE downsamples 4x (8x8x4 latents); its scaling factor is set from the trained latents.
     "sdref": Architecture(

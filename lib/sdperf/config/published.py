@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from sdperf.core import data
+from sdperf.core import tables
 
 
 def load() -> pd.DataFrame:
-    return data.table("published_inference.csv")
+    return tables.table("published_inference.csv")
 
 
 def select(source: str, **equal) -> pd.DataFrame:

@@ -11,12 +11,11 @@ from pathlib import Path
 
 from sdperf.core.paths import REPO_ROOT
 
-# Every library a rung's speed or quality depends on (the GPU lock's TensorRT and onnxruntime-gpu included: "not
-# installed" on a CPU machine is itself the record that those rungs could not run).
-PACKAGES = ("torch", "torchvision", "diffusers", "transformers", "accelerate", "deepspeed", "onnx", "onnxscript",
-            "onnxruntime", "onnxruntime-gpu", "tensorrt-cu13", "tensorrt-cu13-bindings", "openvino", "nncf", "torchao",
-            "tomesd", "DeepCache", "mlcommons-loadgen", "torchmetrics", "torch-fidelity", "open-clip-torch",
-            "papermill", "nbval", "numpy", "pandas")
+# The libraries every rung's speed or quality depends on; what the techniques import beyond them is each record's
+# (sdperf.optimizations.catalog.packages(), passed to record(): "not installed" on a CPU machine is itself the
+# record that a GPU rung could not run).
+PACKAGES = ("torch", "torchvision", "diffusers", "transformers", "accelerate", "mlcommons-loadgen", "torchmetrics",
+            "torch-fidelity", "open-clip-torch", "papermill", "nbval", "numpy", "pandas")
 # CPU features that decide which precisions can be fast here (see the half-precision notebook).
 ISA_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
              "amx_tile", "amx_bf16", "amx_int8", "amx_fp16")
@@ -250,8 +249,9 @@ def device_name(device: str) -> str:
     return cpu_model()
 
 
-def record(profile: str | None = None, device: str = "cpu") -> dict:
-    """Everything a reader needs to judge a number taken here."""
+def record(profile: str | None = None, device: str = "cpu", packages: tuple[str, ...] = ()) -> dict:
+    """Everything a reader needs to judge a number taken here; `packages`: the techniques' own libraries
+    (sdperf.optimizations.catalog.packages()), recorded beside PACKAGES."""
     import torch
 
     return {
@@ -276,7 +276,7 @@ def record(profile: str | None = None, device: str = "cpu") -> dict:
         "cuda_available": torch.cuda.is_available(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "packages": package_versions(),
+        "packages": package_versions(tuple(dict.fromkeys(PACKAGES + tuple(packages)))),
         "commit": git_commit(),
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k == "LD_PRELOAD"},
         "time_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

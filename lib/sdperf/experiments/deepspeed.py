@@ -19,7 +19,7 @@ from sdperf.optimizations import deepspeed_inference as ds
 from sdperf.optimizations import deepspeed_policies
 from sdperf.store.plots import speedup_bars
 from sdperf.measure.study import Study
-from sdperf.core import data
+from sdperf.core import tables
 
 KERNELS = "DeepSpeed kernel injection, fp16 pipeline"
 KERNELS_ADAPTED = "DeepSpeed kernel injection + CLIP layout adapter"
@@ -30,7 +30,7 @@ PASS_THROUGH_NOTE = "pass-through: 0 modules replaced, so any ratio is run-to-ru
 
 def compat_table() -> pd.DataFrame:
     """The version findings (with their issue / PR references) the module docstring summarises."""
-    return data.table("deepspeed_sd_compat.csv")
+    return tables.table("deepspeed_sd_compat.csv")
 
 
 def targets(study: Study) -> pd.DataFrame:

@@ -14,9 +14,9 @@ import pandas as pd
 
 from sdperf.measure.study import Study, open_study
 from sdperf.quality import curve, gate, rungs, score
-from sdperf.quality.settings import QualitySettings, settings
-from sdperf.reference import curve as reference_curve
-from sdperf.reference import technique_report, techniques, transfer
+from sdperf.quality.quality_settings import QualitySettings, settings
+from sdperf.judge import guidance_curve as reference_curve
+from sdperf.judge import technique_report, techniques, transfer
 
 NOTEBOOK = "12_fid_clip"
 PUBLISHED_COLUMNS = ["source", "model", "config", "metric", "value", "n_images", "steps", "scheduler", "scored_at"]

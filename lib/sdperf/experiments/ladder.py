@@ -15,7 +15,7 @@ Rules (stated in the notebook too):
 - The best order comes from the stand-alone rows of notebooks 01-09 on this machine at this commit
   (sdperf.select.standalone, by catalog key): the candidates are the techniques "faster" than fp32 eager alone (their
   range over rounds clears the noise band) that keep the picture unless lossy rungs are allowed: lossless by
-  declaration, or a quality cost on the trained reference model within the budget (sdperf.reference.techniques:
+  declaration, or a quality cost on the trained reference model within the budget (sdperf.judge.techniques:
   adherence interval above -1 point, the domain-FID change within its interval plus 10% of fp32's FID); one per
   family; at most one UNet executor, stacked last because it compiles or exports what the rungs below set up; the
   others fastest first.
@@ -178,9 +178,9 @@ QUALITY_COLUMNS = ("quality_verdict", "adherence_delta", "adherence_delta_lo", "
 
 def with_quality(study: Study, alone: pd.DataFrame, say: Callable[[str], None] = print) -> pd.DataFrame:
     """The stand-alone table with the reference-model quality of its lossy techniques that are faster alone (the
-    only ones whose picture decides anything), measured once per run (sdperf.reference.techniques.for_study)."""
-    from sdperf.quality.settings import settings
-    from sdperf.reference import techniques
+    only ones whose picture decides anything), measured once per run (sdperf.judge.techniques.for_study)."""
+    from sdperf.quality.quality_settings import settings
+    from sdperf.judge import techniques
 
     t = alone.copy()
     lossy = t[(t.status == "ok") & (t.speedup_verdict == rounds.FASTER) & t.changes_output.astype(bool)

@@ -23,7 +23,7 @@ from sdperf.optimizations import catalog
 from sdperf.measure.rounds import BASELINE
 from sdperf.measure.study import Study
 from sdperf.experiments.ladder import RANK
-from sdperf.core import data
+from sdperf.core import tables
 
 BEST, LOSSLESS = scenarios.BEST_STACK, scenarios.LOSSLESS_STACK
 ROOF_GOAL_SHARE = 0.8  # issue 15: the int8 executor's per-step gain should reach 80% of the int8-vs-fp32 roof ratio
@@ -71,8 +71,8 @@ def composed_table(study: Study, cmp: Comparison, unets: list[str], schedulers: 
 
 def part_verdicts(study: Study, keys: list[str], say: Callable[[str], None] = print) -> pd.DataFrame:
     """Each lossy part's own quality on the reference model (the rows 12's table shows too)."""
-    from sdperf.quality.settings import settings
-    from sdperf.reference import techniques
+    from sdperf.quality.quality_settings import settings
+    from sdperf.judge import techniques
 
     s = settings(study.profile)
     lossy = [k for k in keys if catalog.get(k).changes_output] + [techniques.SEEDS_SAMPLER]
@@ -82,8 +82,8 @@ def part_verdicts(study: Study, keys: list[str], say: Callable[[str], None] = pr
 def search(study: Study, table: pd.DataFrame, band: tuple[float, float], verdicts: pd.DataFrame, *,
            max_quality: int, say: Callable[[str], None] = print) -> pd.DataFrame:
     """The search over `table`, judging stacks on the reference model through the run's shared quality rows."""
-    from sdperf.quality.settings import settings
-    from sdperf.reference import techniques
+    from sdperf.quality.quality_settings import settings
+    from sdperf.judge import techniques
 
     plan = techniques.Plan.of(settings(study.profile))
     known = dict(zip(verdicts.key, verdicts.quality_verdict)) if len(verdicts) else {}
@@ -98,7 +98,7 @@ def search(study: Study, table: pd.DataFrame, band: tuple[float, float], verdict
 
 def reference_text(verdicts: pd.DataFrame) -> str:
     """The budget's reference in words: the converged fp32 solve and its steps (from the convergence rows)."""
-    from sdperf.reference import converged, techniques
+    from sdperf.judge import converged, techniques
 
     per = verdicts.attrs.get("per_guidance")
     keys = sorted({k for k in per.key if str(k).startswith(techniques.REFERENCE)}) if per is not None and len(per) else []
@@ -231,7 +231,7 @@ def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
         ax.legend(fontsize=7, loc="best")
     fig.suptitle(f"SD 1.5 speed ({study.env['device_name']}) vs quality on the trained reference model", fontsize=10)
     fig.tight_layout()
-    from sdperf.quality.settings import settings
+    from sdperf.quality.quality_settings import settings
 
     s = settings(study.profile)
     study.save_figure(fig, "stack_search_front",
@@ -243,7 +243,7 @@ def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
                       baseline="speed: fp32 eager PLMS 50 steps, interpolated per round; quality: the reference "
                       "model's converged fp32 solve of the same captions and noise",
                       method=f"speed: {ss.COMPOSED}; quality: paired deltas with 95% bootstrap intervals against the "
-                      "converged solve (sdperf.reference.techniques)",
+                      "converged solve (sdperf.judge.techniques)",
                       n=f"{len(pts)} candidate stack(s); quality over {s.reference_delta_step}-"
                       f"{s.reference_delta_images} paired images each (sequential: batches of "
                       f"{s.reference_delta_step} until the intervals settle); speed composed from the profile's "
@@ -252,7 +252,7 @@ def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
 
 
 def published_ladders() -> pd.DataFrame:
-    return data.table("published_cpu_ladders.csv")
+    return tables.table("published_cpu_ladders.csv")
 
 
 def published_vs_measured(alone: pd.DataFrame, heads: list[dict]) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from sdperf.store import figure_captions
 from sdperf.measure.measurements import GenerationRun, record_generation, timed_generation
 from sdperf.core.paths import profile_reports
 from sdperf.serving import loadgen_run, sharing, sync_audit
-from sdperf.serving.settings import ServingSettings
+from sdperf.serving.serving_settings import ServingSettings
 from sdperf.serving.stages import SDStages, build_design
 from sdperf.measure.study import Study
 from sdperf.measure.rounds import BASELINE

@@ -11,9 +11,9 @@ from sdperf.store import figure_captions
 from sdperf.config.architectures import vae_scale_factor
 from sdperf.measure.comparison import published_row
 from sdperf.measure.study import Study
-from sdperf.training import collect, data, figures, launch, published, scaling, settings as training_settings
+from sdperf.training import collect, dataset, figures, launch, published, scaling, training_settings
 from sdperf.training.model import unet_config
-from sdperf.training.settings import TrainingSettings
+from sdperf.training.training_settings import TrainingSettings
 
 UNIT = "samples/s"
 
@@ -79,8 +79,8 @@ def plan_table(study: Study, prep: Prepared) -> pd.DataFrame:
 def run(study: Study, prep: Prepared, progress=print) -> pd.DataFrame:
     """Make the dataset once, run every configuration in its own process group, record every row."""
     with tempfile.TemporaryDirectory(prefix="sdperf-train-data-") as tmp:
-        tensors, what = data.make(study.profile, prep.settings)
-        path = data.save(Path(tmp) / "latents.pt", tensors)
+        tensors, what = dataset.make(study.profile, prep.settings)
+        path = dataset.save(Path(tmp) / "latents.pt", tensors)
         progress(f"dataset: {what}")
         measured = launch.sweep(study.profile, prep.settings, prep.configs, path, progress=progress)
     record(study, measured, prep.settings)

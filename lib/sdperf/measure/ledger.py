@@ -52,6 +52,7 @@ def resume_parts(commit: str, machine: str, profile_text: str, tree_sha256: str 
     import yaml
 
     from sdperf.core import environment
+    from sdperf.optimizations import catalog
 
     values = yaml.safe_load(profile_text) or {}
     if isinstance(values, dict):
@@ -60,7 +61,7 @@ def resume_parts(commit: str, machine: str, profile_text: str, tree_sha256: str 
     return {"commit": commit, "tree": tree_sha256, "machine": machine,
             "profile": hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16],
             "threads": {k: os.environ.get(k, "unset") for k in environment.THREAD_ENV},
-            "affinity": affinity, "libraries": environment.package_versions()}
+            "affinity": affinity, "libraries": environment.package_versions(environment.PACKAGES + catalog.packages())}
 
 
 def resume_key(parts: dict) -> str:

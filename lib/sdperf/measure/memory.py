@@ -13,8 +13,8 @@ The estimate (every part an allowance, not a measurement, and said to be one):
 - activations: from the profile's resolution and batch (guidance doubles the UNet's batch): the UNet's
   self-attention scores at its first cross-attention level, its feature maps kept for the skip connections, and
   the VAE decoder's full-resolution feature maps and mid-block attention;
-- what the technique adds: extra fp32 copies of the networks it holds beside the eager ones (EXTRA_COPIES: an
-  engine two of the UNet, a frozen compiled UNet one, trainable parameters their gradients);
+- what the technique adds: extra fp32 copies of the networks it holds beside the eager ones (Technique.extra_copies:
+  an engine two of the UNet, a frozen compiled UNet one, trainable parameters their gradients);
 - the interpreter and the libraries a worker imports.
 Rows of earlier runs refine it: when results.csv holds the configuration's own measured process peak taken at
 what decides memory, the same technique key, batch, machine fingerprint, commit and setting (architecture,
@@ -191,24 +191,14 @@ def vae_activation_bytes(arch: str, resolution: int, batch: int) -> int:
     return (maps + attention) * batch
 
 
-# Copies of networks a technique holds beside the eager ones it was made from, in fp32 (the precision exports trace
-# in), by key prefix: an engine the exported graph and the engine built from it, a frozen compiled UNet its
-# constants, trainable parameters their gradients, a stage executor its text encoders and VAE. Techniques that
-# change modules in place (precision, attention, caching, torch int8, compile without freezing) add none.
-ALL = ("unet", "vae", "text_encoder", "text_encoder_2")
-EXTRA_COPIES = (("engine:", {"unet": 2}), ("int8:openvino", {"unet": 2}), ("compile:freezing", {"unet": 1}),
-                ("parameters:trainable", dict.fromkeys(ALL, 1)),
-                ("stages:", {"vae": 1, "text_encoder": 1, "text_encoder_2": 1}))
-
-
 def _extra_copies(stack) -> dict[str, int]:
-    """Extra copies of each network the stack's techniques hold (EXTRA_COPIES; the largest where two overlap)."""
+    """Extra copies of each network the stack's techniques hold (each record's Technique.extra_copies: an engine
+    the exported graph and the engine built from it, a frozen compiled UNet its constants, trainable parameters
+    their gradients, a stage executor its text encoders and VAE); the largest where two overlap."""
     copies: dict[str, int] = {}
     for t in stack.techniques:
-        for prefix, nets in EXTRA_COPIES:
-            if t.key.startswith(prefix):
-                for n, k in nets.items():
-                    copies[n] = max(copies.get(n, 0), k)
+        for n, k in t.extra_copies.items():
+            copies[n] = max(copies.get(n, 0), k)
     return copies
 
 

@@ -7,6 +7,7 @@ import torch
 
 from sdperf.core import environment
 from sdperf.measure import memory
+from sdperf.optimizations import catalog
 from sdperf.store import figure_captions, plots
 from sdperf.model.generation import Workload
 from sdperf.core.paths import scratch_dir
@@ -69,6 +70,6 @@ class Study:
 def open_study(profile: str | None, notebook: str) -> Study:
     """Validate the profile (fails before any model is built), record the environment, set the plot style."""
     prof = load_profile(profile)
-    env = {**environment.record(prof.name, prof.device), "setting": prof.setting}
+    env = {**environment.record(prof.name, prof.device, catalog.packages()), "setting": prof.setting}
     plots.use_style()
     return Study(notebook=notebook, profile=prof, env=env, recorder=Recorder(notebook, prof.name, env))

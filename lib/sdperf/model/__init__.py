@@ -2,5 +2,5 @@
 (`prompts`), the pipeline of a profile's architecture (`pipelines`), and the denoising loop, stage by stage
 (`generation`).
 
-May import: config/, store/, core/ (and the reference model's weights manifest, sdperf.reference.manifest).
+May import: config/, store/, core/ (and the reference model's weights manifest, sdperf.refmodel.manifest).
 """

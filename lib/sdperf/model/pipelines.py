@@ -218,7 +218,7 @@ def local_tokenizers(folder: str, stamp: tuple) -> dict:
     """The tokenizers of a local diffusers folder, loaded once per process and shared by every pipeline built from
     it (`stamp`: its files, so an edited folder loads again). Loading the reference model's CLIP tokenizer parses
     its tokenizer.json: 0.29 s of a 0.43 s build, and the quality judge builds a fresh pipeline per technique
-    (sdperf.reference.techniques). Nothing patches a tokenizer; tokenizing concurrently is serving's to guard
+    (sdperf.judge.techniques). Nothing patches a tokenizer; tokenizing concurrently is serving's to guard
     (sdperf.serving.stages.serial_tokenizers wraps the shared one, as for the random-init pipelines)."""
     import transformers
 
@@ -236,7 +236,7 @@ def build_from_weights(weights: str, scheduler: str):
 
     from sdperf.config.profiles import weights_source
     from sdperf.core.quiet import loading_bars_off
-    from sdperf.reference.manifest import verify_weights
+    from sdperf.refmodel.manifest import verify_weights
 
     source, local = weights_source(weights)
     verify_weights(source, local)  # a local folder with a manifest.json loads only if it matches it

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdperf.core.errors import ConfigError, short
-from sdperf.core import data
+from sdperf.core import tables
 
 FORMATS = {
     ".json": "COCO annotations JSON (captions_val2014.json: {\"annotations\": [{\"id\", \"image_id\", \"caption\"}]})",
@@ -137,7 +137,7 @@ def select(captions: list[Caption], n: int, seed: int) -> list[Caption]:
 
 def smoke_captions() -> list[Caption]:
     """The repo's own short COCO-style captions (written for this project), for smoke runs and tests."""
-    with data.file(SMOKE_FILE) as path:
+    with tables.file(SMOKE_FILE) as path:
         return load_captions(path)
 
 

@@ -178,6 +178,8 @@ def facts(pipe) -> dict:
 
 
 NOTEBOOK = "03_attention"
+# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
+TRANSFER = ("transfers", "sliced attention computes the same softmax in pieces, on any model")
 KEY_PREFIXES = ("attention",)
 
 
@@ -200,12 +202,12 @@ def technique(prefix: str, arg: str) -> Technique:
     kind, _, rest = arg.partition(":")
     key = f"{prefix}:{arg}"
     if kind == "classic" and not rest:
-        return Technique(key, "classic (AttnProcessor)", ATTENTION, NOTEBOOK, loop_only=True,
+        return Technique(key, "classic (AttnProcessor)", ATTENTION, NOTEBOOK, loop_only=True, transfer=TRANSFER,
                          apply=_with_facts(lambda p: use_processor(p, "classic")),
                          note="softmax(QK^T)V with batched matmuls, the score matrix in memory")
     if kind == "sdpa" and rest:
         _choice("SDPA backend", rest, BACKENDS)
-        return Technique(key, f"SDPA {rest} only", ATTENTION, NOTEBOOK, loop_only=True,
+        return Technique(key, f"SDPA {rest} only", ATTENTION, NOTEBOOK, loop_only=True, transfer=TRANSFER,
                          apply=_with_facts(lambda p: use_sdpa_backend(p, rest)),
                          availability=lambda ctx: sdpa_availability(ctx.device, rest, ctx.profile.dtype,
                                                                     head_shapes(_skeleton(ctx))),
@@ -213,12 +215,12 @@ def technique(prefix: str, arg: str) -> Technique:
     if kind == "sliced":
         size = int(rest) if rest.isdigit() else (rest or "auto")
         check_slice_size(size)
-        return Technique(key, f"sliced attention ({size})", ATTENTION, NOTEBOOK, loop_only=True,
+        return Technique(key, f"sliced attention ({size})", ATTENTION, NOTEBOOK, loop_only=True, transfer=TRANSFER,
                          apply=_with_facts(lambda p: use_slicing(p, size)),
                          note="enable_attention_slicing: SlicedAttnProcessor on the UNet")
     if kind == "dispatcher" and rest:
         check_dispatcher_backend(rest)
-        return Technique(key, f"set_attention_backend('{rest}')", ATTENTION, NOTEBOOK, loop_only=True,
+        return Technique(key, f"set_attention_backend('{rest}')", ATTENTION, NOTEBOOK, loop_only=True, transfer=TRANSFER,
                          apply=_with_facts(lambda p: use_dispatcher(p, rest)),
                          availability=lambda ctx: dispatcher_availability(_skeleton(ctx)),
                          note="diffusers' attention dispatcher")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -27,10 +28,8 @@ CALIBRATION = "calibration"  # a technique of known cost that checks the method 
 FAMILIES = (GRAD_MODE, PARAMETERS, PRECISION, ATTENTION, EXECUTOR, GRAPHS, SCHEDULER, CACHING, MERGING, ALLOCATOR,
             STAGES, CALIBRATION)
 
-# The modules that declare techniques, in study order (the notebook that owns most of each module's keys).
-MODULES = ("inference_mode", "half_precision", "attention", "torch_compile", "cuda_graphs", "deepspeed_inference",
-           "engine_export", "stage_engines", "quantization", "fewer_steps", "feature_reuse", "token_merging",
-           "allocator", "calibration")
+# A module of this package declares techniques when it defines a top-level techniques() (catalog.modules)
+DECLARES = re.compile(r"^def techniques\(\)", re.M)
 STACK_SEP = "+"
 BASELINE_KEY = "fp32-eager"  # the empty stack: the profile's pipeline in fp32, inference_mode, as built
 
@@ -104,22 +103,45 @@ class Technique:
     note: str = ""
     call_kinds: Callable[[list], list[str]] | None = None
     # What the field uses instead when this technique alone is over the quality budget: catalog keys judged on the
-    # reference model then, and only then (sdperf.reference.techniques.for_study), since each costs renders
+    # reference model then, and only then (sdperf.judge.techniques.for_study), since each costs renders
     fallbacks: tuple[str, ...] = ()
     calibrated: bool = False
     # Runs an exported trace of the UNet (an engine): Python that feature caching or token merging wraps around the
     # UNet's blocks is frozen into one branch of the trace, so neither family can stack with it (Stack.of)
     traces_unet: bool = False
+    # What a verdict on the reference model says about SD 1.5: (in a few words, why). Every technique that may change
+    # the output states it (sdperf.judge.transfer reads it; a lossless one needs none)
+    transfer: tuple[str, str] | None = None
+    # Extra copies of each network it holds beside the eager ones ({"unet": 2}: an exported graph and the engine
+    # built from it), for the memory estimate (sdperf.measure.memory); empty: it changes modules in place
+    extra_copies: dict = field(default_factory=dict, hash=False)
+    # The distributions it imports beyond torch and diffusers: recorded in every row's environment and in the key of
+    # its cached renders, so an upgrade of one of them is noticed (sdperf.core.environment, sdperf.judge.renders)
+    packages: tuple[str, ...] = ()
+    # The kernel whose measured roof bounds its UNet matmuls (sdperf.measure.roofline); None: not a matmul executor
+    roof_kernel: str | None = None
 
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"technique {self.key!r}: family {self.family!r} is not one of {', '.join(FAMILIES)}")
+        if self.changes_output and self.transfer is None:
+            raise ValueError(f"technique {self.key!r} may change the output but does not say whether its quality "
+                             "verdict transfers to SD 1.5 (Technique.transfer)")
+
+
+@functools.cache
+def modules() -> tuple[str, ...]:
+    """The modules that declare techniques, found by reading this package's sources (a new technique's module is
+    its own declaration: nothing lists it), in the order of the notebooks that own their keys, then by name."""
+    here = Path(__file__).resolve().parent
+    found = [p.stem for p in sorted(here.glob("*.py")) if DECLARES.search(p.read_text())]
+    return tuple(sorted(found, key=lambda n: getattr(_module(n), "NOTEBOOK", "") or _module(n).techniques()[0].notebook))
 
 
 @functools.cache
 def _declared() -> dict[str, Technique]:
     out: dict[str, Technique] = {}
-    for name in MODULES:
+    for name in modules():
         for tech in _module(name).techniques():
             if tech.key in out:
                 raise RuntimeError(f"technique {tech.key!r} is declared twice ({out[tech.key].notebook}, {name})")
@@ -134,11 +156,22 @@ def _module(name: str):
 def _prefixes() -> dict[str, str]:
     """'compile' -> 'torch_compile': the module that builds parametric keys of a prefix."""
     out = {}
-    for name in MODULES:
+    for name in modules():
         mod = _module(name)
         for prefix in getattr(mod, "KEY_PREFIXES", ()):
             out[prefix] = name
     return out
+
+
+def packages() -> tuple[str, ...]:
+    """Every distribution a declared technique may import (Technique.packages, and a parametric module's PACKAGES
+    for any key of its prefix), in declaration order: what every row's environment records."""
+    out = [p for t in _declared().values() for p in t.packages]
+    for name in modules():
+        mod = _module(name)
+        if getattr(mod, "KEY_PREFIXES", ()):
+            out += getattr(mod, "PACKAGES", ())
+    return tuple(dict.fromkeys(out))
 
 
 def keys(notebook: str | None = None, family: str | None = None) -> list[str]:

@@ -202,6 +202,10 @@ def injection_targets(pipe) -> dict[str, int]:
 
 
 NOTEBOOK = "06_deepspeed"
+# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
+TRANSFER = ("may not transfer",
+            "DeepSpeed's injected kernels run the UNet in fp16; half-precision error grows with depth and "
+            "attention width, and the reference model is far shallower than SD 1.5")
 
 
 def _counted(fn):
@@ -229,12 +233,13 @@ def techniques() -> list[Technique]:
     return [
         Technique("deepspeed:inject", "DeepSpeed kernel injection, fp16 pipeline", EXECUTOR, NOTEBOOK,
                   apply=_counted(lambda p: apply(p, "float16")), availability=kernels, changes_output=True,
-                  dtype="float16", note="the seed's call: init_inference on the pipeline"),
+                  transfer=TRANSFER, packages=("deepspeed",), dtype="float16", note="the seed's call: init_inference on the pipeline"),
         Technique("deepspeed:inject-clip-adapter", "DeepSpeed kernel injection + CLIP layout adapter", EXECUTOR,
                   NOTEBOOK, apply=_counted(lambda p: apply(p, "float16", clip_adapter=True)),
-                  availability=kernels_adapted, changes_output=True, dtype="float16",
+                  availability=kernels_adapted, changes_output=True, transfer=TRANSFER, packages=("deepspeed",),
+                  dtype="float16",
                   note="sdperf's adapter for transformers >= 5.6"),
         Technique("deepspeed:unet-fp32", "init_inference(pipe.unet, fp32): pass-through", EXECUTOR, NOTEBOOK,
-                  apply=_counted(lambda p: apply_to_unet(p, "float32")), loop_only=True,
+                  apply=_counted(lambda p: apply_to_unet(p, "float32")), loop_only=True, packages=("deepspeed",),
                   note="pass-through: DeepSpeed's transformer policies match none of the UNet's layers"),
     ]

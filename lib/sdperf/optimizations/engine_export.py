@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 from sdperf.optimizations import onnx_runtime, openvino_engine, tensorrt_engine
 from sdperf.optimizations.unet_graph import EXPORTERS, example_inputs, float32_unet
+from sdperf.optimizations import half_precision
 from sdperf.optimizations.catalog import EXECUTOR, Technique
 
 ENGINES = {"onnxruntime": onnx_runtime, "openvino": openvino_engine, "tensorrt": tensorrt_engine}
 TITLES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO", "tensorrt": "TensorRT"}
+PACKAGES = tuple(dict.fromkeys(p for m in ENGINES.values() for p in m.PACKAGES))  # any engine key
 STATIC_ENGINES = ("openvino",)  # ORT runs its dynamic-batch graph; TensorRT's profile fixes the shape range
 
 
@@ -88,6 +90,8 @@ def apply(pipe, name: str, *, batch: int, latent_size: int, **kw):
 
 
 NOTEBOOK = "07_engine_export"
+# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
+TRANSFER = ("transfers", "an engine that keeps fp32 arithmetic changes rounding order only, on any model")
 KEY_PREFIXES = ("engine",)
 LOSSLESS = ("fp32", "f32")  # precisions that keep fp32 arithmetic (the engine may still reorder it)
 
@@ -115,8 +119,11 @@ def _built(name: str, exporter: str = "dynamo"):
 def technique(prefix: str, name: str) -> Technique:
     """engine:<engine>-<precision>[-static]: the UNet exported to that engine (the text encoder and VAE stay)."""
     spec = parse(name)
-    return Technique(f"{prefix}:{name}", spec.label, EXECUTOR, NOTEBOOK, apply=_built(name), loop_only=True,
+    return Technique(f"{prefix}:{name}", spec.label, EXECUTOR, NOTEBOOK, apply=_built(name),
+                     transfer=TRANSFER if spec.precision in LOSSLESS else half_precision.TRANSFER, loop_only=True,
                      availability=lambda ctx: availability(ctx.device, name), traces_unet=True,
+                     extra_copies={"unet": 2},  # the exported graph and the engine built from it
+                     packages=ENGINES[spec.engine].PACKAGES,
                      changes_output=spec.precision not in LOSSLESS,
                      dtype={"fp16": "float16", "f16": "float16", "bf16": "bfloat16"}.get(spec.precision, "float32"),
                      note="the UNet only; exported from the fp32 pipeline, the engine applies its own precision")

@@ -9,7 +9,7 @@ SD 2.1 at 50 steps 2.33x at interval 3, 3.24x at 5 (diffusers docs, RTX A5000).
 The `DeepCache` package's `DeepCacheSDHelper` wraps the blocks of any diffusers UNet2DConditionModel (it counts
 calls by the timestep's index in the pipeline's scheduler, so it works with the study's own loop); its pipelines
 are not used. On random weights the deep features do not change slowly, so the drift there says nothing about
-the method: its quality cost is measured on the trained reference model (sdperf.reference.techniques).
+the method: its quality cost is measured on the trained reference model (sdperf.judge.techniques).
 The technique needs the PyTorch UNet's blocks: it cannot stack on an executor that replaces the UNet.
 """
 from __future__ import annotations
@@ -19,7 +19,12 @@ import importlib.util
 from sdperf.optimizations.catalog import CACHING, Technique
 
 NOTEBOOK = "09_fewer_steps"
+# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
+TRANSFER = ("may not transfer",
+            "DeepCache reuses deep features between steps; how much they change per step depends on the UNet's "
+            "depth and the step count (the paper: SD 1.5 at 50 PLMS steps, 2.3x for a 0.05 CLIP-score drop)")
 KEY_PREFIXES = ("deepcache",)
+PACKAGES = ("DeepCache",)  # what every key of the prefix imports (Technique.packages)
 INTERVALS = (2, 3, 5)
 BRANCH = 0  # the shallowest branch: the most reuse, the paper's setting for its SD 1.5 speed-ups
 
@@ -67,7 +72,7 @@ def technique(prefix: str, arg: str) -> Technique:
         raise ValueError(f"give the cache interval as an integer >= 2, e.g. deepcache:3; got {arg!r}")
     n = int(arg)
     check_interval(n)
-    return Technique(f"{prefix}:{n}", f"DeepCache, interval {n}", CACHING, NOTEBOOK,
+    return Technique(f"{prefix}:{n}", f"DeepCache, interval {n}", CACHING, NOTEBOOK, transfer=TRANSFER, packages=PACKAGES,
                      apply=lambda pipe, ctx: apply(pipe, n, ctx), availability=availability,
                      changes_output=True, loop_only=True, call_kinds=lambda ts: call_kinds(list(ts), n),
                      note=f"full UNet every {n} calls, shallow branch {BRANCH} with cached deep features between")

@@ -42,12 +42,16 @@ def apply(pipe, dtype: str):
 
 
 NOTEBOOK = "01_half_precision"
+# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
+TRANSFER = ("may not transfer",
+            "half-precision error grows with depth and attention width (SD 1.5 runs fp16 routinely on GPUs, "
+            "with a VAE kept in fp32 by diffusers for SDXL); the reference model is far shallower")
 SHORT = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def techniques() -> list[Technique]:
     """precision:<dtype>: every network cast to that half precision (weights and activations)."""
-    return [Technique(f"precision:{dtype}", f"{SHORT[dtype]} weights+activations", PRECISION, NOTEBOOK,
+    return [Technique(f"precision:{dtype}", f"{SHORT[dtype]} weights+activations", PRECISION, NOTEBOOK, transfer=TRANSFER,
                       apply=lambda pipe, ctx, d=dtype: apply(pipe, d),
                       availability=lambda ctx, d=dtype: availability(ctx.device, d), changes_output=True,
                       dtype=dtype, note="every network cast; the scheduler stays float32")

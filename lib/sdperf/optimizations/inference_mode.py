@@ -79,7 +79,8 @@ def techniques() -> list[Technique]:
            for mode, label in _MODE_LABELS.items()]
     out.append(Technique("parameters:trainable", "parameters trainable", PARAMETERS_FAMILY, NOTEBOOK,
                          apply=lambda pipe, ctx: _trainable(pipe, ctx),
-                         note="requires_grad on every parameter: what grad mode then records"))
+                         note="requires_grad on every parameter: what grad mode then records",
+                         extra_copies=dict.fromkeys(("unet", "vae", "text_encoder", "text_encoder_2"), 1)))  # grads
     return out
 
 

@@ -16,6 +16,9 @@ import torch
 from sdperf.optimizations import artefacts
 from sdperf.optimizations.unet_graph import OUTPUT, EngineUNet, export_onnx, scratch_dir
 
+# what a key run by this engine imports (Technique.packages; onnxruntime-gpu is the GPU lock's)
+PACKAGES = ("onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu")
+
 PRECISIONS = ("fp32",)
 PROVIDER = "CPUExecutionProvider"
 

@@ -18,6 +18,9 @@ import torch
 from sdperf.optimizations import artefacts
 from sdperf.optimizations.unet_graph import INPUTS, EngineUNet, UNetGraph
 
+# what a key run by this engine imports (Technique.packages)
+PACKAGES = ("openvino",)
+
 DEVICE = "CPU"
 PRECISIONS = ("f32", "bf16", "f16", "default")  # "default": no hint, the plugin's own choice for this CPU
 # the OPTIMIZATION_CAPABILITIES entry a CPU must list for the plugin to honour each reduced-precision hint

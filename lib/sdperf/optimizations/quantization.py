@@ -58,7 +58,7 @@ SCHEMES = {
 # The PTQ scheme's alternatives: what the field uses when plain 8-bit post-training quantization of the SD UNet
 # costs quality (Intel / Hugging Face: it "does not work" for the SD UNet; optimum-intel recommends the hybrid
 # mode). Judged on the reference model only when PTQ alone is over the quality budget
-# (sdperf.reference.techniques.for_study): each costs a calibration and a quantization of its own.
+# (sdperf.judge.techniques.for_study): each costs a calibration and a quantization of its own.
 PTQ_ALTERNATIVES = ("int8:openvino-nncf-hybrid", "int8:openvino-nncf-ptq-sq", "int8:openvino-nncf-ptq-wide",
                     "int8:openvino-nncf-ptq-mixed")
 SMOOTH_QUANT_ALPHAS = {"matmul": 0.5, "convolution": 0.05}
@@ -443,6 +443,10 @@ def static_shapes(pipe, workload: Workload) -> dict:
 
 
 NOTEBOOK = "08_quantization"
+# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
+TRANSFER = ("may not transfer",
+            "quantization error depends on the ranges of weights and activations; a 4M-parameter UNet on 32 px "
+            "images shares neither with SD 1.5's 860M; HF/Intel report plain PTQ does not work for SD 1.5's UNet")
 
 
 def _quantized(scheme: str):
@@ -463,9 +467,11 @@ def _quantized(scheme: str):
 
 def techniques() -> list[Technique]:
     """int8:<scheme>: the UNet quantized by that scheme (see SCHEMES)."""
-    return [Technique(f"int8:{scheme}", LABELS[scheme], EXECUTOR, NOTEBOOK, apply=_quantized(scheme),
+    return [Technique(f"int8:{scheme}", LABELS[scheme], EXECUTOR, NOTEBOOK, transfer=TRANSFER, apply=_quantized(scheme),
                       availability=lambda ctx, s=scheme: availability(ctx.device, s), changes_output=True,
                       loop_only=True, note=SCHEMES[scheme],
                       fallbacks=PTQ_ALTERNATIVES if scheme == "openvino-nncf-ptq" else (),
-                      calibrated=scheme in CALIBRATED, traces_unet=scheme.startswith("openvino-"))
+                      calibrated=scheme in CALIBRATED, traces_unet=scheme.startswith("openvino-"),
+                      extra_copies={"unet": 2} if scheme.startswith("openvino-") else {},
+                      packages=("openvino", "nncf") if scheme.startswith("openvino-") else ("torchao",) if scheme.startswith("torchao") else ())
             for scheme in SCHEMES]

@@ -40,6 +40,10 @@ from sdperf.optimizations import artefacts
 from sdperf.optimizations.catalog import STAGES, Technique
 
 NOTEBOOK = "07_engine_export"
+# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
+TRANSFER = ("may not transfer",
+            "an engine for the text encoder and VAE decoder: with int8 weights its error depends on those "
+            "networks' ranges")
 PRECISION = "f32"  # both keys compute in f32: only int8w's weights are reduced
 VARIANTS = {
     "openvino-f32": "text encoder and VAE decoder (with post_quant_conv) as OpenVINO IR, compiled for the CPU in "
@@ -48,7 +52,7 @@ VARIANTS = {
 }
 LABELS = {"openvino-f32": "OpenVINO f32 text encoder + VAE decoder",
           "openvino-int8w": "OpenVINO + NNCF int8-weight text encoder + VAE decoder"}
-PACKAGES = {"openvino-f32": ("openvino",), "openvino-int8w": ("openvino", "nncf")}
+VARIANT_PACKAGES = {"openvino-f32": ("openvino",), "openvino-int8w": ("openvino", "nncf")}
 EXPORTER = "torch.jit.trace + openvino.convert_model"
 REPLACED = "pipe.text_encoder; pipe.vae.post_quant_conv + pipe.vae.decoder"
 
@@ -77,7 +81,7 @@ def availability(profile, variant: str) -> tuple[bool, str]:
     check_variant(variant)
     if profile.device != "cpu":
         return False, f"OpenVINO runs on CPUs (and Intel GPUs); this profile's device is {profile.device}"
-    for module in PACKAGES[variant]:
+    for module in VARIANT_PACKAGES[variant]:
         if not installed(module):
             return False, f"{module} is not installed"
     if _family(profile) == "sdxl":
@@ -351,6 +355,7 @@ def _applied(variant: str):
 
 def techniques() -> list[Technique]:
     """stages:<variant>: the text encoder and the VAE decoder run by OpenVINO (see VARIANTS); the UNet untouched."""
-    return [Technique(f"stages:{v}", LABELS[v], STAGES, NOTEBOOK, apply=_applied(v),
+    return [Technique(f"stages:{v}", LABELS[v], STAGES, NOTEBOOK, transfer=TRANSFER, apply=_applied(v),
                       availability=lambda ctx, v=v: availability(ctx.profile, v), changes_output=v != "openvino-f32",
-                      loop_only=False, note=VARIANTS[v]) for v in VARIANTS]
+                      loop_only=False, note=VARIANTS[v],
+                      extra_copies={"vae": 1, "text_encoder": 1, "text_encoder_2": 1}, packages=VARIANT_PACKAGES[v]) for v in VARIANTS]

@@ -16,6 +16,9 @@ import torch
 
 from sdperf.optimizations.unet_graph import INPUTS, OUTPUT, EngineUNet, export_onnx, scratch_dir
 
+# what a key run by this engine imports (Technique.packages)
+PACKAGES = ("onnx", "onnxscript", "tensorrt-cu13", "tensorrt-cu13-bindings")
+
 PRECISIONS = ("fp16",)
 WORKSPACE_BYTES = 8 << 30  # builder scratch for tactic timing; SD UNets need a few GiB for the attention tactics
 

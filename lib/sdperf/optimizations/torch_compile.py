@@ -302,7 +302,10 @@ def compile_facts(log: CompileLog) -> dict:
 
 
 NOTEBOOK = "04_torch_compile"
+# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
+TRANSFER = ("transfers", "a compiled graph that keeps fp32 arithmetic changes rounding order only, on any model")
 KEY_PREFIXES = ("compile",)
+PACKAGES = ("openvino",)  # what a compile key may import: the openvino backend
 CANONICAL = ("default", "freezing", "reduce-overhead", "max-autotune-no-cudagraphs", "regional", "channels_last",
              "channels_last+freezing", "openvino")
 
@@ -351,9 +354,10 @@ def _compiled(spec: str):
 def technique(prefix: str, spec: str) -> Technique:
     """compile:<spec>: torch.compile of the UNet as torch_compile.parse reads the spec."""
     s = parse(spec)
-    return Technique(f"{prefix}:{spec}", f"torch.compile {spec}" if s.compiled else spec, EXECUTOR, NOTEBOOK,
+    return Technique(f"{prefix}:{spec}", f"torch.compile {spec}" if s.compiled else spec, EXECUTOR, NOTEBOOK, transfer=TRANSFER,
                      apply=_compiled(spec), availability=lambda ctx: availability(ctx.device, spec),
-                     loop_only=True,
+                     loop_only=True, extra_copies={"unet": 1} if s.freezing else {},  # frozen constants
+                     packages=PACKAGES if s.backend == "openvino" else (),
                      note="compiled lazily: the compile lands in the first call, reported apart")
 
 

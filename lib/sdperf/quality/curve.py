@@ -24,7 +24,7 @@ from sdperf.imagegen import read_manifest
 from sdperf.quality import sharded
 from sdperf.core.paths import profile_reports
 from sdperf.quality import images, score
-from sdperf.quality.settings import QualitySettings
+from sdperf.quality.quality_settings import QualitySettings
 from sdperf.store.results import read_results
 from sdperf.measure.study import Study
 

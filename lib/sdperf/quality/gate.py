@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from sdperf.quality.settings import QualitySettings
+from sdperf.quality.quality_settings import QualitySettings
 from sdperf.measure.study import Study
-from sdperf.core import data
+from sdperf.core import tables
 
 MLPERF = "MLPerf Inference SDXL"
 MLPERF_N, MLPERF_GUIDANCE, MLPERF_STEPS, MLPERF_SCHEDULER = 5000, 8.0, 20, "euler"
@@ -21,7 +21,7 @@ RESIZE_CAVEAT = ("MLPerf's reference scores the 1024px images with pytorch-fid (
 
 
 def published() -> pd.DataFrame:
-    return data.table("published_quality.csv", dtype={"guidance": str, "n_images": "Int64", "steps": "Int64",
+    return tables.table("published_quality.csv", dtype={"guidance": str, "n_images": "Int64", "steps": "Int64",
                                                       "resolution": "Int64", "scored_at": "Int64"})
 
 

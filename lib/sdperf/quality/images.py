@@ -55,7 +55,7 @@ def load_for_scoring(paths: list, size: int | None) -> tuple[torch.Tensor, list[
 
 
 def image_files(folder: Path) -> list[Path]:
-    from sdperf.quality.settings import IMAGE_SUFFIXES
+    from sdperf.quality.quality_settings import IMAGE_SUFFIXES
 
     return sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
 

@@ -33,7 +33,7 @@ from sdperf.optimizations.catalog import Context, Stack
 from sdperf.imagegen import read_manifest
 from sdperf.quality import fid, images, score
 from sdperf.quality.curve import choose_captions, fresh_folder, images_root, metric_name
-from sdperf.quality.settings import QualitySettings
+from sdperf.quality.quality_settings import QualitySettings
 from sdperf.select.standalone import standalone
 from sdperf.measure.study import Study
 

@@ -16,7 +16,7 @@ from sdperf.quality import clip as clip_mod
 from sdperf.quality import fid
 from sdperf.imagegen import read_manifest
 from sdperf.quality.images import image_files, load_for_scoring, standin_images
-from sdperf.quality.settings import QualitySettings
+from sdperf.quality.quality_settings import QualitySettings
 
 
 @dataclass

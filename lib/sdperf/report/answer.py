@@ -35,9 +35,9 @@ def lossless(key) -> bool:
 
 
 def seeds_quality(results) -> dict | None:
-    """fp32 PLMS-50's own judged rows at the seeds' guidance (sdperf.reference.techniques): the one source of a
+    """fp32 PLMS-50's own judged rows at the seeds' guidance (sdperf.judge.techniques): the one source of a
     lossless stack's quality (its pictures are the same), or None if not judged."""
-    from sdperf.reference import techniques
+    from sdperf.judge import techniques
 
     t = techniques.from_rows(results)
     if t.empty:
@@ -97,7 +97,7 @@ def _headline_quality(key: str, m: dict, seeds: dict | None) -> str:
 def rows(results: pd.DataFrame) -> list[dict]:
     """The answer's rows, best admissible first: what, stack key, per image and per UNet step over fp32 eager
     PLMS-50 (median [min-max] over rounds), quality on the reference model against the converged fp32 solve."""
-    from sdperf.reference import techniques
+    from sdperf.judge import techniques
 
     ladder = results[results["notebook"] == LADDER] if len(results) else results
     if ladder.empty:

@@ -92,7 +92,7 @@ def quality_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | N
     """The reference model's verdicts against the converged solve: the seeds' PLMS-50, the controls, and how many
     techniques stayed within the budget, each recomputed from the rows' interval columns (never from prose)."""
     from sdperf.optimizations import catalog
-    from sdperf.reference import controls, techniques
+    from sdperf.judge import controls, techniques
 
     table = techniques.from_rows(rows[rows["status"].isin(["ok", "failed", "not_applicable"])])
     if table.empty or "quality_verdict" not in table:
@@ -183,7 +183,7 @@ QUALITY = "12_fid_clip"  # the notebook whose finding states the run's reference
 def reference_detail(results: pd.DataFrame) -> str | None:
     """What every quality verdict is judged against, under 12's finding: the converged reference and both legs of
     its convergence check, from the run's rows (whichever notebook recorded them)."""
-    from sdperf.reference import techniques
+    from sdperf.judge import techniques
 
     text = techniques.convergence_sentence(results)
     return _esc(text) if text else None
@@ -209,7 +209,7 @@ def rows_of(results: pd.DataFrame, name: str) -> pd.DataFrame:
     mine = results[results["notebook"] == name]
     if name != QUALITY or "scenario" not in results:
         return mine
-    from sdperf.reference import techniques
+    from sdperf.judge import techniques
 
     shared = results[(results["notebook"] != name)
                      & results["scenario"].astype(str).str.startswith(techniques.SCENARIO + ": ")]

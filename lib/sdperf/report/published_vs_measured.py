@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from sdperf.store.results import with_verdicts
-from sdperf.core import data
+from sdperf.core import tables
 
 CLAIMS_FILE = "published_claims.csv"
 CPU_LADDERS_FILE = "published_cpu_ladders.csv"
@@ -32,7 +32,7 @@ CPU_LADDER_WHAT = {True: "the technique alone over fp32 eager, per image at 50 P
 
 
 def _read(name: str) -> pd.DataFrame:
-    return data.table(name, dtype=str, keep_default_na=False)
+    return tables.table(name, dtype=str, keep_default_na=False)
 
 
 def cpu_ladder_claims() -> pd.DataFrame:

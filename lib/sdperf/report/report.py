@@ -198,7 +198,7 @@ def _summary_section(names: list[str], stamps: dict, results) -> str:
     df = pd.DataFrame(rows)
     classes = pd.DataFrame([[s] * len(df.columns) for s in statuses], columns=df.columns)
     classes["status"] = [f"{s} status" for s in statuses]
-    from sdperf.reference.techniques import reuse_sentence
+    from sdperf.judge.techniques import reuse_sentence
 
     reuse = reuse_sentence(results)
     return ("<h2 id='summary'>Study summary</h2>" + _styled_table(df, classes, "summary") +
@@ -581,7 +581,7 @@ def _headline_section(results, legend=None) -> str:
     found = headline_sentences(results, legend)
     missing = no_admissible_sentence(results)
     found = ([missing] if missing else []) + found
-    from sdperf.reference import transfer
+    from sdperf.judge import transfer
 
     quality = transfer.sentence(results) if len(results) else None
     found += [_esc(quality)] if quality else []

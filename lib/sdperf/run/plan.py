@@ -16,9 +16,9 @@ def check_sections(profile: Profile) -> None:
     """The training, quality and serving sections, each validated by the package that owns it, so a bad value
     fails before the first notebook instead of inside 11, 12 or 13 (hours into a full cpu run). Here, above
     sdperf.config.profiles, because those packages read the Profile that profiles defines."""
-    from sdperf.quality.settings import settings as quality
-    from sdperf.serving.settings import load as serving
-    from sdperf.training.settings import from_profile as training
+    from sdperf.quality.quality_settings import settings as quality
+    from sdperf.serving.serving_settings import load as serving
+    from sdperf.training.training_settings import from_profile as training
 
     for check in (training, quality, serving):
         check(profile)

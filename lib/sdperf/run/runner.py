@@ -17,6 +17,7 @@ from sdperf.core import environment, paths
 from sdperf.core.errors import ConfigError
 from sdperf.measure import ledger as ledgers
 from sdperf.measure.worker import LOG_ENV
+from sdperf.optimizations import catalog
 from sdperf.run import eta
 from sdperf.run.plan import check_notebook_parameters, check_sections, notebook_names, notebook_parameters, select
 from sdperf.store import staging
@@ -69,7 +70,7 @@ def check_weights_manifest(profile: Profile) -> None:
     if not profile.weights:
         return
     from sdperf.config.profiles import weights_source
-    from sdperf.reference.manifest import verify_weights
+    from sdperf.refmodel.manifest import verify_weights
 
     verify_weights(*weights_source(profile.weights))
 
@@ -335,7 +336,7 @@ def write_environment(profile: Profile, beside: dict | None = None) -> Path:
     from sdperf.store.results import atomic_write_text
 
     path = paths.profile_reports(profile.name) / "environment.json"
-    record = {**environment.record(profile.name, profile.device), **(beside or {})}
+    record = {**environment.record(profile.name, profile.device, catalog.packages()), **(beside or {})}
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
     return path
 

@@ -17,8 +17,8 @@ cannot see (two engines sharing the caches of one process, an allocator) is why 
 measured whole, in rounds of their own, and only those measurements make the headline.
 
 How a candidate's quality is known (issue 31: iso-quality a reviewer can defend). Every judgement is against the
-converged fp32 solve of the same captions and noise on the trained reference model (sdperf.reference.techniques,
-sdperf.reference.paired: adherence and soft adherence within 1 point, FID and KID where they resolve their margin).
+converged fp32 solve of the same captions and noise on the trained reference model (sdperf.judge.techniques,
+sdperf.judge.paired: adherence and soft adherence within 1 point, FID and KID where they resolve their margin).
 A candidate's sampler is one of its parts: its scheduler, or fp32 PLMS at the seeds' 50 steps when it names none.
 A candidate is admissible only when EVERY lossy part alone is "within budget" (a precision or executor judged with
 the converged sampler, a sampler with fp32 weights) AND the stack rendered whole is too, so no part's "gain" can pay
@@ -75,7 +75,7 @@ class Candidate:
     @property
     def sampler(self) -> str:
         """Its sampler as a key: its scheduler, or fp32 PLMS at the seeds' steps (what the loop runs without one)."""
-        from sdperf.reference.techniques import SEEDS_SAMPLER
+        from sdperf.judge.techniques import SEEDS_SAMPLER
 
         return self.scheduler or SEEDS_SAMPLER
 
@@ -180,7 +180,7 @@ def composed_speed(raw: pd.DataFrame, ratios: pd.DataFrame, names: dict[str, str
 def failing_part(cand: Candidate, part_verdicts: dict[str, str]) -> tuple[str, str] | None:
     """The first lossy part of the candidate that is not within budget alone, with its verdict ("not judged" when
     no verdict is known): the candidate is then not admissible and not rendered."""
-    from sdperf.reference.techniques import WITHIN
+    from sdperf.judge.techniques import WITHIN
 
     for part in cand.lossy_parts:
         verdict = part_verdicts.get(part)
@@ -198,7 +198,7 @@ def search(table: pd.DataFrame, band: tuple[float, float], judge: Callable[[list
     adherence_delta..., fid_delta...); `part_verdicts` holds each lossy part's verdict alone. Without `trusted`
     controls no lossy candidate is admissible (`distrust` says why). Returns the table with each candidate's
     quality, its admissibility and why; the first admissible row in speed order is the best stack."""
-    from sdperf.reference.techniques import WITHIN
+    from sdperf.judge.techniques import WITHIN
 
     t = table.sort_values("speedup", ascending=False).reset_index(drop=True).copy()
     t["speed_verdict"] = [speed_verdict(lo, hi, band) for lo, hi in zip(t.speedup_lo, t.speedup_hi)]

@@ -82,8 +82,8 @@ def standalone(study, keys: list[str] | None = None, batch_size: int = 1) -> pd.
 
 def keeps_picture(row) -> bool:
     """Lossless by declaration, or its quality cost measured on the trained reference model is within the budget
-    (sdperf.reference.techniques: paired adherence and domain-FID intervals); PSNR against a random-init UNet
+    (sdperf.judge.techniques: paired adherence and domain-FID intervals); PSNR against a random-init UNet
     says nothing about a trained model's picture, so it no longer decides."""
-    from sdperf.reference.techniques import WITHIN
+    from sdperf.judge.techniques import WITHIN
 
     return (not bool(row["changes_output"])) or row.get("quality_verdict") == WITHIN

@@ -1,7 +1,7 @@
 """Serving Stable Diffusion: a stage pipeline beside the stacked baseline, driven by MLPerf LoadGen, and an audit
 of the device-to-host syncs in the denoising loop (the Google Cloud pipeline seed, notebook 13_serving).
 
-- settings: the profile's `serving:` section, validated before any model is built
+- serving_settings: the profile's `serving:` section, validated before any model is built
 - pipeline: the generic engine (worker threads per stage, bounded queues, futures, CUDA streams)
 - stages: SD cut into text encoder / denoise / VAE decode on sdperf.model.generation, and the two designs
 - loadgen_run: the LoadGen SUT and one test run, its figures read from LoadGen's own log

@@ -18,7 +18,7 @@ import torch
 from sdperf.model.generation import Workload, decode, denoise, encode, initial_latents, module_device, module_dtype
 from sdperf.model.pipelines import is_sdxl
 from sdperf.serving.pipeline import Stage, StagePipeline
-from sdperf.serving.settings import DESIGNS
+from sdperf.serving.serving_settings import DESIGNS
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sdperf.core.errors import ConfigError
 from sdperf.training import collect, zero
-from sdperf.training.settings import AUTO, BACKENDS, ENGINES, TrainingSettings
+from sdperf.training.training_settings import AUTO, BACKENDS, ENGINES, TrainingSettings
 from sdperf.training.spec import RunSpec
 
 LIB_DIR = Path(__file__).resolve().parents[2]  # the folder holding the sdperf package, for the workers' path

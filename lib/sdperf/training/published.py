@@ -5,14 +5,14 @@ from __future__ import annotations
 import pandas as pd
 
 from sdperf.training import scaling
-from sdperf.core import data
+from sdperf.core import tables
 
 FILE = "published_training.csv"
 NEMO, NEMO_AB, MOSAIC = "NeMo SD training", "NeMo SD training A100 vs H100", "MosaicML diffusion"
 
 
 def load() -> pd.DataFrame:
-    return data.table(FILE)
+    return tables.table(FILE)
 
 
 def _curve(row) -> str:

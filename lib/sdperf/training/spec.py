@@ -9,7 +9,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from sdperf.training.settings import TrainingSettings
+from sdperf.training.training_settings import TrainingSettings
 
 
 @dataclass

@@ -21,7 +21,7 @@ import socket
 import time
 from pathlib import Path
 
-from sdperf.training.settings import ENGINES
+from sdperf.training.training_settings import ENGINES
 from sdperf.training.spec import RunSpec
 
 
@@ -35,12 +35,12 @@ def _dist_env() -> tuple[int, int, int]:
 
 def _dataset(spec: RunSpec):
     from sdperf.config.profiles import load_profile
-    from sdperf.training import data
+    from sdperf.training import dataset
 
     if spec.data_path:
-        return data.load(Path(spec.data_path))
-    tensors, _ = data.make(load_profile(spec.profile), spec.settings)
-    return data.LatentDataset(tensors)
+        return dataset.load(Path(spec.data_path))
+    tensors, _ = dataset.make(load_profile(spec.profile), spec.settings)
+    return dataset.LatentDataset(tensors)
 
 
 def _trainer(spec: RunSpec, unet, device, rank: int):
@@ -99,7 +99,7 @@ def run(spec: RunSpec) -> dict:
 
     from sdperf.measure import timing
     from sdperf.store.results import atomic_write_text
-    from sdperf.training import data, model, step
+    from sdperf.training import dataset, model, step
 
     rank, world, local = _dist_env()
     torch.set_num_threads(spec.threads_per_rank)
@@ -109,12 +109,12 @@ def run(spec: RunSpec) -> dict:
     t0 = time.perf_counter()
     _init_process_group(spec)
     s = spec.settings
-    dataset = _dataset(spec)
+    samples = _dataset(spec)
     baseline = resident_bytes(device)
     unet = model.build_unet(spec.arch, s.unet_width, spec.seed, spec.weights).to(device)
     before = step.parameter_digest(unet)
     trainer = _trainer(spec, unet, device, rank)
-    batches = data.batches(dataset, world, rank, spec.per_rank_batch, spec.seed)
+    batches = dataset.batches(samples, world, rank, spec.per_rank_batch, spec.seed)
     losses = []
     setup_s = time.perf_counter() - t0
     t = timing.measure(lambda: losses.append(trainer.step(next(batches))), device=device.type,
@@ -143,10 +143,10 @@ def spec_from_args(args) -> RunSpec:
     import torch
 
     from sdperf.config.profiles import load_profile
-    from sdperf.training import launch, settings
+    from sdperf.training import launch, training_settings
 
     profile = load_profile(args.profile)
-    s = settings.from_profile(profile)
+    s = training_settings.from_profile(profile)
     world = int(os.environ.get("WORLD_SIZE", 1))
     threads = int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))
     out = Path(args.out)
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", help="a params/*.yml name (hand-launched runs)")
     ap.add_argument("--batch-size", type=int, default=1, help="per-rank micro batch")
     ap.add_argument("--engine", choices=ENGINES, default="ddp")
-    ap.add_argument("--data", help="a dataset file from `python -m sdperf.training.data` (else made per rank)")
+    ap.add_argument("--data", help="a dataset file from `python -m sdperf.training.dataset` (else made per rank)")
     ap.add_argument("--out", help="folder for the rank<N>.json records")
     args = ap.parse_args(argv)
     if args.spec:

@@ -1,6 +1,6 @@
 """Paired measures of one image set against the converged solve of the same captions and noise, and the budget.
 
-Per image, each with a 95% bootstrap interval (sdperf.reference.quality: BCa for means of per-image deltas):
+Per image, each with a 95% bootstrap interval (sdperf.refmodel.domain_quality: BCa for means of per-image deltas):
 - adherence delta: the share of caption claims the evaluator finds, technique minus converged;
 - soft adherence delta: the evaluator's probability of each claim (evaluator.soft_adherence), which does not
   saturate near 1 as the 0/1 checks do, so a slight blur or colour drift registers;
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sdperf.reference import quality
+from sdperf.refmodel import domain_quality
 
 ADHERENCE_BUDGET = 0.01  # at most 1 point of adherence (and of soft adherence) lost against the converged solve
 DISTANCE_BUDGET_REL = 0.10  # FID / KID may rise at most 10% of the converged images' own distance to the real renders
@@ -47,7 +47,7 @@ class Judged:
 
     @classmethod
     def of(cls, net, latents: torch.Tensor, images: np.ndarray, truth: np.ndarray) -> "Judged":
-        from sdperf.reference import evaluator
+        from sdperf.refmodel import evaluator
 
         return cls(latents, images, evaluator.adherence_checks(evaluator.predict(net, images), truth),
                    evaluator.soft_adherence(evaluator.probabilities(net, images), truth),
@@ -102,7 +102,7 @@ class KidTo:
             - 2 * float(self.kernel(self.real, f).mean())
 
     def resampled(self, fake: torch.Tensor, counts: np.ndarray) -> np.ndarray:
-        """The KID of each resample that `counts` (quality.draws) describes: a resample's kernel sum is c' K c and
+        """The KID of each resample that `counts` (domain_quality.draws) describes: a resample's kernel sum is c' K c and
         its diagonal c . diag(K) for its draw counts c, so one kernel matrix of the set serves every resample."""
         f, w = fake.double(), torch.as_tensor(counts, dtype=torch.float64)
         n = float(w[0].sum())
@@ -124,11 +124,11 @@ def kid(fake: torch.Tensor, real: torch.Tensor) -> float:
 def distance_delta(variant: torch.Tensor, base: torch.Tensor, of, seed: int = 0,
                    n_resamples: int = N_DISTANCE_RESAMPLES) -> tuple[float, float, float]:
     """(of(variant) - of(base), low, high): both sets resampled with the same indices each time, recentred; `of`
-    (quality.FidTo, KidTo) scores all the resamples of a set at once."""
-    counts = quality.draws(np.random.default_rng(seed), len(base), n_resamples)
+    (domain_quality.FidTo, KidTo) scores all the resamples of a set at once."""
+    counts = domain_quality.draws(np.random.default_rng(seed), len(base), n_resamples)
     deltas = of.resampled(variant, counts) - of.resampled(base, counts)
     d = of(variant) - of(base)
-    return (d, *quality.recentred(d, deltas))
+    return (d, *domain_quality.recentred(d, deltas))
 
 
 def interval_verdict(lo: float, hi: float, line: float, higher_is_worse: bool = False) -> str:
@@ -143,25 +143,25 @@ def resolved(lo: float, hi: float, margin: float) -> bool:
     return margin > 0 and (hi - lo) / 2 <= margin
 
 
-def measures(judged: Judged, base: Judged, real: quality.Real) -> dict:
+def measures(judged: Judged, base: Judged, real: domain_quality.Real) -> dict:
     """Every paired measure of `judged` against the converged `base`, with intervals; the distances' margins from
     `base`'s own FID and KID against `real`."""
     out = dict(n_images=len(judged))
-    out["adherence"], out["adherence_lo"], out["adherence_hi"] = quality.mean_interval(judged.adherence)
+    out["adherence"], out["adherence_lo"], out["adherence_hi"] = domain_quality.mean_interval(judged.adherence)
     out["adherence_delta"], out["adherence_delta_lo"], out["adherence_delta_hi"] = \
-        quality.paired_delta(judged.adherence, base.adherence)
+        domain_quality.paired_delta(judged.adherence, base.adherence)
     out["soft_adherence"] = float(judged.soft.mean())
     out["soft_adherence_delta"], out["soft_adherence_delta_lo"], out["soft_adherence_delta_hi"] = \
-        quality.paired_delta(judged.soft, base.soft)
-    from sdperf.reference.converged import latent_mse
+        domain_quality.paired_delta(judged.soft, base.soft)
+    from sdperf.judge.converged import latent_mse
 
     out["latent_mse"], out["latent_mse_lo"], out["latent_mse_hi"] = \
-        quality.mean_interval(latent_mse(judged.latents, base.latents))
+        domain_quality.mean_interval(latent_mse(judged.latents, base.latents))
     p = psnr(judged.images, base.images)
     out["psnr_db_median"] = float(np.percentile(p, 50, method="lower"))  # "lower": no inf - inf between identicals
     out["psnr_db_p10"] = float(np.percentile(p, 10, method="lower"))
-    out["ssim"], out["ssim_lo"], out["ssim_hi"] = quality.mean_interval(ssim(judged.images, base.images))
-    fid_of = quality.fid_to(real)
+    out["ssim"], out["ssim_lo"], out["ssim_hi"] = domain_quality.mean_interval(ssim(judged.images, base.images))
+    fid_of = domain_quality.fid_to(real)
     out["domain_fid"] = fid_of(judged.features)
     out["fid_delta"], out["fid_delta_lo"], out["fid_delta_hi"] = distance_delta(judged.features, base.features,
                                                                               fid_of)
@@ -196,7 +196,7 @@ def settled(adherence: np.ndarray, soft: np.ndarray) -> bool:
     """Whether more images would change nothing the budget reads: each of the adherence and soft adherence
     intervals is clear of the budget line or at most HALF_WIDTH_GOAL wide on each side."""
     for deltas in (adherence, soft):
-        _, lo, hi = quality.mean_interval(deltas)
+        _, lo, hi = domain_quality.mean_interval(deltas)
         if not (lo >= -ADHERENCE_BUDGET or hi < -ADHERENCE_BUDGET or (hi - lo) / 2 <= HALF_WIDTH_GOAL):
             return False
     return True

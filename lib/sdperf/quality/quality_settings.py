@@ -39,12 +39,12 @@ KEYS = {
     "clip_weights": Key("file", "an open_clip checkpoint file for clip_arch, or null for random init"),
     "ladder_n_images": Key("int", "an integer >= 2 (images per ladder rung)"),
     "score_batch": Key("int", "an integer >= 1 (images per Inception / CLIP forward)"),
-    # the same protocol on the study's trained reference model (sdperf.reference), scored by its evaluator
+    # the same protocol on the study's trained reference model (sdperf.refmodel), scored by its evaluator
     "reference_n_images": Key("int", "an integer >= 2 (reference-model images per guidance scale)"),
     "reference_guidance_scales": Key("float_list", "a non-empty list of guidance scales >= 1"),
     "reference_steps": Key("int", "an integer >= 1 (PLMS steps of the reference-model images; NeMo: 50)"),
     "reference_delta_images": Key("int", "an integer >= 2 (the most reference-model images per technique and "
-                                         "guidance for its paired quality deltas, sdperf.reference.techniques)"),
+                                         "guidance for its paired quality deltas, sdperf.judge.techniques)"),
     "reference_delta_step": Key("int", "an integer >= 2 (images per batch of the sequential test: more come until "
                                        "the adherence intervals settle, up to reference_delta_images)"),
     "reference_judge_guidances": Key("float_list", "a non-empty list of guidance scales >= 1 (where techniques are "

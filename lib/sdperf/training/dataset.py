@@ -7,7 +7,7 @@ the latents is what MosaicML's throughput table assumes too (its README: computi
 about 1.4x). The file is written atomically; each rank reads it and draws its own shard through a seeded
 DistributedSampler, so the ranks see disjoint samples and a rerun sees the same ones.
 
-    python -m sdperf.training.data --profile cpu --out latents.pt    (make it once, e.g. for a multi-node run)
+    python -m sdperf.training.dataset --profile cpu --out latents.pt    (make it once, e.g. for a multi-node run)
 """
 from __future__ import annotations
 
@@ -157,9 +157,9 @@ def batches(dataset: LatentDataset, world_size: int, rank: int, batch_size: int,
 
 def main(argv: list[str] | None = None) -> int:
     from sdperf.config.profiles import load_profile
-    from sdperf.training.settings import from_profile
+    from sdperf.training.training_settings import from_profile
 
-    ap = argparse.ArgumentParser(prog="python -m sdperf.training.data", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m sdperf.training.dataset", description=__doc__.splitlines()[0])
     ap.add_argument("--profile", required=True)
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)

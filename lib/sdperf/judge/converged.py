@@ -164,7 +164,7 @@ def read(path: Path, n: int) -> tuple[Solve | None, dict]:
 def store(path: Path, solve: Solve, **extra: np.ndarray) -> bool:
     """Written whole or not at all (a temp file renamed into place) and sealed: a killed run leaves no torn cache
     entry, and a write that fails (a full disk) keeps the solve computed now (sdperf.store.verified.write).
-    `extra` arrays are stored beside the latents and images (sdperf.reference.renders keeps a build's facts)."""
+    `extra` arrays are stored beside the latents and images (sdperf.judge.renders keeps a build's facts)."""
     from sdperf.store import verified
 
     return verified.write(path, lambda tmp: _savez(tmp, latents=solve.latents.numpy(), images=solve.images,

@@ -1,7 +1,7 @@
 """The speed-vs-quality table of 12: each technique's paired quality delta on the reference model beside its
 stand-alone speed-up on SD 1.5 (random init) and the published quality cost where one exists.
 
-Two models, said in every column title: quality on the study's trained reference model (sdperf.reference), speed
+Two models, said in every column title: quality on the study's trained reference model (sdperf.refmodel), speed
 on the profile's SD architecture at random init, as notebooks 01-09 measured it in fresh processes on this machine
 at this commit (sdperf.select.standalone, by catalog key). A technique not timed alone here says so instead of a number.
 """
@@ -11,8 +11,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sdperf.reference import techniques
-from sdperf.core import data
+from sdperf.judge import techniques
+from sdperf.core import tables
 
 QUALITY_MODEL = "reference model (trained here, sdref)"
 NOT_TIMED = "not timed alone on this machine at this commit"
@@ -20,7 +20,7 @@ NOT_TIMED = "not timed alone on this machine at this commit"
 
 def published() -> pd.DataFrame:
     """The published quality cost of a technique, with its source, settings and hardware (by catalog key)."""
-    return data.table("published_technique_quality.csv")
+    return tables.table("published_technique_quality.csv")
 
 
 COLUMNS = ("n_images", "cached_images", "steps", "adherence", "adherence_delta", "adherence_delta_lo",
@@ -62,7 +62,7 @@ def table(study, quality: pd.DataFrame) -> pd.DataFrame:
 
 def _technique(key: str) -> bool:
     """A catalog technique (not the converged reference, a control or the seeds' sampler)."""
-    from sdperf.reference import controls
+    from sdperf.judge import controls
 
     return not (controls.is_control(key) or str(key).startswith(techniques.REFERENCE)
                 or key == techniques.SEEDS_SAMPLER)

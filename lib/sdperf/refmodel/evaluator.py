@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sdperf.reference import domain, loop
+from sdperf.refmodel import domain, loop
 
 EMBED = 64  # penultimate features: the domain FID's feature space
 HELD_OUT_SEED = 1_000_003  # the held-out renders' seed; no training stage draws from it

@@ -1,7 +1,7 @@
 """How a judged key is set up to render on the reference model: the profile its techniques see, the pipeline that
-renders it alone, its steps and its call shape (sdperf.reference.techniques judges what these render).
+renders it alone, its steps and its call shape (sdperf.judge.techniques judges what these render).
 
-Everything here decides a judged technique's pictures, so the render cache (sdperf.reference.renders) hashes this
+Everything here decides a judged technique's pictures, so the render cache (sdperf.judge.renders) hashes this
 module's source into its key; the judging's own logic (the time gate, the sequential test, the rows) lives in
 techniques, whose edits leave the cached renders valid.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from sdperf.reference import controls, converged, domain, quality
+from sdperf.judge import controls, converged
+from sdperf.refmodel import domain, domain_quality
 
 GUIDANCE = 7.5  # the seeds' guidance: the reference model's quality is first stated there
 RENDER_BATCH = 16  # prompts per UNet call (UNet batch 32 with guidance: the exported engines' dynamic maximum)
@@ -25,12 +26,12 @@ def profile_for(base, folder: Path, steps: int):
     """The profile the techniques see (resolution, latent size, static shapes, calibration prompt): the reference
     model's, on the CPU, at the given steps and GUIDANCE, with a domain caption as its prompt."""
     from sdperf.config.architectures import ARCHS
-    from sdperf.reference import model
+    from sdperf.refmodel import sdref
 
-    side = ARCHS[model.ARCH].vae["sample_size"]  # the image side the reference model was trained at
-    return replace(base, name=f"{base.name}-reference", arch=model.ARCH, resolution=side, steps=steps,
+    side = ARCHS[sdref.ARCH].vae["sample_size"]  # the image side the reference model was trained at
+    return replace(base, name=f"{base.name}-reference", arch=sdref.ARCH, resolution=side, steps=steps,
                    scheduler="plms", guidance_scale=GUIDANCE, batch_sizes=(RENDER_BATCH,), dtype="float32",
-                   device="cpu", weights=str(folder), prompt=quality.prompts(1)[0].caption)
+                   device="cpu", weights=str(folder), prompt=domain_quality.prompts(1)[0].caption)
 
 
 def context(base, folder: Path, steps: int, scratch: Path | None, calibration_samples: int):

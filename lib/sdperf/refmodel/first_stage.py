@@ -13,16 +13,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sdperf.reference import domain, loop, model
-from sdperf.reference.evaluator import to_input
-from sdperf.reference.recipe import Recipe
+from sdperf.refmodel import domain, loop, sdref
+from sdperf.refmodel.evaluator import to_input
+from sdperf.refmodel.training_recipe import Recipe
 
 VAE_SEED_OFFSET, TRAIN_SET_SEED_OFFSET = 1, 2  # scene seeds of the VAE's renders and the UNet's training set
 
 
 def train_vae(recipe: Recipe, checkpoint: Path, show: bool = True):
     """(trained AutoencoderKL in eval mode, training curve)."""
-    vae = model.build(recipe.seed).vae.train().requires_grad_(True)
+    vae = sdref.build(recipe.seed).vae.train().requires_grad_(True)
     opt = torch.optim.AdamW(vae.parameters(), lr=recipe.vae_lr, weight_decay=0.0)
     sched = loop.cosine_with_warmup(opt, min(100, recipe.vae_steps), recipe.vae_steps)
     g = torch.Generator().manual_seed(recipe.seed + VAE_SEED_OFFSET)
@@ -52,7 +52,7 @@ def reconstruction_accuracy(vae, net, n: int, resolution: int) -> dict[str, floa
     """The evaluator's reading of the autoencoder's reconstructions of n held-out renders (posterior means): what
     the diffusion model can at best reach, since every image it makes goes through this decoder."""
     from sdperf.imagegen.render import to_uint8
-    from sdperf.reference import evaluator
+    from sdperf.refmodel import evaluator
 
     items, images = evaluator.held_out(n, resolution)
     rec = torch.cat([vae.decode(vae.encode(to_input(images[i:i + 250])).latent_dist.mean).sample
@@ -76,5 +76,5 @@ def encode_training_set(recipe: Recipe, vae, tokenizer, batch: int = 500) -> dic
     where = {c: i for i, c in enumerate(captions)}
     return {"latents": (latents * scale).contiguous(), "scaling_factor": scale,
             "caption_index": torch.as_tensor(np.array([where[s.caption] for s in items]), dtype=torch.long),
-            "ids": model.tokenize(tokenizer, captions), "empty": model.tokenize(tokenizer, [""])[0],
+            "ids": sdref.tokenize(tokenizer, captions), "empty": sdref.tokenize(tokenizer, [""])[0],
             "n_captions": len(captions)}

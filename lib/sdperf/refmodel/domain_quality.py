@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sdperf.reference import domain, evaluator
+from sdperf.refmodel import domain, evaluator
 
 PROMPT_SEED = 2_000_003
 N_RESAMPLES = 2000
@@ -63,7 +63,7 @@ class Real:
     def of(cls, net: evaluator.Evaluator, n: int) -> "Real":
         """Computed once per process for these evaluator weights, n and resolution (2,000 renders through the
         evaluator: 3.3 s on one thread), then handed out as a copy: every judging call
-        (sdperf.reference.techniques.measure, the reference curve, the training's last check) asks for the same set."""
+        (sdperf.judge.techniques.measure, the reference curve, the training's last check) asks for the same set."""
         from sdperf.optimizations.artefacts import weights_digest
 
         key = (weights_digest(net), int(n), int(net.resolution))

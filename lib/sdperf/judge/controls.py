@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sdperf.reference.paired import OVER, WITHIN
+from sdperf.judge.paired import OVER, WITHIN
 
 PREFIX = "control:"
 TWIN = "control:fp32-twin"
@@ -45,7 +45,7 @@ def noise_key(dose: float) -> str:
 def defaults(doses: tuple[float, ...]) -> tuple[Control, ...]:
     """The run's controls: the twin, the few-step solve and one noise control per dose."""
     from sdperf.model.pipelines import sampler_key
-    from sdperf.reference.converged import SOLVER
+    from sdperf.judge.converged import SOLVER
 
     few = f"{PREFIX}{sampler_key(SOLVER, FEW_STEPS)}"
     return (Control(TWIN, "fp32 twin of the converged solve (negative control)", expected(TWIN)),

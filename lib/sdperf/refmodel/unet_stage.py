@@ -1,8 +1,8 @@
 """The UNet stage of `sdperf train-reference`, one process per rank under torchrun (as notebook 11 runs training).
 
-    torchrun --standalone --nproc_per_node 2 -m sdperf.reference.unet_stage --work DIR
+    torchrun --standalone --nproc_per_node 2 -m sdperf.refmodel.unet_stage --work DIR
 
-Each rank builds the same seeded UNet and text encoder (`model.Conditioned`), wraps them in DDP (gloo on the CPU)
+Each rank builds the same seeded UNet and text encoder (`sdref.Conditioned`), wraps them in DDP (gloo on the CPU)
 and takes the study's own training step (`sdperf.training.step.Trainer`: noise, timestep, noise-prediction MSE,
 clipped AdamW). Step s of rank r draws its latents and caption dropout from the seed (recipe seed, s, r) alone; the
 noise generators' states go into the checkpoint (gathered to rank 0, which alone writes it), so a killed run resumes
@@ -66,17 +66,17 @@ def train(work: Path, rank: int, world: int, show: bool, kill_after_save: int | 
     from torch.nn.parallel import DistributedDataParallel
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-    from sdperf.reference import loop, model
-    from sdperf.reference.recipe import Recipe
+    from sdperf.refmodel import loop, sdref
+    from sdperf.refmodel.training_recipe import Recipe
     from sdperf.training.step import Trainer
 
     recipe = Recipe.from_dict(json.loads((work / "recipe.json").read_text()))
     data = torch.load(work / LATENTS, map_location="cpu", weights_only=True)
     latents, index, ids, empty = data["latents"], data["caption_index"], data["ids"], data["empty"]
-    pipe = model.build(recipe.seed)
-    net = model.Conditioned(pipe.unet, pipe.text_encoder).train().requires_grad_(True)
+    pipe = sdref.build(recipe.seed)
+    net = sdref.Conditioned(pipe.unet, pipe.text_encoder).train().requires_grad_(True)
     wrapped = DistributedDataParallel(net) if world > 1 else net
-    trainer = Trainer(wrapped, model.noise_scheduler(), "cpu", learning_rate=recipe.unet_lr, weight_decay=1e-2,
+    trainer = Trainer(wrapped, sdref.noise_scheduler(), "cpu", learning_rate=recipe.unet_lr, weight_decay=1e-2,
                       max_grad_norm=1.0, autocast_mode="none", seed=recipe.seed * 100_003 + rank)
     schedule = loop.cosine_with_warmup(trainer.optimizer, recipe.warmup, recipe.unet_steps)
     ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(recipe.ema))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from sdperf.config import architectures
 from sdperf.core.errors import ConfigError
-from sdperf.reference import evaluator, first_stage, loop, model, quality, store, unet_stage
-from sdperf.reference.recipe import QUICK, Recipe
+from sdperf.refmodel import domain_quality, evaluator, first_stage, loop, sdref, storage, unet_stage
+from sdperf.refmodel.training_recipe import QUICK, Recipe
 from sdperf.model.tokenizer import clip_tokenizer
 from sdperf.training.launch import worker_env
 
@@ -46,13 +46,13 @@ def work_dir(recipe: Recipe, out: Path) -> Path:
 
 
 def _evaluator(recipe: Recipe, work: Path, show: bool, say):
-    folder = work / store.EVALUATOR_DIR
+    folder = work / storage.EVALUATOR_DIR
     if not (folder / "evaluator.json").is_file():
         trained = evaluator.train(recipe.seed, recipe.resolution, recipe.evaluator_steps, recipe.evaluator_batch,
                                   work / "evaluator-checkpoint.pt", lr=recipe.evaluator_lr,
                                   n_held_out=recipe.evaluator_held_out, show=show)
-        store.save_evaluator(trained, folder, recipe.seed, recipe.evaluator_steps)
-    net, meta = store.load_evaluator(folder)
+        storage.save_evaluator(trained, folder, recipe.seed, recipe.evaluator_steps)
+    net, meta = storage.load_evaluator(folder)
     say(f"evaluator on {meta['n_held_out']} held-out renders: " +
         ", ".join(f"{k} {v:.4f}" for k, v in meta["accuracy"].items()))
     return net, meta
@@ -63,7 +63,7 @@ def _unet(recipe: Recipe, work: Path, show: bool) -> None:
     if (work / unet_stage.DONE).is_file():
         return
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={recipe.world_size}",
-           "-m", "sdperf.reference.unet_stage", "--work", str(work)] + ([] if show else ["--no-progress"])
+           "-m", "sdperf.refmodel.unet_stage", "--work", str(work)] + ([] if show else ["--no-progress"])
     done = subprocess.run(cmd, env=worker_env(1))
     if done.returncode:
         raise RuntimeError(f"the UNet stage exited with {done.returncode}; run the same command again to resume "
@@ -73,7 +73,7 @@ def _unet(recipe: Recipe, work: Path, show: bool) -> None:
 def _assemble(recipe: Recipe, work: Path, vae, scale: float):
     import torch
 
-    pipe = model.build(recipe.seed)
+    pipe = sdref.build(recipe.seed)
     trained = torch.load(work / unet_stage.RESULT, map_location="cpu", weights_only=True)
     pipe.unet.load_state_dict(trained["unet"])
     pipe.text_encoder.load_state_dict(trained["text_encoder"])
@@ -113,34 +113,34 @@ def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, 
                            f"vae_min_adherence {recipe.vae_min_adherence}: no UNet could do better through this "
                            "decoder (train it longer: vae_steps)")
     if not (work / unet_stage.LATENTS).is_file():
-        tokenizer = clip_tokenizer(architectures.get(model.ARCH).pad_token)
+        tokenizer = clip_tokenizer(architectures.get(sdref.ARCH).pad_token)
         data = clock.stage("latents", lambda: first_stage.encode_training_set(recipe, vae, tokenizer))
         loop.save(work / unet_stage.LATENTS, data)
     scale = float(torch.load(work / unet_stage.LATENTS, weights_only=True)["scaling_factor"])
     clock.stage("unet", lambda: _unet(recipe, work, show))
 
     def judged():
-        real = quality.Real.of(net, recipe.evaluator_held_out)
+        real = domain_quality.Real.of(net, recipe.evaluator_held_out)
         pipe = _assemble(recipe, work, vae, scale)
         store_dir = out.with_name(out.name + ".partial")
         shutil.rmtree(store_dir, ignore_errors=True)
-        store.save_pipeline(pipe, store_dir)
-        shutil.copytree(work / store.EVALUATOR_DIR, store_dir / store.EVALUATOR_DIR)
+        storage.save_pipeline(pipe, store_dir)
+        shutil.copytree(work / storage.EVALUATOR_DIR, store_dir / storage.EVALUATOR_DIR)
         from sdperf.model.pipelines import build_from_weights
 
         stored = build_from_weights(str(store_dir), "plms")  # judge what is stored (float16 weights as float32)
         args = (net, real, recipe.check_images, recipe.check_guidance, recipe.check_steps)
         sizes = {k: architectures.count_parameters(getattr(stored, k)) for k in ("unet", "vae", "text_encoder")}
-        return store_dir, sizes, {"trained": quality.judge(stored, *args), "random_init": quality.judge(
-            model.build(recipe.seed), *args)}
+        return store_dir, sizes, {"trained": domain_quality.judge(stored, *args), "random_init": domain_quality.judge(
+            sdref.build(recipe.seed), *args)}
 
     store_dir, sizes, verdict = clock.stage("judge", judged)
     unet_curve = json.loads((work / unet_stage.DONE).read_text())["curve"]
     loop.save_json(store_dir / "training.json", {"evaluator": meta["curve"], "autoencoder": vae_curve,
                                                  "unet": unet_curve})
-    record = dict(store.provenance(command), recipe=recipe.to_dict(), times_s=dict(clock.times),
+    record = dict(storage.provenance(command), recipe=recipe.to_dict(), times_s=dict(clock.times),
                   evaluator=meta["accuracy"], autoencoder_reconstructions=rec_acc, judge=verdict, scaling_factor=scale, parameters=sizes)
-    manifest = store.write_manifest(store_dir, record)
+    manifest = storage.write_manifest(store_dir, record)
     if out.exists():
         shutil.rmtree(out)
     os.replace(store_dir, out)
@@ -157,19 +157,19 @@ QUICK_DIR = ".reference-quick"  # under models/, ignored by git: --quick checks 
 
 def default_out(quick: bool) -> Path:
     """models/reference/ for the real recipe; --quick's 30-second model goes beside it, never over it."""
-    return store.default_dir().parent / QUICK_DIR if quick else store.default_dir()
+    return storage.default_dir().parent / QUICK_DIR if quick else storage.default_dir()
 
 
 def check_target(target: Path, recipe: Recipe, force: bool) -> None:
     """Refuse, before any training, to replace a model made by another recipe (the committed reference model is
     one `--quick --out models/reference` away from a 30-second model whose new manifest verifies); the same recipe
     rebuilds the same model, so it may go on. `--force` replaces it anyway."""
-    if target.exists() and not (target / store.MANIFEST).is_file():
+    if target.exists() and not (target / storage.MANIFEST).is_file():
         raise ConfigError(f"--out {str(target)!r} exists and is not a reference model folder; choose a new folder")
     if force or not target.exists():
         return
     try:
-        made = store.read_manifest(target).get("recipe")
+        made = storage.read_manifest(target).get("recipe")
     except ConfigError:
         made = None
     if made == recipe.to_dict():

@@ -1,9 +1,9 @@
 """A judged technique's renders on the reference model, cached on disk across runs of one machine (issue 33).
 
-Judging a technique against the converged solve (sdperf.reference.techniques) renders its images batch by batch,
+Judging a technique against the converged solve (sdperf.judge.techniques) renders its images batch by batch,
 and on a 2-core CPU that is most of 10's and 12's time. A batch's latents and images are a pure function of what
 goes in: the model's files, the technique's key, the code that builds and runs it (this package's technique, model
-and generation modules and sdperf.reference.technique_setup, hashed by content, so a commit that only touches the
+and generation modules and sdperf.judge.technique_setup, hashed by content, so a commit that only touches the
 judging or the report keeps the cache), the libraries it runs on, the steps, guidance, captions, noise seeds and
 call shape (prompts per call, padding, grad mode), and the machine (an int8 kernel or an engine's summation order
 differs from one CPU to the next). A batch is stored under a key of exactly those, whole or not at all, so a resumed
@@ -23,18 +23,20 @@ from pathlib import Path
 
 import numpy as np
 
-from sdperf.reference.converged import Solve, read, store
+from sdperf.core.errors import ConfigError
+from sdperf.judge.converged import Solve, read, store
+from sdperf.optimizations.catalog import Stack
 
 # the code a render runs, relative to the sdperf package: a change to any of these files is a new key
-CODE = ("optimizations", "model", "imagegen/render.py", "reference/quality.py", "reference/technique_setup.py",
-        "reference/model.py", "reference/store.py", "config/architectures.py")
-# the libraries a technique may run on: a new version of any is a new key (absent ones are named absent)
-LIBRARIES = ("torch", "diffusers", "transformers", "openvino", "nncf", "onnxruntime", "onnx", "torchao",
-             "deepspeed", "tomesd", "DeepCache", "numpy")
+CODE = ("optimizations", "model", "imagegen/render.py", "refmodel/domain_quality.py", "judge/technique_setup.py",
+        "refmodel/sdref.py", "refmodel/storage.py", "config/architectures.py")
+# the libraries every render runs on; a technique's own are its record's (Technique.packages): a new version of
+# any is a new key (absent ones are named absent)
+LIBRARIES = ("torch", "diffusers", "transformers", "numpy")
 
 
 def cache_dir(scratch: Path) -> Path:
-    """Beside the converged solves' cache under a profile's scratch folder (sdperf.reference.converged)."""
+    """Beside the converged solves' cache under a profile's scratch folder (sdperf.judge.converged)."""
     return Path(scratch) / "reference-techniques" / "renders"
 
 
@@ -52,9 +54,14 @@ def code_hash() -> str:
 
 
 @functools.cache
-def library_versions() -> dict:
+def library_versions(key: str = "") -> dict:
+    """The versions of LIBRARIES and of the packages the techniques of `key` import (a control's key names none)."""
+    try:
+        own = tuple(p for t in Stack.of(key).techniques for p in t.packages)
+    except ConfigError:
+        own = ()
     out = {}
-    for name in LIBRARIES:
+    for name in dict.fromkeys(LIBRARIES + own):
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -78,7 +85,7 @@ class Cache:
 
     def name(self, captions: list[str], seeds: list[int]) -> str:
         what = json.dumps({"model": self.model_hash, "machine": self.machine, "key": self.key,
-                           "code": code_hash(), "libraries": library_versions(), "steps": int(self.steps),
+                           "code": code_hash(), "libraries": library_versions(self.key), "steps": int(self.steps),
                            "guidance": float(self.guidance), "call": self.call, "captions": list(captions),
                            "seeds": [int(s) for s in seeds]}, sort_keys=True)
         return hashlib.sha256(what.encode()).hexdigest()[:32]
@@ -105,7 +112,7 @@ class Cache:
         return got
 
     def put(self, captions: list[str], seeds: list[int], solve: Solve) -> None:
-        """Stored whole or not at all (sdperf.reference.converged.store), with the build's facts."""
+        """Stored whole or not at all (sdperf.judge.converged.store), with the build's facts."""
         path = self._path(captions, seeds)
         if path is not None:
             store(path, solve, facts=np.array(json.dumps(self.facts, default=str)))

@@ -3,16 +3,16 @@ solve of the same captions and noise, alone and stacked, with controls (issue 31
 
 Random weights cannot say what int8, fewer steps, DeepCache or token merging do to a picture; the reference model
 can. The reference is not fp32 PLMS-50 (the seeds' setting, itself a poor solve at guidance 7.5) but the same fp32
-model's converged solution (sdperf.reference.converged: DPM-Solver++(2M) from the last training timestep, at the
+model's converged solution (sdperf.judge.converged: DPM-Solver++(2M) from the last training timestep, at the
 step count both legs of its convergence check accept, cached on disk). Each key is judged for what it alone
 changes:
 - a stack that names a sampler (`scheduler:<name>@<steps>`, alone or with other parts) runs that sampler at its steps;
 - a stack without one (a precision, an executor, int8, attention, caching, merging, a stage engine) runs the
   converged solver at its steps, so its own error is all that moves;
 - fp32 PLMS at the seeds' steps (SEEDS_SAMPLER) is judged as a row of its own: its deficit is a finding;
-- the controls (sdperf.reference.controls) run every time and must read as they must, or no stack is admitted.
+- the controls (sdperf.judge.controls) run every time and must read as they must, or no stack is admitted.
 Per key and guidance (the seeds' 7.5 and the profile's other judged guidances), every paired measure of
-sdperf.reference.paired with its interval, n sized by power: images come in batches of `n_step` until the
+sdperf.judge.paired with its interval, n sized by power: images come in batches of `n_step` until the
 adherence and soft-adherence intervals are clear of the budget line or half a point wide, or `n_max` is reached
 (the row then says its interval could not be resolved at that n). A key's verdict is its worst over the guidances.
 
@@ -35,9 +35,10 @@ import pandas as pd
 from sdperf.core import environment
 from sdperf.model.pipelines import sampler_key
 from sdperf.optimizations.quantization import CALIBRATION_SAMPLES
-from sdperf.reference import controls, converged, domain, paired, quality, renders, technique_setup
-from sdperf.reference.technique_setup import GUIDANCE, RENDER_BATCH, SOLVE_BATCH
-from sdperf.reference.paired import ADHERENCE_BUDGET, OVER, UNDECIDED, WITHIN
+from sdperf.judge import controls, converged, paired, renders, technique_setup
+from sdperf.refmodel import domain, domain_quality
+from sdperf.judge.technique_setup import GUIDANCE, RENDER_BATCH, SOLVE_BATCH
+from sdperf.judge.paired import ADHERENCE_BUDGET, OVER, UNDECIDED, WITHIN
 
 SEEDS_STEPS = 50  # the seeds' PLMS step count
 SEEDS_SAMPLER = f"scheduler:plms@{SEEDS_STEPS}"
@@ -95,7 +96,7 @@ class Plan:
 
     @classmethod
     def of(cls, s) -> "Plan":
-        """From the profile's validated quality settings (sdperf.quality.settings)."""
+        """From the profile's validated quality settings (sdperf.quality.quality_settings)."""
         return cls(guidances=tuple(s.reference_judge_guidances), n_max=s.reference_delta_images,
                    n_step=s.reference_delta_step, doses=tuple(s.reference_noise_doses),
                    ladder=tuple(s.reference_convergence_steps), check_images=s.reference_check_images,
@@ -166,22 +167,22 @@ def _worst(verdicts) -> str:
 def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = None, scratch: Path | None = None,
             say: Callable[[str], None] = print) -> pd.DataFrame:
     """One row per (key, guidance), each against the converged solve; `keys` are catalog stack keys or the plan's
-    control keys (sdperf.reference.controls). The reference's own rows are appended, its convergence check is in
+    control keys (sdperf.judge.controls). The reference's own rows are appended, its convergence check is in
     `attrs`."""
     from sdperf.measure.comparison import release
     from sdperf.optimizations.catalog import Stack
     from sdperf.model.pipelines import build_from_weights, timestep_span
-    from sdperf.reference import store
+    from sdperf.refmodel import storage
 
     known = {c.key: c for c in controls.defaults(plan.doses)}
     bad = [k for k in keys if controls.is_control(k) and k not in known]
     if bad:
         raise ValueError(f"control {bad[0]!r} is not one of this plan's: {', '.join(known)}")
     stacks = {k: Stack.of(k) for k in keys if k not in known}  # an unknown key fails before any model is loaded
-    folder = Path(folder or store.default_dir())
-    _, net, manifest = store.load(folder, scheduler=None)  # verified once; each technique loads the same files
-    real = quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
-    items = quality.prompts(plan.n_max)
+    folder = Path(folder or storage.default_dir())
+    _, net, manifest = storage.load(folder, scheduler=None)  # verified once; each technique loads the same files
+    real = domain_quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
+    items = domain_quality.prompts(plan.n_max)
     captions, truth, seeds = [s.caption for s in items], domain.labels_many(items), list(range(plan.n_max))
     cache = converged.cache_dir(scratch.parent) if scratch else None
 
@@ -191,7 +192,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
     solver_pipe = functools.cache(fresh)  # the solves' own fp32 pipelines, one per sampler: nothing patches them
 
     def render_solve(sampler: str, steps: int, caps: list[str], sds: list[int], g: float) -> converged.Solve:
-        z, x = quality.generate_with_latents(solver_pipe(sampler), caps, sds, g, steps, batch=SOLVE_BATCH, pad=False)
+        z, x = domain_quality.generate_with_latents(solver_pipe(sampler), caps, sds, g, steps, batch=SOLVE_BATCH, pad=False)
         return converged.Solve(z, x)
 
     fastest = fastest_sampler(list(stacks))
@@ -285,7 +286,7 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
 
 
 def _sequential(pipe: Callable, steps: int, grad_mode: str, guidance: float, ref: _Reference, plan: Plan,
-                real: quality.Real, batch: int = RENDER_BATCH, aligned: bool = False, pad: bool = True,
+                real: domain_quality.Real, batch: int = RENDER_BATCH, aligned: bool = False, pad: bool = True,
                 cache: renders.Cache | None = None) -> dict:
     """Images in batches of plan.n_step until the adherence intervals settle or plan.n_max is reached (`pipe()`
     gives the pipeline, built when first called; `aligned`: each time the whole prefix again, in the reference's
@@ -293,7 +294,7 @@ def _sequential(pipe: Callable, steps: int, grad_mode: str, guidance: float, ref
     pipelines are called like the solves, never padded). With `cache`, a batch stored by an earlier run is read
     back instead of rendered (and the pipeline is not built for it); a batch rendered here is stored."""
     def render(caps: list[str], seeds: list[int]) -> converged.Solve:
-        return converged.Solve(*quality.generate_with_latents(pipe(), caps, seeds, guidance, steps, batch=batch,
+        return converged.Solve(*domain_quality.generate_with_latents(pipe(), caps, seeds, guidance, steps, batch=batch,
                                                                grad_mode=grad_mode, pad=pad))
 
     done: list[converged.Solve] = []
@@ -351,10 +352,10 @@ def _gated_first_batch(render, ref: _Reference, plan: Plan, batch: int) -> list[
     return done
 
 
-def _absolute(base: paired.Judged, real: quality.Real) -> dict:
-    mean, lo, hi = quality.mean_interval(base.adherence)
+def _absolute(base: paired.Judged, real: domain_quality.Real) -> dict:
+    mean, lo, hi = domain_quality.mean_interval(base.adherence)
     return dict(adherence=mean, adherence_lo=lo, adherence_hi=hi, soft_adherence=float(base.soft.mean()),
-                domain_fid=quality.domain_fid(base.features, real), kid=paired.kid(base.features, real.features))
+                domain_fid=domain_quality.domain_fid(base.features, real), kid=paired.kid(base.features, real.features))
 
 
 def _facts(facts: dict) -> str:
@@ -364,7 +365,7 @@ def _facts(facts: dict) -> str:
 # ---------------------------------------------------------------- rows
 SCENARIO = "quality vs the converged solve"
 CACHED = ("of the row's images, those read back from the render cache of an earlier run on this machine "
-          "(sdperf.reference.renders: same model, technique code, libraries, captions and noise); the rest were "
+          "(sdperf.judge.renders: same model, technique code, libraries, captions and noise); the rest were "
           "rendered in this run; controls are always rendered")
 CONVERGENCE = "converged reference"
 FORMER = "former reference"  # the study's reference before issue 60, measured against the independent solve
@@ -478,7 +479,7 @@ def convergence_rows(conv: pd.DataFrame | None, former: pd.DataFrame | None) -> 
 
 def reuse_sentence(results) -> str | None:
     """What the quality judging read back from the render cache of an earlier run on this machine instead of
-    rendering (sdperf.reference.renders), from the rows' reference_cached_images column; None without such rows."""
+    rendering (sdperf.judge.renders), from the rows' reference_cached_images column; None without such rows."""
     rows = results[results["metric"] == "reference_cached_images"] if "metric" in results else results.iloc[:0]
     rows = rows[(rows["status"] == "ok") & ~rows["key"].astype(str).map(
         lambda k: controls.is_control(k) or k.startswith(REFERENCE))]
@@ -669,7 +670,7 @@ def for_study(study, keys: list[str], plan: Plan, *, folder: Path | None = None,
     measured (the controls and the seeds' sampler always with the first measurement) and recorded."""
     from sdperf.optimizations.catalog import Stack
     from sdperf.core.paths import scratch_dir
-    from sdperf.reference import store
+    from sdperf.refmodel import storage
 
     for k in keys:  # unknown keys fail before anything is read or loaded
         Stack.of(k)
@@ -681,7 +682,7 @@ def for_study(study, keys: list[str], plan: Plan, *, folder: Path | None = None,
         missing = [k for k in wanted if have.empty or have[have.key == k].guidance.nunique() < len(plan.guidances)]
         if missing:
             say(f"judging {len(missing)} key(s) against the converged solve: {', '.join(missing)}")
-            table = measure(missing, study.profile, plan=plan, folder=folder or store.default_dir(),
+            table = measure(missing, study.profile, plan=plan, folder=folder or storage.default_dir(),
                             scratch=scratch_dir(study.profile.name) / "reference-techniques", say=say)
             record(study, table)
             have = _matching(from_rows(study.recorder.current()), plan)

@@ -1,7 +1,7 @@
 """NeMo's FID-vs-CLIP protocol in miniature, on the reference model: adherence and domain FID over guidance.
 
 NeMo draws COCO captions, makes one image per caption at each guidance scale 1.5-8 with 50 PLMS steps, and plots
-FID against CLIP score. Here: `n` captions of the domain (quality.PROMPT_SEED), caption i with noise seed i at every
+FID against CLIP score. Here: `n` captions of the domain (domain_quality.PROMPT_SEED), caption i with noise seed i at every
 scale (common random numbers: points differ by guidance, not by noise), 50 PLMS steps; adherence (the CLIP
 analogue) with a BCa bootstrap interval over images, domain FID against held-out renders with a percentile
 bootstrap interval over the generated images, recentred on the estimate (resampling with replacement inflates FID).
@@ -16,41 +16,41 @@ import numpy as np
 import pandas as pd
 
 from sdperf.store import figure_captions
-from sdperf.reference import domain, evaluator, quality
+from sdperf.refmodel import domain, domain_quality, evaluator
 
 NEMO_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
-MODEL = "the study's reference model (sdperf.reference, trained here; not SD 1.5)"
+MODEL = "the study's reference model (sdperf.refmodel, trained here; not SD 1.5)"
 
 
-SAMPLER = "plms"  # the curve's sampler, as the solves' cache names it (sdperf.reference.converged.Solver)
+SAMPLER = "plms"  # the curve's sampler, as the solves' cache names it (sdperf.judge.converged.Solver)
 
 
-def run(pipe, net: evaluator.Evaluator, real: quality.Real, guidance_scales, n: int, steps: int,
+def run(pipe, net: evaluator.Evaluator, real: domain_quality.Real, guidance_scales, n: int, steps: int,
         keep: int = 4, cache: Path | None = None, model_hash: str = "") -> tuple[pd.DataFrame, dict[float, np.ndarray]]:
     """(one row per guidance scale, the first `keep` images of each scale for the samples grid). With `cache`, the
     images are the reference model's solves cache's (pure in model, captions, noise, guidance, sampler and steps,
-    sdperf.reference.converged): a later run reads them back instead of rendering 2,400 images again, and its rows
+    sdperf.judge.converged): a later run reads them back instead of rendering 2,400 images again, and its rows
     say how many came from the cache (their time per image is then not measured: NaN)."""
-    from sdperf.reference import converged
+    from sdperf.judge import converged
 
-    items = quality.prompts(n)
+    items = domain_quality.prompts(n)
     captions, truth = [s.caption for s in items], domain.labels_many(items)
     rows, kept = [], {}
     for g in guidance_scales:
         start = time.perf_counter()
 
         def render(sampler, k, caps, sds, g=g):
-            return converged.Solve(*quality.generate_with_latents(pipe, caps, sds, g, k, pad=False))
+            return converged.Solve(*domain_quality.generate_with_latents(pipe, caps, sds, g, k, pad=False))
 
         solver = converged.Solver(render, model_hash, g, cache)
         images = solver.solve(captions, list(range(n)), steps, sampler=SAMPLER).images
         seconds = time.perf_counter() - start
         scores = evaluator.adherence_checks(evaluator.predict(net, images), truth)
         feats = evaluator.features(net, images)
-        mean, lo, hi = quality.mean_interval(scores)
-        fid_lo, fid_hi = quality.fid_interval(feats, real)
+        mean, lo, hi = domain_quality.mean_interval(scores)
+        fid_lo, fid_hi = domain_quality.fid_interval(feats, real)
         rows.append({"guidance": float(g), "n_images": n, "steps": steps, "adherence": mean, "adherence_lo": lo,
-                     "adherence_hi": hi, "domain_fid": quality.domain_fid(feats, real), "fid_lo": fid_lo,
+                     "adherence_hi": hi, "domain_fid": domain_quality.domain_fid(feats, real), "fid_lo": fid_lo,
                      "fid_hi": fid_hi, "s_per_image": seconds / n if not solver.hits else float("nan"),
                      "from_cache": solver.hits})
         kept[float(g)] = images[:keep]
@@ -134,19 +134,19 @@ RENDER_TIME_METHOD = ("wall time of this scale's generation and decoding in batc
 
 def for_study(study, s, folder=None):
     """Load and verify the committed reference model, run the curve at the profile's quality.reference_* settings
-    (`s`: sdperf.quality.settings.QualitySettings), store its rows and figures. The model runs on the CPU."""
-    from sdperf.reference import store
+    (`s`: sdperf.quality.quality_settings.QualitySettings), store its rows and figures. The model runs on the CPU."""
+    from sdperf.refmodel import storage
 
     guidance_scales, n, steps = s.reference_guidance_scales, s.reference_n_images, s.reference_steps
     from sdperf.core.paths import scratch_dir
-    from sdperf.reference import converged
+    from sdperf.judge import converged
 
-    pipe, net, manifest = store.load(folder)
-    real = quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
+    pipe, net, manifest = storage.load(folder)
+    real = domain_quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
     table, kept = run(pipe, net, real, guidance_scales, n, steps, cache=converged.cache_dir(scratch_dir(
         study.profile.name)), model_hash=converged.model_hash(manifest))
     _record(study, table, manifest)
-    captions = [s.caption for s in quality.prompts(min(len(v) for v in kept.values()))]
+    captions = [s.caption for s in domain_quality.prompts(min(len(v) for v in kept.values()))]
     model = f"reference model at commit {manifest.get('commit')}"
     study.save_figure(plot(table, f"{MODEL}: {n} images per guidance scale, {steps} PLMS steps, "
                                   f"{study.env['device_name']}; bars: 95% bootstrap intervals"), "reference_curve",
@@ -165,7 +165,7 @@ def for_study(study, s, folder=None):
                       baseline=figure_captions.NO_BASELINE + " (images)",
                       method=f"caption i with noise seed i at every scale, {steps} PLMS steps; {model}",
                       n=f"{rows} captions x {len(kept)} guidance scales, of the {n} per scale scored")
-    training = folder or store.default_dir()
+    training = folder or storage.default_dir()
     study.save_figure(training_plot(training, manifest), "reference_training",
                       what=f"{MODEL}: the training loss of each stage of `sdperf train-reference` (log axis), as the "
                       "committed model's training.json stored it, with each stage's training time",

@@ -5,7 +5,7 @@ a profile's `weights:` can name it and every technique applies unchanged, plus `
 the sha256 of every file, the exact command, commit, versions, machine and recipe that made them, the training
 times and the judgement. The weights are stored in float16 (half the repository's size) and load as float32;
 every figure of the study is about those stored weights. `verify` refuses a folder whose files differ from the
-manifest, naming them, and a manifest that does not cover its folder (sdperf.reference.manifest).
+manifest, naming them, and a manifest that does not cover its folder (sdperf.refmodel.manifest).
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import torch
 
 from sdperf.core.errors import ConfigError
 from sdperf.core.paths import REPO_ROOT
-from sdperf.reference import loop
-from sdperf.reference import manifest as _manifest
-from sdperf.reference.evaluator import Evaluator
+from sdperf.refmodel import loop
+from sdperf.refmodel import manifest as _manifest
+from sdperf.refmodel.evaluator import Evaluator
 
 MANIFEST = _manifest.MANIFEST
 sha256 = _manifest.sha256

@@ -1,0 +1,66 @@
+"""What a verdict on the reference model may say about SD 1.5, technique by technique, beside the published SD 1.5 costs.
+
+Quality is measured on the study's small trained model (sdperf.refmodel), speed on the real SD architectures at
+random init: a reader must be told which quality findings carry over to SD 1.5 and which may not. The reasons are
+properties of each kind of technique, stated in its catalog record (Technique.transfer, not inferred from
+numbers); the published costs come from sdperf/data/published_technique_quality.csv with their sources.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from sdperf.core.errors import ConfigError
+from sdperf.optimizations.catalog import Stack
+
+UNKNOWN = ("unknown", "no statement for this technique")
+
+
+def statement(key: str) -> tuple[str, str]:
+    """(does the reference model's verdict on `key` transfer to SD 1.5?, why), from its catalog record
+    (Technique.transfer); a stack says what its first output-changing part says, the one most likely not to."""
+    try:
+        techs = Stack.of(str(key)).techniques
+    except ConfigError:
+        return UNKNOWN
+    said = [t.transfer for t in techs if t.transfer is not None]
+    lossy = [t.transfer for t in techs if t.changes_output and t.transfer is not None]
+    return (lossy or said or [UNKNOWN])[0]
+
+
+def table(quality: pd.DataFrame) -> pd.DataFrame:
+    """One row per judged technique (sdperf.judge.techniques.overall's table): its verdict here, whether that
+    transfers to SD 1.5 and why, and the published SD 1.5 cost where one exists."""
+    from sdperf.judge import controls, techniques
+
+    from sdperf.judge.technique_report import published
+
+    pub = published().set_index("key")
+    rows = []
+    for r in quality.to_dict("records"):
+        key = r["key"]
+        if controls.is_control(key) or str(key).startswith(techniques.REFERENCE) or r.get("status") != "ok":
+            continue
+        transfers, why = statement(key)
+        p = pub.loc[key] if key in pub.index else None
+        rows.append(dict(key=key, verdict_here=r.get("quality_verdict"), adherence_delta=r.get("adherence_delta"),
+                         latent_mse=r.get("latent_mse"), transfers=transfers, why=why,
+                         published_sd15=None if p is None else f"{p.published_cost} ({p.source}; {p.model_hardware})"))
+    return pd.DataFrame(rows)
+
+
+def sentence(rows: pd.DataFrame) -> str | None:
+    """The first screen's statement of what quality was judged against and what of it transfers to SD 1.5, from
+    results rows (None before any row of the converged-solve scheme exists)."""
+    from sdperf.judge import techniques
+
+    t = techniques.from_rows(rows)
+    if t.empty or "quality_verdict" not in t:
+        return None
+    ref = sorted(set(t.key[t.key.astype(str).str.startswith(techniques.REFERENCE)]))
+    # fp32 PLMS-50's own verdict against it is 12's finding (sdperf.report.findings.quality_verdict), not repeated here
+    return ("Quality is measured on the study's trained reference model (a 4M-parameter SD-family model on 32 px "
+            "images), judged against its converged fp32 solve" + (f" ({', '.join(ref)})" if ref else "")
+            + ", never against a poor sampler. To SD 1.5: a sampler's verdict transfers in kind but not in size "
+            "(compare latent MSE: SD 1.4 has 0.46 at 10 DPM-Solver++ steps, DPM-Solver-v3); int8, half precision, "
+            "caching and merging verdicts may not transfer (the published SD 1.5 costs sit beside each technique in "
+            "12's tables).")
