@@ -40,25 +40,26 @@ def test_a_long_round_gets_a_baseline_after_every_n_configurations():
     assert [c.name for _, c in rounds.schedule(cs[:2], 1)] == [BASELINE, "c0", "c1", TWIN, BASELINE]  # default
 
 
-def test_the_plan_reads_each_notebooks_keys_from_its_parameters(smoke):
-    assert [c.stack for c in prefetch.plan(smoke, ["04_torch_compile"])] == ["compile:regional"]  # the default
-    cpu = replace(smoke, notebooks={"04_torch_compile": {"variants": ["compile:default", "compile:freezing"]}})
+def test_the_plan_reads_each_notebooks_keys_from_the_profiles_one_list(smoke):
+    assert [c.stack for c in prefetch.plan(smoke, ["04_torch_compile"])] == ["compile:regional"]
+    cpu = replace(smoke, techniques=("compile:default", "tome:0.5", "compile:freezing"))
     assert [c.stack for c in prefetch.plan(cpu, ["04_torch_compile"])] == ["compile:default", "compile:freezing"]
-    assert [c.stack for c in prefetch.plan(smoke, ["09_fewer_steps"])] == [
-        "scheduler:dpmpp-2m@20", "deepcache:3"]  # the notebook's defaults
-    # 10's search measures its parts up front too, unless their own notebooks already listed them
-    search = replace(smoke, notebooks={"10_ladder": {"search_unets": ["deepcache:3", "tome:0.3"],
-                                                     "search_stages": ["stages:openvino-f32"]}})
-    assert [c.stack for c in prefetch.plan(search, ["09_fewer_steps", "10_ladder"])][-3:] == [
-        "tome:0.3", "stages:openvino-f32", "calibration:unet-twice"]
+    # 09: its first `own_processes` schedulers in processes of their own, the rest priced; and its caching
+    assert [c.stack for c in prefetch.plan(smoke, ["09_fewer_steps"])] == ["scheduler:dpmpp-2m@20", "deepcache:3"]
+    three = replace(smoke, notebooks={"09_fewer_steps": {"own_processes": 3}})
+    assert [c.stack for c in prefetch.plan(three, ["09_fewer_steps"])] == [
+        *[k for k in smoke.techniques if k.startswith("scheduler:")][:3], "deepcache:3"]
+    # 10's search measures its parts up front too, whichever notebook owns them, and the method's calibration
+    search = replace(smoke, techniques=("deepcache:3", "tome:0.3", "stages:openvino-f32", "scheduler:euler@10"))
+    assert [c.stack for c in prefetch.plan(search, ["09_fewer_steps", "10_ladder"])] == [
+        "scheduler:euler@10", "deepcache:3", "tome:0.3", "stages:openvino-f32", "calibration:unet-twice"]
     # ...and its allocator rung, whose workers fork from their allocator's server (the schedule's others too)
-    rung = replace(smoke, notebooks={"10_ladder": {"allocators": ["allocator:tcmalloc"], "check_method": False}})
-    assert "allocator:tcmalloc" in [c.stack for c in prefetch.plan(rung, ["10_ladder"])]
-    odd = replace(smoke, notebooks={"09_fewer_steps": {"variants": ["scheduler:nope@3", "scheduler:euler@25"]},
-                                    "02_inference_mode": {"variants": ["grad:no_grad", "allocator:glibc-tuned"]}})
+    rung = replace(smoke, techniques=("allocator:tcmalloc",), notebooks={"10_ladder": {"check_method": False}})
+    assert [c.stack for c in prefetch.plan(rung, ["10_ladder"])] == ["allocator:tcmalloc"]
+    odd = replace(smoke, techniques=("grad:no_grad", "scheduler:nope@3", "scheduler:euler@25", "deepcache:3"))
     got = [c.stack for c in prefetch.plan(odd, ["02_inference_mode", "09_fewer_steps", "13_serving"])]
-    assert got == ["grad:no_grad", "scheduler:euler@25", "deepcache:3"]  # a bad key is the notebook's to report, and so is
-    # an allocator outside 10's allocator rung; a notebook that compares nothing adds nothing
+    assert got == ["grad:no_grad", "scheduler:euler@25", "deepcache:3"]  # a bad key is the notebook's to report; a
+    # notebook that compares nothing adds nothing
 
 
 def _probe_at(speedup: float):
@@ -78,15 +79,14 @@ def test_a_search_precision_over_the_half_budget_is_not_measured_up_front(smoke,
     asked = []
     probe = _probe_at(speedup)
     monkeypatch.setattr(half_budget, "probe", lambda study, dtype: asked.append(dtype) or probe(study, dtype))
-    search = replace(smoke, variant_budget_s=100.0,
-                     notebooks={"10_ladder": {"search_unets": ["precision:bfloat16", "deepcache:3"],
-                                              "check_method": False}})
+    search = replace(smoke, variant_budget_s=100.0, techniques=("precision:bfloat16", "deepcache:3"),
+                     notebooks={"10_ladder": {"check_method": False}})
     got = [c.stack for c in prefetch.plan(search, ["10_ladder"])]
     # fp32 takes 1 s per generation; smoke times 3 rounds x 4 generations: 400 s at 0.03x, 12 s at 1x
     assert got == (["precision:bfloat16", "deepcache:3"] if kept else ["deepcache:3"])
     assert asked == ["bfloat16"]
     asked.clear()  # a search without a precision asks for no probe (no pipeline built before the run)
-    plain = replace(search, notebooks={"10_ladder": {"search_unets": ["deepcache:3"], "check_method": False}})
+    plain = replace(search, techniques=("deepcache:3",))
     assert [c.stack for c in prefetch.plan(plain, ["10_ladder"])] == ["deepcache:3"] and asked == []
 
 
@@ -115,24 +115,23 @@ def test_the_search_leaves_out_what_the_half_budget_skips(smoke, monkeypatch):
     assert any(s.startswith("precision:bfloat16: left out of the search, skipped: one UNet block") for s in said)
 
 
-def test_a_notebook_can_list_its_keys_in_more_than_one_parameter(smoke):
-    """07 compares its UNet engines (`engines`) and, apart, the stages around the loop (`stage_engines`)."""
-    assert prefetch.KEY_LISTS["07_engine_export"] == ("engines", "stage_engines")
-    defaults = [c.stack for c in prefetch.plan(smoke, ["07_engine_export"])]
-    assert defaults == ["engine:openvino-f32", "engine:tensorrt-fp16", "stages:openvino-int8w"]  # engines, then stages
-    odd = replace(smoke, notebooks={"07_engine_export": {"engines": ["engine:openvino-f32"],
-                                                         "stage_engines": ["stages:openvino-int8w", "stages:nope"]}})
+def test_a_notebook_compares_the_profiles_techniques_it_owns_whatever_its_parameters_are_called(smoke):
+    """07 compares its UNet engines and, apart, the stages around the loop: both are its own keys in the profile's
+    one list, found by their catalog records, not by the notebook's parameter names."""
+    assert [c.stack for c in prefetch.plan(smoke, ["07_engine_export"])] == \
+        [k for k in smoke.techniques if k.startswith(("engine:", "stages:"))]
+    odd = replace(smoke, techniques=("engine:openvino-f32", "tome:0.5", "stages:openvino-int8w", "stages:nope"))
     assert [c.stack for c in prefetch.plan(odd, ["07_engine_export"])] == ["engine:openvino-f32",
                                                                            "stages:openvino-int8w"]
+    assert [c.stack for c in prefetch.plan(odd, ["03_attention"])] == ["tome:0.5"]
 
 
 def test_the_notebooks_read_back_what_the_run_measured_up_front(smoke, scratch_reports, monkeypatch):
     monkeypatch.setenv("SDPERF_RUN_ID", "run-prefetch")
     machine = SlowingMachine(COSTS, drift=0.01)
-    full = replace(smoke, notebooks={  # cpu-full's lists: every grad mode, three schedulers
-        "02_inference_mode": {"variants": ["grad:inference_mode", "grad:no_grad", "grad:grad",
-                                           "grad:grad+parameters:trainable"]},
-        "09_fewer_steps": {"variants": ["scheduler:dpmpp-2m@20", "scheduler:euler@25", "scheduler:plms@25"]}})
+    full = replace(smoke, techniques=(  # cpu-full's: every grad mode, three schedulers in processes of their own
+        "grad:inference_mode", "grad:no_grad", "grad:grad", "grad:grad+parameters:trainable", "scheduler:dpmpp-2m@20",
+        "scheduler:euler@25", "scheduler:plms@25", "deepcache:3"), notebooks={"09_fewer_steps": {"own_processes": 3}})
     prefetch.run(full, ["02_inference_mode", "09_fewer_steps"], launcher=machine, say=lambda _m: None)
     up_front = len(machine.launched)
     configs = 8 + 1  # 02's four and 09's four (three schedulers, DeepCache), and the twin
@@ -176,8 +175,8 @@ def test_07s_batch_sweep_is_measured_up_front_where_00_finds_its_batches_too(smo
         one = 1.1 + b * gens * 1.0
         return (R + 1) * one + R * (one + 1.1 + b * gens * 0.5)
     budget = (estimate(2) + estimate(4)) / 2  # batch 2 fits, batch 4 does not
-    profile = replace(smoke, notebooks={"07_engine_export": {"engines": engines, "sweep_batch_sizes": [1, 2, 4],
-                                                             "sweep_budget_s": budget, "stage_engines": stages}})
+    profile = replace(smoke, techniques=tuple(engines + stages),
+                      notebooks={"07_engine_export": {"sweep_batch_sizes": [1, 2, 4], "sweep_budget_s": budget}})
     prefetch.run(profile, ["00_baseline", "07_engine_export"], launcher=machine, say=lambda _m: None)
     at = {b: [s for s, bb in machine.launched if bb == b] for b in (1, 2, 4)}
     assert at[4] == [] and at[2].count("engine:openvino-f32") == R  # the fastest engine that keeps the latents

@@ -218,29 +218,28 @@ def test_the_answer_says_when_no_stack_met_the_budget():
     assert no_admissible_sentence(pd.concat([rows, pd.DataFrame([best])])) is None
 
 
-@pytest.mark.parametrize("name", ["cpu", "cpu-full"])
-def test_the_cpu_profiles_judge_every_lossy_part_of_their_search_in_12s_table(name):
-    """10's search and 12's table share quality rows by key: every lossy part the search combines is one of 12's
-    keys. cpu-full's keys are the library's default list (every lossy technique of the catalog, judged alone: issue
-    31); the hour's cpu judges a subset of them, each lossy part it measures stand-alone among it."""
+@pytest.mark.parametrize("name", ["cpu", "cpu-full", "smoke"])
+def test_one_list_gives_every_notebook_its_keys_and_12_judges_every_lossy_one(name):
+    """A profile names each technique once; 10 searches and 12 judges from the same list, so every lossy part the
+    search combines and every lossy key a notebook measures stand-alone is judged; cpu-full judges every lossy
+    technique the catalog declares."""
     from sdperf.optimizations import catalog
     from sdperf.config.profiles import load_profile
-    from sdperf.judge.techniques import DEFAULT_KEYS
     from sdperf.run import prefetch
-    from sdperf.run.runner import notebook_parameters
+    from sdperf.select.stack_search import UNET_FAMILIES
 
     prof = load_profile(name, check_runtime=False)
-    search, table = notebook_parameters(prof, "10_ladder"), notebook_parameters(prof, "12_fid_clip")
-    parts = search["search_unets"] + search["search_schedulers"] + search["search_stages"]
-    lossy = {k for k in parts if catalog.get(k).changes_output}
-    assert lossy <= set(table["technique_keys"]) <= set(DEFAULT_KEYS)
-    measured = {k for nb in prefetch.KEY_LISTS for k in prefetch.listed(nb, prefetch.parameters(nb, prof))}
-    unjudged = {k for k in measured if catalog.Stack.of(k).changes_output} - set(table["technique_keys"])
+    judged = set(catalog.among(prof.techniques, lossy=True))
+    parts = catalog.among(prof.techniques, None, UNET_FAMILIES) + catalog.among(prof.techniques, None, (catalog.STAGES,))
+    assert {k for k in parts if catalog.Stack.of(k).changes_output} <= judged
+    owners = {catalog.Stack.of(k).techniques[0].notebook for k in prof.techniques}
+    measured = {k for nb in owners - {prefetch.PRECISION_NOTEBOOK}
+                for k in prefetch.keys_of(nb, prefetch.parameters(nb, prof), prof)}
+    unjudged = {k for k in measured if catalog.Stack.of(k).changes_output} - judged
     assert not unjudged, f"{name}: lossy techniques measured stand-alone but never judged: {unjudged}"
     if name == "cpu-full":
-        assert list(table["technique_keys"]) == list(DEFAULT_KEYS)
-        missing = [k for k in catalog.keys() if catalog.get(k).changes_output and k not in DEFAULT_KEYS]
-        assert not missing, f"lossy techniques 12 would never judge: {missing}"  # issue 31: every one, alone
+        missing = [k for k in catalog.keys() if catalog.get(k).changes_output and k not in judged]
+        assert not missing, f"lossy techniques 12 would never judge: {missing}"
 
 
 def test_an_eager_candidate_divides_each_baseline_worker_by_itself():

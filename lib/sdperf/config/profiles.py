@@ -64,6 +64,10 @@ class Profile:
     # random weights they measure trajectories, not quality, and cost ~7 minutes of SD 1.5 on 2 cores
     scheduler_drift: bool = True
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The catalog keys (or '+'-joined stacks) this profile studies, each once: a notebook compares those it owns
+    # (Technique.notebook), 10 searches their families, 12 judges those that change the output
+    # (sdperf.optimizations.catalog.among); checked against the catalog before anything runs (sdperf.run.plan)
+    techniques: tuple[str, ...] = field(default_factory=tuple)
     # Settings of the studies beyond the inference ladder, one mapping each; the package that owns a section
     # validates its keys (sdperf.training / sdperf.quality / sdperf.serving), before any model is built.
     training: dict = field(default_factory=dict)
@@ -419,8 +423,14 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
     notes = raw.get("notes") or []
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise ConfigError(f"profile {name!r}: notes must be a list of strings, got {short(raw.get('notes'))}")
+    techniques = raw.get("techniques") or []
+    if not isinstance(techniques, list) or not all(isinstance(k, str) and k for k in techniques):
+        raise ConfigError(f"profile {name!r}: techniques must be a list of catalog keys, got {short(techniques)}")
+    twice = sorted({k for k in techniques if techniques.count(k) > 1})
+    if twice:
+        raise ConfigError(f"profile {name!r}: techniques names {_choices(twice)} more than once; name each key once")
     if check_runtime:
         check_device(name, raw["device"], raw["dtype"])
     values = dict(raw, name=name, batch_sizes=tuple(sizes), guidance_scale=float(raw["guidance_scale"]),
-                  notes=tuple(notes))
+                  notes=tuple(notes), techniques=tuple(techniques))
     return Profile(**values)

@@ -138,7 +138,7 @@ KERNEL_PEAK_METHOD = "ru_maxrss of the notebook's own kernel process, read once 
 
 def record_kernel_peak(study: Study) -> float:
     """This kernel's own peak RSS in MiB, recorded: beside the workers' process peaks it shows what the notebook
-    held (issue 32: a kernel holding a pipeline while its worker built another was killed for memory). Called last,
+    held (a kernel holding a pipeline while its worker built another was killed for memory). Called last,
     after the kernel's one pipeline served the parameter and FLOP counts."""
     import resource
 

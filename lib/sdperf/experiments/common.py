@@ -1,13 +1,24 @@
-"""Pieces several run_variants notebooks share: the profile's precision as a key prefix, each configuration's
-facts as a table, the baseline's own processes, and the speed/memory figure."""
+"""Pieces several run_variants notebooks share: the keys a notebook compares, the profile's precision as a key
+prefix, each configuration's facts as a table, the baseline's own processes, and the speed/memory figure."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from sdperf.config.profiles import load_profile
 from sdperf.measure.comparison import BASELINE, Comparison
+from sdperf.optimizations import catalog
 from sdperf.store.plots import speedup_bars
 from sdperf.measure.study import Study
+
+
+def profile_keys(profile: str | None, given: list | None, notebook: str | None, *families: str,
+                 lossy: bool | None = None) -> list[str]:
+    """The keys a notebook compares: `given` when a caller set them (papermill -p, JupyterLab), else those of the
+    profile's one technique list that `notebook` owns, of `families` (sdperf.optimizations.catalog.among)."""
+    if given is not None:
+        return list(given)
+    return catalog.among(load_profile(profile, check_runtime=False).techniques, notebook, families, lossy)
 
 
 def at_dtype(study: Study, key: str) -> str:

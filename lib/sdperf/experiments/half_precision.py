@@ -19,6 +19,7 @@ from sdperf.core.environment import cpu_isa
 from sdperf.experiments.common import interpolated, methods_text, rounds_n
 from sdperf.measure.measurements import unet_flops
 from sdperf.optimizations import half_precision
+from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Stack
 from sdperf.measure.roofline import ACHIEVED_METHOD, ROOF_METHOD, achieved, fit_size, matmul_call, matmul_peak
 from sdperf.measure.study import Study
@@ -53,13 +54,14 @@ def _block_only(study: Study, probe: half_budget.Probe, reason: str) -> dict:
 
 
 def compare_precisions(study: Study) -> tuple[pd.DataFrame, Comparison]:
-    """Each half precision against fp32 (run_variants), unless one UNet block says its generations would overrun
+    """Each half precision of the profile's techniques against fp32 (run_variants), unless one UNet block says its generations would overrun
     the budget (sdperf.measure.half_budget): then the block's ratio is recorded and the precision skipped. The table has
     a `dtype` column."""
     p = study.profile
     generations = p.warmup + p.repeats  # one round's worker process; the budget bounds each process
     items, skipped = [], []
-    for dtype in VARIANTS:
+    for key in catalog.among(p.techniques, half_precision.NOTEBOOK):
+        dtype = Stack.of(key).dtype
         ok, _ = half_precision.availability(study.device, dtype)
         if ok:  # one that cannot run here is recorded as not applicable by run_variants, with its reason
             probe = half_budget.probe(study, dtype)
@@ -68,7 +70,7 @@ def compare_precisions(study: Study) -> tuple[pd.DataFrame, Comparison]:
             if why:
                 skipped.append(_block_only(study, probe, why))
                 continue
-        items.append((name(dtype), f"precision:{dtype}"))
+        items.append((name(dtype), key))
     cmp = run_variants(study, items)
     table = pd.concat([cmp.table, pd.DataFrame(skipped)], ignore_index=True)
     table.insert(2, "dtype", [Stack.of(k).dtype for k in table.key])

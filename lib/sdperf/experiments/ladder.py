@@ -110,8 +110,8 @@ def plan(study: Study, name: str, keys, skips: dict[str, str] | None = None) -> 
 
 # The ratio a candidate is chosen and ranked by: per image at the seeds' 50 PLMS steps (standalone's seed_speedup), the
 # unit of every headline and finding. Per image at the profile's 2 timed steps the text encoder and VAE decode weigh
-# 17x more: at 8001efb the stage engines read 1.07x [1.06-1.08] "faster" there and 1.04x [0.97-1.04] within noise at
-# 50 steps, entered the best order, and its rung came out 0.69x over the rung below.
+# 17x more: a stage engine can read faster there and within noise at 50 steps, and a rung chosen so can come out
+# slower than the rung below it.
 RANK = "seed_speedup"
 
 

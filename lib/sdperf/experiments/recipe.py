@@ -26,7 +26,7 @@ from sdperf.experiments.ladder import RANK
 from sdperf.core import tables
 
 BEST, LOSSLESS = scenarios.BEST_STACK, scenarios.LOSSLESS_STACK
-ROOF_GOAL_SHARE = 0.8  # issue 15: the int8 executor's per-step gain should reach 80% of the int8-vs-fp32 roof ratio
+ROOF_GOAL_SHARE = 0.8  # the int8 executor's per-step gain should reach 80% of the int8-vs-fp32 roof ratio
 TABLE_COLUMNS = ["key", "speedup", "speedup_lo", "speedup_hi", "speed_verdict", "s_per_image", "unet_calls",
                  "admissible", "why", "judged_as", "quality_verdict", "adherence_delta", "adherence_delta_lo", "adherence_delta_hi",
                  "fid_delta", "fid_delta_lo", "fid_delta_hi"]
@@ -131,7 +131,7 @@ def verify(study: Study, chosen: dict[str, str], say: Callable[[str], None] = pr
 
 def roof_ratio(study: Study) -> dict | None:
     """This CPU's int8-vs-fp32 GEMM roof ratio as 08 recorded it this run: the engine's own kernels, int8 (u8s8)
-    MatMul GOP/s over its f32 MatMul GOP/s at the same size (issue 15: "with the engine's own kernels"; torch.mm's
+    MatMul GOP/s over its f32 MatMul GOP/s at the same size ("with the engine's own kernels"; torch.mm's
     fp32 is another library's kernel), or None when 08 has not measured it here."""
     rows = study.recorder.current()
     if rows.empty or "metric" not in rows:

@@ -1,4 +1,4 @@
-"""Controls that every quality run carries, so the budget itself is tested each time (issue 31).
+"""Controls that every quality run carries, so the budget itself is tested each time.
 
 A budget that reads "within" for everything proves nothing; one that reads "over" for an identical twin is broken.
 So each run judges, beside the techniques and by the same code:

@@ -1,4 +1,4 @@
-"""The converged fp32 solve: what every technique's quality on the reference model is judged against (issue 31).
+"""The converged fp32 solve: what every technique's quality on the reference model is judged against.
 
 A sampler's picture is a numerical solution of the model's probability-flow ODE from the image's noise; fp32
 PLMS at 50 steps (the seeds' setting) is one such solve, and at guidance 7.5 on the reference model not a converged
@@ -8,7 +8,7 @@ convergence, from where the noise is: DPM-Solver++(2M) on Karras et al.'s noise 
 is at the last training timestep (t=999) and whose last at the first (t=0), whatever the model's scheduler config
 says. The SD 1.5 config's leading spacing would start it below (t=951 at 25 and 50 steps, t=801 at 200) and end it
 above (t=39 at 25), and a solve that never starts at the noise's level cannot converge to the solution from it,
-however many steps it takes (issue 60). Uniform trailing spacing starts at t=999 but leaves its last step from
+however many steps it takes. Uniform trailing spacing starts at t=999 but leaves its last step from
 t=1000/N to 0, an error that shrinks only as fast as that step: on the reference model it needed 100 steps where
 Karras's levels need 25.
 
@@ -20,7 +20,7 @@ distance from the same solve:
   first timestep) lands within that of the solve at N. Doubling alone is fooled by a start or an end both solves
   share; a solver of another family on its own fine grid is not.
 Both are stored with their numbers (`Convergence.rows`), so a reader sees why N is enough, and so is the distance of
-FORMER (the study's reference before issue 60) to the independent solve.
+FORMER (the study's earlier reference, the model's leading spacing) to the independent solve.
 
 Solves are pure functions of the model's files, the captions, the noise seeds, the guidance, the solver and its
 steps: they are cached on disk under a key of exactly those (`Solver.key`), one file per chunk of CHUNK images, so
@@ -42,9 +42,9 @@ from sdperf.model.pipelines import sampler_key, timestep_span
 SOLVER = "dpmpp-2m:karras"  # the converged solve's sampler (sdperf.model.pipelines.parse_sampler): t 999 -> 0
 INDEPENDENT = "euler:trailing"  # the independent leg's sampler: another family and grid, the same first timestep
 INDEPENDENT_STEPS = 400  # its steps where a profile names none (quality.reference_independent_steps)
-FORMER = ("dpmpp-2m", 25)  # the reference until issue 60: the model's leading spacing, from t=951
+FORMER = ("dpmpp-2m", 25)  # the earlier reference: the model's leading spacing, from t=951
 LADDER = (25, 50, 100, 200, 400)  # step counts tried in turn; each is checked against its double
-SHARE = 0.05  # each check must land within 5% of the fastest candidate's distance (issue 31)
+SHARE = 0.05  # each check must land within 5% of the fastest candidate's distance
 CHECK_IMAGES = 64  # captions the convergence check solves at every count (the judged set's first ones)
 CHUNK = 64  # images per cache file
 CALLS = "one unpadded call per chunk"  # how a chunk is rendered: part of its key (batch size moves the last bits)

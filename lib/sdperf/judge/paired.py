@@ -29,7 +29,7 @@ from sdperf.refmodel import domain_quality
 
 ADHERENCE_BUDGET = 0.01  # at most 1 point of adherence (and of soft adherence) lost against the converged solve
 DISTANCE_BUDGET_REL = 0.10  # FID / KID may rise at most 10% of the converged images' own distance to the real renders
-HALF_WIDTH_GOAL = 0.005  # issue 31: n large enough that the adherence interval's half-width is at most 0.5 point
+HALF_WIDTH_GOAL = 0.005  # n large enough that the adherence interval's half-width is at most 0.5 point
 N_DISTANCE_RESAMPLES = 200
 WITHIN, OVER, UNDECIDED = "within budget", "over budget", "undecided"
 DECIDING = ("adherence", "soft_adherence", "fid", "kid")

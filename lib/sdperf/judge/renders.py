@@ -1,4 +1,4 @@
-"""A judged technique's renders on the reference model, cached on disk across runs of one machine (issue 33).
+"""A judged technique's renders on the reference model, cached on disk across runs of one machine.
 
 Judging a technique against the converged solve (sdperf.judge.techniques) renders its images batch by batch,
 and on a 2-core CPU that is most of 10's and 12's time. A batch's latents and images are a pure function of what

@@ -1,5 +1,5 @@
 """What each catalog technique costs in quality on the trained reference model, judged against the converged fp32
-solve of the same captions and noise, alone and stacked, with controls (issue 31).
+solve of the same captions and noise, alone and stacked, with controls.
 
 Random weights cannot say what int8, fewer steps, DeepCache or token merging do to a picture; the reference model
 can. The reference is not fp32 PLMS-50 (the seeds' setting, itself a poor solve at guidance 7.5) but the same fp32
@@ -62,21 +62,6 @@ MEASURES = (  # (metric, table column, its interval's columns or None, unit)
     ("reference_kid_delta", "kid_delta", ("kid_delta_lo", "kid_delta_hi"), ""),
     ("reference_kid_margin", "kid_margin", None, ""),
 )
-DEFAULT_KEYS = (
-    "precision:float16", "precision:bfloat16", "compile:default", "engine:onnxruntime-fp32", "engine:openvino-f32",
-    "int8:openvino-nncf-weights", "int8:openvino-nncf-ptq", "int8:openvino-nncf-hybrid", "int8:torch-ao-dynamic",
-    "attention:sliced:max", *(f"scheduler:{s}@{n}" for s in ("dpmpp-2m", "euler") for n in (10, 15, 20, 25)),
-    *(f"scheduler:unipc@{n}" for n in (10, 15, 20)),
-    # the spacing as a technique: from t=999 (trailing, Karras's levels) against the model's leading spacing
-    "scheduler:euler@6", "scheduler:euler@6:trailing", "scheduler:euler@8:trailing", "scheduler:euler@10:trailing",
-    "scheduler:dpmpp-2m@8:karras", "scheduler:dpmpp-2m@10:karras", "scheduler:dpmpp-2m@10:trailing",
-    "deepcache:2", "deepcache:3", "deepcache:5", "tome:0.3", "tome:0.5", "stages:openvino-int8w",
-    # every other technique the catalog declares lossy, so the table is whole (issue 31): where one cannot run here
-    # its rows say why (not applicable), where it is too slow here they say so (skipped, OverBudget)
-    "int8:openvino-nncf-ptq-sq", "int8:openvino-nncf-ptq-wide", "int8:openvino-nncf-ptq-mixed",
-    "int8:torchao-int8-dynamic", "engine:openvino-default", "engine:openvino-default-static", "engine:openvino-bf16",
-    "engine:openvino-bf16-static", "engine:openvino-f16", "engine:openvino-f16-static", "engine:tensorrt-fp16",
-    "deepspeed:inject", "deepspeed:inject-clip-adapter", "scheduler:ddim@25", "scheduler:plms@25")
 
 
 @dataclass(frozen=True)
@@ -368,7 +353,7 @@ CACHED = ("of the row's images, those read back from the render cache of an earl
           "(sdperf.judge.renders: same model, technique code, libraries, captions and noise); the rest were "
           "rendered in this run; controls are always rendered")
 CONVERGENCE = "converged reference"
-FORMER = "former reference"  # the study's reference before issue 60, measured against the independent solve
+FORMER = "former reference"  # the study's earlier reference, measured against the independent solve
 
 
 def _scenario(key: str, guidance: float) -> str:
@@ -597,7 +582,7 @@ def convergence_sentence(rows: pd.DataFrame) -> str | None:
     head = f"The reference: {r.key.split(':', 1)[1]}{span} at guidance {r.guidance:g}"
     double = (f"doubling its steps moves its final latents by {float(r.moved_mse):.2e} (MSE), {float(r.share):.1%} "
               f"of {fastest}'s distance")
-    if pd.isna(r.independent_share):  # rows of a run before issue 60: doubling was its only check
+    if pd.isna(r.independent_share):  # rows of a run without the independent solve: doubling was its only check
         return f"{head}, checked by doubling only: {double}; these rows hold no independent solve."
     independent = notes.get("convergence_independent_mse", "").split(" against ")[-1] or "an independent solver"
     text = (f"{head}, {'converged' if len(chosen) else 'NOT converged, so no stack is admitted'}: {double}; the "

@@ -4,8 +4,8 @@ each as a new interpreter.
 An allocator is chosen before a process starts (LD_PRELOAD, glibc's MALLOC_* variables:
 sdperf.optimizations.allocator), so a rounds run that compares one used to start every worker, the fp32 baseline's
 too, as a new interpreter, and each paid the imports again: 7.4 s of torch, diffusers and transformers per worker
-on cpu, for the 27 workers of the cpu profile's 10_ladder at 524c39a (its allocator rung, its ladder and its stack
-search); since 8001efb the rung is part of the rounds up front, whose 55 workers then all start from these servers.
+on cpu, for every worker of the cpu profile's 10_ladder (its allocator rung, its ladder and its stack search); the
+rung is part of the rounds up front, whose workers then all start from these servers.
 Here each setting gets a fork server of its own, started as a new interpreter under that setting's environment
 and importing what every worker needs (sdperf.measure.rounds.PRELOAD), as the study's default fork server does.
 A worker forked from it runs under its allocator from its first instruction (the library is mapped, glibc read

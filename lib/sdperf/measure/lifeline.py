@@ -1,4 +1,4 @@
-"""No worker outlives the process that launched it, and a death says why (issue 32).
+"""No worker outlives the process that launched it, and a death says why.
 
 Why. An SDXL notebook's kernel was OOM-killed while its fresh-process worker built a pipeline; `sdperf run` exited,
 and the worker and its fork server ran on for minutes, orphaned, at 14 GB RSS, beside whatever ran next. So:

@@ -1,7 +1,7 @@
 """Will a configuration fit in this machine's memory? Its worker's peak, estimated before anything is built, against
 the memory available now.
 
-Why. An SDXL profile on a 24 GB machine (issue 32) ended as `DeadKernelError: Kernel died`: the system's OOM
+Why. An SDXL profile on a 24 GB machine ended as `DeadKernelError: Kernel died`: the system's OOM
 killer killed the notebook's kernel while its worker built a second pipeline, and nothing said so. A configuration
 that cannot fit is now a `skipped` row that names its estimate and the memory available, decided in the launching
 process before a worker starts.

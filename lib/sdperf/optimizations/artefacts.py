@@ -157,7 +157,7 @@ def origin(facts: dict, hit: bool, made: str = "converted") -> str:
 def weights_digest(module: torch.nn.Module) -> str:
     """sha256 over every tensor's name, shape, dtype and bytes: equal weights give equal digests, any other weights
     a different one. One pass over the bytes (1.95 s for SD 1.5's UNet on the 2-core EPYC, where sums and sums of
-    squares in float64 took 4.7 s), paid by every worker that looks up an engine (issue 33)."""
+    squares in float64 took 4.7 s), paid by every worker that looks up an engine."""
     h = hashlib.sha256()
     with torch.no_grad():
         for name, t in module.state_dict().items():

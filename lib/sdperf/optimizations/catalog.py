@@ -198,6 +198,24 @@ def get(key: str) -> Technique:
                       + (f"; parametric: {', '.join(p + ':<...>' for p in _prefixes())}" if _prefixes() else ""))
 
 
+def among(techniques, notebook: str | None = None, families=(), lossy: bool | None = None) -> list[str]:
+    """The keys of a profile's technique list (Profile.techniques) that belong to `notebook` (a stack: its first
+    key's), of one of `families`, changing the output or not (`lossy`), in the list's order: how each notebook, the
+    stack search and the judge find their keys in the one list a profile keeps."""
+    out = []
+    for key in techniques:
+        stack = Stack.of(key)
+        first = stack.techniques[0] if stack.techniques else None
+        if first is None or (notebook is not None and first.notebook != notebook):
+            continue
+        if families and first.family not in families:
+            continue
+        if lossy is not None and stack.changes_output != lossy:
+            continue
+        out.append(key)
+    return out
+
+
 def split(stack_key: str) -> tuple[str, ...]:
     """'engine:openvino-f32+scheduler:dpmpp-2m@20' -> its keys; the baseline key is the empty stack."""
     if stack_key in ("", BASELINE_KEY):

@@ -22,6 +22,19 @@ def check_sections(profile: Profile) -> None:
 
     for check in (training, quality, serving):
         check(profile)
+    check_techniques(profile)
+
+
+def check_techniques(profile: Profile) -> None:
+    """Every entry of the profile's technique list is a catalog key or a valid stack of them, so a typo fails here,
+    naming the valid keys, instead of in the notebook that would have compared it."""
+    from sdperf.optimizations import catalog
+
+    for key in profile.techniques:
+        try:
+            catalog.Stack.of(key)
+        except ConfigError as exc:
+            raise ConfigError(f"profile {profile.name!r}: techniques: {exc}") from None
 
 
 def notebook_names(notebooks_dir: Path | None = None) -> list[str]:

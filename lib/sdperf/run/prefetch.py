@@ -33,20 +33,13 @@ from sdperf.run.plan import notebook_parameters
 
 EVERY = 13  # configurations between two baselines inside a round (~2.7 min of processes on cpu; cpu's 23 configurations
 #            and the twin make 24, two chunks of 12 as with 12; 13 leaves room for one more without a third chunk)
-# notebook -> its parameter listing the catalog keys it compares stand-alone, or a tuple of such parameters (07
-# compares its UNet engines and, apart, the engines of the stages around the loop)
-KEY_LISTS = {"02_inference_mode": "variants", "03_attention": ("variants", "merging"), "04_torch_compile": "variants",
-             "07_engine_export": ("engines", "stage_engines"), "08_quantization": "schemes",
-             "09_fewer_steps": ("variants", "caching")}
-# 10's stack search reads its parts stand-alone: those its owners do not list are measured up front here too
-SEARCH_LISTS = ("search_unets", "search_stages")
-# 10's allocator rung (fp32 eager under each listed allocator) joins them: its workers fork from a server started under
-# their allocator (sdperf.measure.allocator_servers), and so do the other workers of a schedule holding one. Measured
-# in its own rounds, the rung paid four fp32 baselines of its own (160 s of 10's 965 s on the EPYC at 18b2c47, 3 of its 7
-# workers its configuration's); here it shares the schedule's baselines. An allocator key elsewhere is the notebook's
-# error to report, not measured up front.
-ALLOCATOR_LIST = "allocators"
+# 09 times its first `own_processes` schedulers in processes of their own and prices the rest from the baseline's
+# workers; 10's allocator rung (fp32 eager under each allocator) forks its workers from a server started under their
+# allocator (sdperf.measure.allocator_servers), and so do the other workers of a schedule holding one, so the rung
+# shares the schedule's baselines instead of paying its own.
+OWN_PROCESSES = "own_processes"
 COMPILE_NOTEBOOK, PRECISION_NOTEBOOK, LADDER_NOTEBOOK = "04_torch_compile", "01_half_precision", "10_ladder"
+STEPS_NOTEBOOK, DEEPSPEED_NOTEBOOK = "09_fewer_steps", "06_deepspeed"
 ENGINE_NOTEBOOK = "07_engine_export"
 
 
@@ -73,7 +66,8 @@ def _study(profile: Profile):
     from sdperf.core import environment as env
     from sdperf.measure.study import Study
 
-    return Study(notebook="prefetch", profile=profile, env=env.record(profile.name, profile.device), recorder=None)
+    return Study(notebook="prefetch", profile=profile, env=env.record(profile.name, profile.device, catalog.packages()),
+                 recorder=None)
 
 
 def _trim_heap() -> None:
@@ -99,7 +93,7 @@ def _half_precisions(profile: Profile) -> list[str]:
 
     study = _study(profile)
     ctx, out = Context(profile), []
-    for key in catalog.keys(notebook=PRECISION_NOTEBOOK, family=catalog.PRECISION):
+    for key in catalog.among(profile.techniques, PRECISION_NOTEBOOK, (catalog.PRECISION,)):
         t = catalog.get(key)
         if not t.availability(ctx)[0]:
             continue
@@ -110,27 +104,35 @@ def _half_precisions(profile: Profile) -> list[str]:
     return out
 
 
-def listed(name: str, params: dict) -> list[str]:
-    """The keys notebook `name`'s key-list parameter(s) (KEY_LISTS) hold in `params`, in parameter order."""
-    lists = KEY_LISTS[name]
-    return [k for p in ((lists,) if isinstance(lists, str) else lists) for k in (params.get(p) or [])]
-
-
 def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
-    """The catalog keys notebook `name` compares stand-alone at batch 1 when run with `params` (valid keys only:
-    a bad one is the notebook's own error to report)."""
-    if name in KEY_LISTS:
-        wanted = listed(name, params)
-    elif name == PRECISION_NOTEBOOK:
+    """The catalog keys notebook `name` compares stand-alone at batch 1 when run with `params`: the profile's
+    techniques it owns (sdperf.optimizations.catalog.among), whatever its parameters are called; 10 also reads the
+    parts of its search. Valid keys only: a bad one is the notebook's own error to report."""
+    from sdperf.select.stack_search import UNET_FAMILIES
+
+    def valid(key):
+        try:
+            return bool(Stack.of(key))
+        except (ConfigError, ValueError, KeyError):
+            return False
+
+    keys = [k for k in profile.techniques if valid(k)]
+
+    def among(notebook, *families):
+        return catalog.among(keys, notebook, families)
+
+    if name == PRECISION_NOTEBOOK:
         wanted = _half_precisions(profile)
-    elif name == "06_deepspeed":
-        wanted = catalog.keys(notebook=name)
+    elif name == DEEPSPEED_NOTEBOOK:
+        wanted = catalog.keys(notebook=name)  # 06 probes every DeepSpeed key the catalog declares
+    elif name == STEPS_NOTEBOOK:
+        wanted = among(name, catalog.SCHEDULER)[:int(params.get(OWN_PROCESSES) or 1)] + among(name, catalog.CACHING)
     elif name == LADDER_NOTEBOOK:
-        wanted = [k for p in SEARCH_LISTS for k in (params.get(p) or [])] + list(params.get(ALLOCATOR_LIST) or [])
+        wanted = among(None, *UNET_FAMILIES) + among(None, catalog.STAGES) + among(None, catalog.ALLOCATOR)
         if params.get("check_method", True):
             wanted += catalog.keys(notebook=name, family=catalog.CALIBRATION)
     else:
-        wanted = []
+        wanted = among(name)
     out = []
     for key in wanted:
         try:

@@ -16,7 +16,7 @@ the profile scheduler's (PLMS), measured: under a millisecond next to a UNet cal
 cannot see (two engines sharing the caches of one process, an allocator) is why the chosen stacks are then
 measured whole, in rounds of their own, and only those measurements make the headline.
 
-How a candidate's quality is known (issue 31: iso-quality a reviewer can defend). Every judgement is against the
+How a candidate's quality is known (iso-quality a reviewer can defend). Every judgement is against the
 converged fp32 solve of the same captions and noise on the trained reference model (sdperf.judge.techniques,
 sdperf.judge.paired: adherence and soft adherence within 1 point, FID and KID where they resolve their margin).
 A candidate's sampler is one of its parts: its scheduler, or fp32 PLMS at the seeds' 50 steps when it names none.

@@ -3,7 +3,7 @@ the same places.
 
 Why. A fresh `make study` or `.ci/run` starts with the install, and on a 2-core machine pip spent about two
 minutes of it (123 s on a fresh clone, 2026-11-29), most of it unpacking the CUDA build of torch and its NVIDIA
-libraries one file at a time; uv unpacks in parallel and byte-compiles on every core (issue 33: the hour's study
+libraries one file at a time; uv unpacks in parallel and byte-compiles on every core (the hour's study
 and the ten-minute `make test` both pay it). uv does not read pip's configuration, so this module turns what
 `pip config list` says (the indexes, find-links, constraints, certificate, from pip.conf and from PIP_* variables)
 into uv's options: a machine whose pip finds torch on a local index finds it there with uv too.
