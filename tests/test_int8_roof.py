@@ -2,6 +2,7 @@
 f32 computes the plain one, and each executor is measured against the roof of the precision it computes in."""
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,6 +12,8 @@ import pytest
 from sdperf.core import environment
 from sdperf.measure import roofline
 from sdperf.experiments import quantization as qx
+from sdperf.optimizations import catalog, openvino_engine
+from sdperf.optimizations import quantization as opt
 
 SIZE = 256
 
@@ -91,6 +94,8 @@ def test_bad_arguments_name_the_valid_ones():
 @pytest.mark.parametrize("key,roof", [
     ("int8:openvino-nncf-ptq", qx.OV_INT8),        # int8 activations and weights: the u8s8 kernel
     ("int8:openvino-nncf-weights", qx.OV_F32),     # int8 weights decompressed: f32 compute
+    ("int8:openvino-nncf-ptq-sq", qx.OV_INT8),     # PTQ with smoothed activations: still int8 x int8
+    ("int8:openvino-nncf-ptq-mixed", qx.OV_INT8),  # PTQ with a few layers in float: the rest int8 x int8
     ("int8:torch-ao-dynamic", "quantized linear_dynamic"),
     ("fp32-eager", qx.FP32_ROOF),
     ("engine:openvino-f32-static", qx.OV_F32),
@@ -99,6 +104,34 @@ def test_bad_arguments_name_the_valid_ones():
 ])
 def test_each_executor_gets_the_roof_of_its_precision(key, roof):
     assert qx.roof_kernel(key) == roof
+
+
+INT8_KEYS = [k for k in catalog.keys() if k.startswith("int8:")]
+# every roof 08's int8_roofs measures (OpenVINO's on a CPU)
+MEASURED = {qx.FP32_ROOF, opt.INT_MM, opt.LINEAR_DYNAMIC, *openvino_engine.ROOFS.values()}
+
+
+@pytest.mark.parametrize("key", INT8_KEYS)
+def test_every_int8_scheme_is_held_against_the_measured_roof_its_record_names(key):
+    assert len(INT8_KEYS) == len(opt.SCHEMES)
+    assert qx.roof_kernel(key) == catalog.get(key).roof_kernel == opt.SCHEMES[qx.scheme(key)].roof_kernel
+    assert qx.roof_kernel(key) in MEASURED
+
+
+def test_notebook_08_runs_ptq_alternatives_on_smoke():
+    """nbval runs 08 on the smoke profile, whose schemes are its techniques of 08: two of them are calibrated PTQ
+    alternatives, so the notebook's availability, comparison and roofline cells run on them whole."""
+    from sdperf.config.profiles import load_profile
+    from sdperf.experiments.common import profile_keys
+
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "08_quantization.ipynb"
+    import nbformat
+
+    code = "\n".join(c.source for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code")
+    assert 'profile_keys(profile, schemes, "08_quantization")' in code
+    schemes = profile_keys("smoke", None, opt.NOTEBOOK)
+    assert schemes == catalog.among(load_profile("smoke", check_runtime=False).techniques, opt.NOTEBOOK)
+    assert {"int8:openvino-nncf-ptq-sq", "int8:openvino-nncf-ptq-mixed"} <= set(qx.check(schemes))
 
 
 def _roofs() -> pd.DataFrame:

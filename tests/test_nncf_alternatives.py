@@ -65,7 +65,8 @@ def test_each_alternative_generation_stays_close_to_fp32(quantized, key, workloa
     pipe, ctx = quantized(key)
     d = drift.compare(generate(pipe, workload), reference)
     assert 0 < d["latent_rel_error"] < MAX_LATENT_REL_ERROR and MIN_PSNR_DB < d["image_psnr_db"] < float("inf")
-    assert ctx.facts["nncf_step"] == opt.NNCF_STEPS[key.removeprefix("int8:")] and ctx.facts["fake_quantize_nodes"]
+    assert ctx.facts["nncf_step"] == opt.SCHEMES[key.removeprefix("int8:")].nncf_step
+    assert ctx.facts["fake_quantize_nodes"]
 
 
 def test_smoothquant_scales_the_convolutions_only_with_its_alpha_set(quantized):

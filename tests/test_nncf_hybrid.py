@@ -3,6 +3,7 @@ the calibration set (one generation per caption) and the cache key it goes into.
 from __future__ import annotations
 
 import collections
+from dataclasses import replace
 
 import pytest
 import torch
@@ -91,8 +92,8 @@ def test_hybrid_compresses_all_weights_and_quantizes_convolution_activations(hyb
     assert not [op.get_friendly_name() for op in matmuls if _activation_source(op) == "FakeQuantize"]
     facts = pipe.unet.facts
     fq = sum(op.get_type_name() == "FakeQuantize" for op in ops)
-    assert facts["fake_quantize_nodes"] == fq >= len(convs) and facts["nncf_step"] == opt.NNCF_STEPS[
-        "openvino-nncf-hybrid"]
+    assert facts["fake_quantize_nodes"] == fq >= len(convs) and facts["nncf_step"] == opt.SCHEMES[
+        "openvino-nncf-hybrid"].nncf_step
 
 
 def test_hybrid_generation_stays_close_to_fp32(hybrid, workload, reference):
@@ -109,6 +110,12 @@ def test_calibration_uses_one_generation_per_caption(hybrid, workload):
     assert ctx.facts["calibration_inputs"] == len(CAPTIONS) * calls
 
 
+def _stub_nncf(monkeypatch, step) -> None:
+    """The hybrid scheme with `step` in place of its NNCF passes."""
+    name = HYBRID.removeprefix("int8:")
+    monkeypatch.setitem(opt.SCHEMES, name, replace(opt.SCHEMES[name], nncf=step))
+
+
 def test_calibration_captions_are_in_the_cache_key(smoke, hybrid, scratch, monkeypatch):
     """Another caption set is another IR; the same captions load the fixture's IR. (The single-caption IR's own
     quantization is stubbed: NNCF's passes are the fixture's, and what is checked here is the key, not them.)"""
@@ -118,7 +125,7 @@ def test_calibration_captions_are_in_the_cache_key(smoke, hybrid, scratch, monke
     first = folders()
     assert len(first) == 1
     tech = catalog.get(HYBRID)
-    monkeypatch.setattr(opt, "hybrid_quantize", lambda model, data, subset_size: model)
+    _stub_nncf(monkeypatch, lambda model, data, subset_size: model)
     single = catalog.Context(smoke, batch_size=1, artefacts=scratch)  # no prompts: the profile's prompt
     tech.apply(build_pipeline(smoke), single)
     assert single.facts["calibration_captions"] == 1 and single.facts["artefact"] == "converted into the run's cache"
@@ -136,7 +143,7 @@ def test_the_calibration_size_bounds_the_calibration_and_is_in_the_cache_key(smo
     caps the UNet calls collected, in whole generations, is the subset NNCF is given, and an IR calibrated on fewer
     calls is another artefact. (NNCF's own quantization is the fixture's; here it returns the model as it is.)"""
     calls, given = workload.steps + 1, []
-    monkeypatch.setattr(opt, "hybrid_quantize", lambda model, data, subset_size: given.append(subset_size) or model)
+    _stub_nncf(monkeypatch, lambda model, data, subset_size: given.append(subset_size) or model)
     before = {p.name for p in scratch.glob("nncf-hybrid-*")}
     one = catalog.Context(smoke, batch_size=1, artefacts=scratch, prompts=CAPTIONS, calibration_samples=calls)
     catalog.get(HYBRID).apply(build_pipeline(smoke), one)

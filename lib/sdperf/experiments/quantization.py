@@ -13,7 +13,7 @@ from sdperf.config import published
 from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
 from sdperf.experiments.common import interpolated, rounds_method, rounds_n
 from sdperf.measure.measurements import unet_call_inputs, unet_flops
-from sdperf.optimizations import catalog
+from sdperf.optimizations import catalog, openvino_engine
 from sdperf.optimizations import quantization as opt
 from sdperf.optimizations.catalog import EXECUTOR, Stack
 from sdperf.optimizations.fewer_steps import unet_calls
@@ -23,22 +23,10 @@ from sdperf.measure.roofline import (ROOF_METHOD, fit_size, matmul_peak, openvin
 from sdperf.measure.study import Study
 from sdperf.measure.timing import blocked
 
-LINEAR_ONLY = ("torch-ao-dynamic", "torchao-int8-dynamic")
 FP32_ROOF = "torch.mm"
-# OpenVINO's own CPU-plugin GEMMs (sdperf.measure.roofline.openvino_matmul_peak): roof row name and dtype per precision
-OPENVINO_ROOFS = {"f32": ("openvino MatMul f32", "float32"), "int8": ("openvino MatMul int8 (u8s8)", "int8"),
-                  "bf16": ("openvino MatMul bf16", "bfloat16")}
-OV_F32, OV_INT8 = OPENVINO_ROOFS["f32"][0], OPENVINO_ROOFS["int8"][0]
-# Which measured kernel each scheme's matmuls compute on: the roof of the precision it computes in.
-ROOF_KERNEL = {"torch-ao-dynamic": "quantized linear_dynamic", "torchao-int8-dynamic": "torch._int_mm",
-               # nncf.compress_weights stores int8 weights but the plugin decompresses them to f32 before each
-               # MatMul/convolution: the scheme computes in f32, so its roof is OpenVINO's f32 GEMM, not int8
-               "openvino-nncf-weights": OV_F32,
-               # nncf.quantize leaves FakeQuantize on activations and weights: the plugin's u8 x s8 int8 kernel
-               "openvino-nncf-ptq": OV_INT8,
-               # hybrid: convolutions quantized fully (int8 kernel), weighted MatMuls int8 weights only (f32
-               # compute): a mix, held against the int8 roof, the faster of the two its layers can reach
-               "openvino-nncf-hybrid": OV_INT8}
+# OpenVINO's own CPU-plugin GEMMs (sdperf.measure.roofline.openvino_matmul_peak): the dtype of each precision's roof
+OPENVINO_DTYPES = {"f32": "float32", "int8": "int8", "bf16": "bfloat16"}
+OV_F32, OV_INT8 = openvino_engine.ROOFS["f32"], openvino_engine.ROOFS["int8"]
 # Issue 15's per-UNet-step goal: an int8 executor's speed-up over fp32 eager should reach at least this share of
 # this CPU's int8-vs-fp32 roof ratio (OpenVINO's int8 GEMM over torch.mm fp32, both measured here).
 GOAL_SHARE = 0.8
@@ -70,7 +58,7 @@ def availability_table(study: Study, keys: list[str]) -> pd.DataFrame:
     rows = []
     for k in keys:
         ok, reason = opt.availability(study.device, scheme(k))
-        rows.append({"key": k, "available": ok, "reason": reason, "what": opt.SCHEMES[scheme(k)]})
+        rows.append({"key": k, "available": ok, "reason": reason, "what": opt.SCHEMES[scheme(k)].note})
     return pd.DataFrame(rows)
 
 
@@ -138,7 +126,7 @@ def _openvino_roofs(study: Study, size: int) -> list[dict]:
     the plugin ran. A precision this CPU lacks is recorded as not applicable, one that fails (say the int8 graph
     left in f32) as failed with its error, and the others are still measured."""
     rows = []
-    for precision, (kernel, dtype) in OPENVINO_ROOFS.items():
+    for precision, kernel in openvino_engine.ROOFS.items():
         scenario = f"matmul {size}x{size} {kernel}"
         ok, reason = ((False, f"OpenVINO's CPU plugin does not run on {study.device}") if study.device != "cpu"
                       else openvino_availability(precision))
@@ -151,7 +139,7 @@ def _openvino_roofs(study: Study, size: int) -> list[dict]:
             print(f"{kernel}: failed: {e}")
             study.recorder.failed(scenario, e, metric="peak_gops")
             continue
-        rows.append({"kernel": kernel, "dtype": dtype, "size": size, "gops": roof.gops,
+        rows.append({"kernel": kernel, "dtype": OPENVINO_DTYPES[precision], "size": size, "gops": roof.gops,
                      "n_blocks": len(roof.timing.times), "primitive": roof.primitive_type,
                      "runtime_precision": roof.runtime_precision, "note": roof.note()})
     return rows
@@ -166,9 +154,9 @@ def int8_roofs(study: Study, call_budget_s: float) -> pd.DataFrame:
     size, device = study.profile.matmul_size, study.device
     peak, t = matmul_peak(device, torch.float32, size)
     rows = [{"kernel": FP32_ROOF, "dtype": "float32", "size": size, "gops": peak / 1e9, "n_blocks": len(t.times)}]
-    kernels = [("torch._int_mm", _int_mm(device))]
+    kernels = [(opt.INT_MM, _int_mm(device))]
     if device == "cpu":
-        kernels.append(("quantized linear_dynamic", _linear_dynamic))
+        kernels.append((opt.LINEAR_DYNAMIC, _linear_dynamic))
     for kernel, make in kernels:
         n = fit_size(make, size, call_budget_s, device)
         timing = blocked(make(n), device=device)
@@ -177,7 +165,7 @@ def int8_roofs(study: Study, call_budget_s: float) -> pd.DataFrame:
     native = opt.native_int_mm(device)
     for r in rows:
         notes = []
-        if r["kernel"] == "torch._int_mm":
+        if r["kernel"] == opt.INT_MM:
             notes.append("cuBLASLt int8" if device == "cuda" else "oneDNN kernel (VNNI/AMX present)" if native
                          else "no AVX512-VNNI/AMX-INT8 here: PyTorch's scalar fallback loop")
         if r["size"] != size:
@@ -224,7 +212,7 @@ def amdahl_bound(share_percent: float, roof_ratio: float) -> float:
 def _torchao_too_slow(study: Study, share: dict, roofs: pd.DataFrame) -> str | None:
     """Why torchao is not timed whole, when its scalar _int_mm fallback alone would overrun variant_budget_s."""
     p = study.profile
-    row = roofs[roofs.kernel == "torch._int_mm"]
+    row = roofs[roofs.kernel == opt.INT_MM]
     if opt.native_int_mm(study.device) or row.empty:
         return None
     rate = float(row["gops"].iloc[0]) * 1e9
@@ -242,7 +230,7 @@ def compare_schemes(study: Study, keys: list[str], share: dict, roofs: pd.DataFr
     is recorded as a skipped row with the reason instead of being run."""
     runnable, skipped = [], []
     for k in check(keys):
-        reason = _torchao_too_slow(study, share, roofs) if scheme(k) == "torchao-int8-dynamic" else None
+        reason = _torchao_too_slow(study, share, roofs) if roof_kernel(k) == opt.INT_MM else None
         if reason and opt.availability(study.device, scheme(k))[0]:
             print(f"{k}: skipped: {reason}")
             study.recorder.skipped(f"{k}, batch 1", reason, batch_size=1)
@@ -270,18 +258,14 @@ def facts_table(cmp: Comparison) -> pd.DataFrame:
 
 
 def roof_kernel(key: str) -> str | None:
-    """The roof row of the precision a configuration's UNet computes in: fp32 eager -> torch.mm; an int8 scheme
-    -> ROOF_KERNEL; an OpenVINO engine -> OpenVINO's GEMM in its precision hint. None when no measured roof
-    fits (another executor, a half-precision stack, OpenVINO's 'default' hint that picks its own)."""
+    """The roof row of the precision a configuration's UNet computes in: fp32 eager -> torch.mm; an executor -> its
+    catalog record's roof_kernel (an int8 scheme's kernel, OpenVINO's GEMM in an engine's precision hint), None
+    where no measured roof fits (another executor, a half-precision stack, OpenVINO's self-chosen 'default')."""
     stack = Stack.of(key)
-    executor = next((t.key for t in stack.techniques if t.family == EXECUTOR), None)
+    executor = next((t for t in stack.techniques if t.family == EXECUTOR), None)
     if executor is None:
         return FP32_ROOF if stack.dtype == "float32" else None
-    if executor.startswith("int8:"):
-        return ROOF_KERNEL[scheme(executor)]
-    if executor.startswith("engine:openvino-"):  # 'engine:openvino-f32-static' -> 'f32'
-        return OPENVINO_ROOFS.get(executor.split("-")[1], (None,))[0]
-    return None
+    return executor.roof_kernel
 
 
 def goal_x(roofs: pd.DataFrame) -> float:
@@ -341,7 +325,7 @@ def roofline(study: Study, cmp: Comparison, share: dict, roofs: pd.DataFrame) ->
                                note=f"UNet ops / median UNet call over rounds, of the measured {kernel}{primitive} "
                                     f"roof {k['gops']:.1f} GOP/s at {int(k['size'])} (blocked_autorange median; "
                                     "every op counted, whatever precision it runs in)")
-            if r.key.startswith("int8:") and scheme(r.key) in LINEAR_ONLY:
+            if r.key.startswith("int8:") and opt.SCHEMES[scheme(r.key)].linear_only:
                 row["linear_only_ceiling_x"] = amdahl_bound(share["linear_share_percent"], k["gops"] / fp32)
             if k["dtype"] == "int8" and pd.notna(goal):
                 row.update(_goal(r, goal))

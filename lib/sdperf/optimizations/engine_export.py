@@ -124,6 +124,7 @@ def technique(prefix: str, name: str) -> Technique:
                      availability=lambda ctx: availability(ctx.device, name), traces_unet=True,
                      extra_copies={"unet": 2},  # the exported graph and the engine built from it
                      packages=ENGINES[spec.engine].PACKAGES,
+                     roof_kernel=openvino_engine.ROOFS.get(spec.precision) if spec.engine == "openvino" else None,
                      changes_output=spec.precision not in LOSSLESS,
                      dtype={"fp16": "float16", "f16": "float16", "bf16": "bfloat16"}.get(spec.precision, "float32"),
                      note="the UNet only; exported from the fp32 pipeline, the engine applies its own precision")

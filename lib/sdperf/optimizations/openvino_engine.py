@@ -25,6 +25,9 @@ DEVICE = "CPU"
 PRECISIONS = ("f32", "bf16", "f16", "default")  # "default": no hint, the plugin's own choice for this CPU
 # the OPTIMIZATION_CAPABILITIES entry a CPU must list for the plugin to honour each reduced-precision hint
 CAPABILITY = {"bf16": "BF16", "f16": "FP16"}
+# The measured roof of the CPU plugin's own GEMM a graph computing in each precision runs on (08 times each with
+# sdperf.measure.roofline.openvino_matmul_peak and names its row so): what an OpenVINO executor is held against
+ROOFS = {"f32": "openvino MatMul f32", "int8": "openvino MatMul int8 (u8s8)", "bf16": "openvino MatMul bf16"}
 
 
 def check_precision(precision: str) -> None:

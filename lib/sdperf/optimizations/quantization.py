@@ -27,34 +27,16 @@ import importlib.util
 import json
 import logging
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
 from sdperf.core.environment import cpu_isa
 from sdperf.model.generation import Workload, generate
+from sdperf.optimizations import openvino_engine
 from sdperf.optimizations.catalog import EXECUTOR, Technique
 
-SCHEMES = {
-    "torch-ao-dynamic": "torch.ao quantize_dynamic: nn.Linear int8 weights, int8 activations per call (fbgemm/oneDNN)",
-    "torchao-int8-dynamic": "torchao Int8DynamicActivationInt8Weight: nn.Linear int8 weights and activations "
-                            "(torch._int_mm)",
-    "openvino-nncf-weights": "OpenVINO IR + nncf.compress_weights: int8 weights, fp32 compute",
-    "openvino-nncf-ptq": "OpenVINO IR + nncf.quantize: int8 weights and activations of matmuls and convolutions, "
-                         "calibrated on one generation's UNet inputs per calibration caption",
-    "openvino-nncf-hybrid": "OpenVINO IR + NNCF hybrid (optimum-intel's diffusion recipe): nncf.compress_weights int8 "
-                            "on all weights but the convolutions', then nncf.quantize of the convolutions (and "
-                            "attention inputs) with the weighted matmuls ignored, calibrated like the PTQ scheme",
-    "openvino-nncf-ptq-sq": "the PTQ scheme with SmoothQuant at alpha 0.5 on the matmuls (the SmoothQuant paper's "
-                            "value; NNCF's default is 0.95) and on the convolutions at 0.05 (NNCF's own alpha for "
-                            "them, off by default): activation outliers moved into the weights before rounding",
-    "openvino-nncf-ptq-wide": "the PTQ scheme calibrated on many captions: a few UNet calls spread over each "
-                              "caption's trajectory (first and last included) instead of whole trajectories of a few, "
-                              "in the same number of calls",
-    "openvino-nncf-ptq-mixed": "the PTQ scheme keeping the layers post-training studies of diffusion UNets find "
-                               "sensitive in float: the first and last convolutions and attention's products of two "
-                               "activations (query x key, scores x value: OpenVINO's attention op, or such matmuls)",
-}
 # The PTQ scheme's alternatives: what the field uses when plain 8-bit post-training quantization of the SD UNet
 # costs quality (Intel / Hugging Face: it "does not work" for the SD UNet; optimum-intel recommends the hybrid
 # mode). Judged on the reference model only when PTQ alone is over the quality budget
@@ -64,17 +46,6 @@ PTQ_ALTERNATIVES = ("int8:openvino-nncf-hybrid", "int8:openvino-nncf-ptq-sq", "i
 SMOOTH_QUANT_ALPHAS = {"matmul": 0.5, "convolution": 0.05}
 SMOOTHING_SUFFIX = "/nncf_smooth_quant"  # how NNCF names the scale it inserts before a smoothed layer
 WIDE_PER_CAPTION = 4  # UNet calls per caption in the many-caption calibration (trajectory's ends and two between)
-PER_CAPTION = {"openvino-nncf-ptq-wide": WIDE_PER_CAPTION}  # schemes that calibrate on part of each trajectory
-# What NNCF does in each OpenVINO scheme (the `nncf_step` fact), and which of them calibrate on UNet inputs.
-NNCF_STEPS = {"openvino-nncf-weights": "compress_weights", "openvino-nncf-ptq": "quantize (post-training)",
-              "openvino-nncf-hybrid": "hybrid: compress_weights (convolutions ignored) + quantize (weighted matmuls "
-                                      "ignored)",
-              "openvino-nncf-ptq-sq": "quantize (post-training), SmoothQuant alpha matmul 0.5, convolution 0.05",
-              "openvino-nncf-ptq-wide": f"quantize (post-training), calibrated on {WIDE_PER_CAPTION} calls per caption",
-              "openvino-nncf-ptq-mixed": "quantize (post-training), first/last convolution and attention "
-                                         "(activation x activation) ignored"}
-CALIBRATED = ("openvino-nncf-ptq", "openvino-nncf-hybrid", "openvino-nncf-ptq-sq", "openvino-nncf-ptq-wide",
-              "openvino-nncf-ptq-mixed")
 # The most UNet calls a calibration set holds: nncf.quantize's own default subset_size (optimum-intel's hybrid
 # default is 200). Whole trajectories only, one generation per caption: on the cpu profile (PLMS, 2 steps: 3 calls
 # a generation) 8 captions give 24 samples, far under it; on the reference model (PLMS, 50 steps: 51 calls) it
@@ -87,16 +58,39 @@ INT_MM_CPU_FLAGS = ("avx512_vnni", "amx_int8")
 # The int8 dot-product instructions OpenVINO's and fbgemm's kernels use when present (avx_vnni is reported
 # only once sdperf.core.environment.ISA_FLAGS lists it).
 INT8_CPU_FLAGS = ("avx512_vnni", "amx_int8", "avx_vnni")
-LABELS = {"torch-ao-dynamic": "torch.ao dynamic int8 (Linear)", "torchao-int8-dynamic": "torchao int8 dyn. (Linear)",
-          "openvino-nncf-weights": "OpenVINO + NNCF int8 weights", "openvino-nncf-ptq": "OpenVINO + NNCF int8 PTQ",
-          "openvino-nncf-hybrid": "OpenVINO + NNCF hybrid int8",
-          "openvino-nncf-ptq-sq": "NNCF int8 PTQ, SmoothQuant 0.5",
-          "openvino-nncf-ptq-wide": "NNCF int8 PTQ, many captions", "openvino-nncf-ptq-mixed": "NNCF int8 PTQ, mixed"}
+# The measured roofs (08's int8_roofs rows) of torch's int8 kernels; OpenVINO's are openvino_engine.ROOFS
+INT_MM, LINEAR_DYNAMIC = "torch._int_mm", "quantized linear_dynamic"
 
 
-def check_scheme(scheme: str) -> None:
+@dataclass(frozen=True)
+class Scheme:
+    """One int8 scheme: its catalog entry (int8:<name>) is built from it, and what runs it is read from it.
+    `quantize(pipe, workload, name, ...)` returns the quantized UNet; `roof_kernel` names the measured matmul roof
+    of the precision its matmuls compute in; an OpenVINO scheme's `nncf(model, data, subset_size)` is its NNCF
+    step, fed the UNet inputs of real generations when `calibrated` (`per_caption` calls of each, else all)."""
+
+    name: str
+    label: str
+    note: str
+    quantize: Callable
+    availability: Callable[[str], tuple[bool, str]]
+    roof_kernel: str
+    packages: tuple[str, ...] = ()
+    extra_copies: dict = field(default_factory=dict, hash=False)
+    traces_unet: bool = False
+    linear_only: bool = False
+    nncf: Callable | None = None
+    nncf_step: str = ""
+    calibrated: bool = False
+    per_caption: int | None = None
+    fallbacks: tuple[str, ...] = ()
+
+
+def check_scheme(scheme: str) -> Scheme:
+    """The record of `scheme`; an unknown name is a ValueError that names the valid ones."""
     if scheme not in SCHEMES:
         raise ValueError(f"quantization scheme {scheme!r} is not valid; choose one of: {', '.join(SCHEMES)}")
+    return SCHEMES[scheme]
 
 
 def installed(module: str) -> bool:
@@ -125,24 +119,30 @@ def _cpu_int8_words() -> str:
 
 def availability(device: str, scheme: str) -> tuple[bool, str]:
     """Whether the scheme can run on `device` with what is installed, and which int8 path it would take."""
-    check_scheme(scheme)
-    if scheme == "torch-ao-dynamic":
-        if device == "cuda":
-            return False, "torch.ao dynamic quantization has CPU kernels only (fbgemm/oneDNN); torchao is the CUDA path"
-        quant = getattr(torch.ao, "quantization", None)
-        if quant is None or not hasattr(quant, "quantize_dynamic"):
-            return False, f"torch.ao.quantization.quantize_dynamic is gone from torch {torch.__version__}"
-        engine = torch.backends.quantized.engine
-        return True, f"quantized engine {engine!r}; {_cpu_int8_words()}"
-    if scheme == "torchao-int8-dynamic":
-        if not installed("torchao"):
-            return False, "torchao is not installed"
-        if device == "cuda":
-            return True, "int8 tensor-core matmuls through torch._int_mm (cuBLASLt)"
-        if native_int_mm(device):
-            return True, f"torch._int_mm runs through oneDNN with {', '.join(int8_cpu_flags())}"
-        return True, ("runs, but torch._int_mm has no fast CPU kernel without AVX512-VNNI/AMX-INT8 (a scalar "
-                      "reference loop runs instead): expect it far slower than fp32")
+    return check_scheme(scheme).availability(device)
+
+
+def _torch_ao_availability(device: str) -> tuple[bool, str]:
+    if device == "cuda":
+        return False, "torch.ao dynamic quantization has CPU kernels only (fbgemm/oneDNN); torchao is the CUDA path"
+    quant = getattr(torch.ao, "quantization", None)
+    if quant is None or not hasattr(quant, "quantize_dynamic"):
+        return False, f"torch.ao.quantization.quantize_dynamic is gone from torch {torch.__version__}"
+    return True, f"quantized engine {torch.backends.quantized.engine!r}; {_cpu_int8_words()}"
+
+
+def _torchao_availability(device: str) -> tuple[bool, str]:
+    if not installed("torchao"):
+        return False, "torchao is not installed"
+    if device == "cuda":
+        return True, "int8 tensor-core matmuls through torch._int_mm (cuBLASLt)"
+    if native_int_mm(device):
+        return True, f"torch._int_mm runs through oneDNN with {', '.join(int8_cpu_flags())}"
+    return True, ("runs, but torch._int_mm has no fast CPU kernel without AVX512-VNNI/AMX-INT8 (a scalar "
+                  "reference loop runs instead): expect it far slower than fp32")
+
+
+def _openvino_availability(device: str) -> tuple[bool, str]:
     if device != "cpu":
         return False, f"OpenVINO runs on CPUs (and Intel GPUs); this profile's device is {device}"
     for module in ("openvino", "nncf"):
@@ -154,18 +154,16 @@ def availability(device: str, scheme: str) -> tuple[bool, str]:
 def apply(pipe, scheme: str, workload: Workload | None = None, scratch_root=None, prompts: tuple[str, ...] = (),
           limit: int = CALIBRATION_SAMPLES):
     """Quantize the pipeline's UNet with `scheme` and return the pipeline. The OpenVINO schemes need the
-    workload: the IR is built for its shapes, and the calibrated schemes (CALIBRATED) collect the UNet inputs of
-    one generation of it per caption in `prompts` (the workload's own prompt when empty), at most `limit` calls."""
-    check_scheme(scheme)
-    if scheme == "torch-ao-dynamic":
-        pipe.unet = torch_ao_dynamic(pipe.unet)
-    elif scheme == "torchao-int8-dynamic":
-        pipe.unet = torchao_int8_dynamic(pipe.unet)
-    else:
-        if workload is None:
-            raise ValueError(f"scheme {scheme!r} needs the workload (static shapes and calibration inputs)")
-        pipe.unet = openvino_nncf(pipe, workload, scheme, scratch_root=scratch_root, prompts=prompts, limit=limit)
+    workload: the IR is built for its shapes, and the calibrated schemes collect the UNet inputs of one
+    generation of it per caption in `prompts` (the workload's own prompt when empty), at most `limit` calls."""
+    pipe.unet = check_scheme(scheme).quantize(pipe, workload, scheme, scratch_root=scratch_root, prompts=prompts,
+                                              limit=limit)
     return pipe
+
+
+def _modules(quantize):
+    """A scheme that swaps or rewrites the UNet's modules in place: no workload, no calibration."""
+    return lambda pipe, workload, scheme, **_: quantize(pipe.unet)
 
 
 def torch_ao_dynamic(unet):
@@ -325,20 +323,35 @@ def sensitive_ops(model) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(convs[:1] + convs[-1:] + pairs)), types
 
 
-def _ptq(model, data, scheme: str, subset_size: int):
-    """nncf.quantize as `scheme` asks: the plain PTQ, or one of its alternatives (SmoothQuant alphas, sensitive
-    layers ignored); the many-caption one differs in its data only."""
+def ptq(model, data, subset_size: int, **kwargs):
+    """nncf.quantize, post-training int8 of weights and activations (TRANSFORMER model type); `kwargs` are what an
+    alternative changes (the many-caption one differs in its data only)."""
     import nncf
+
+    return nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=subset_size, **kwargs)
+
+
+def ptq_smoothed(model, data, subset_size: int):
+    """PTQ with SmoothQuant at SMOOTH_QUANT_ALPHAS: activation outliers moved into the weights before rounding."""
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
 
-    kwargs = {}
-    if scheme == "openvino-nncf-ptq-sq":
-        kwargs["advanced_parameters"] = AdvancedQuantizationParameters(
-            smooth_quant_alphas=AdvancedSmoothQuantParameters(**SMOOTH_QUANT_ALPHAS))
-    elif scheme == "openvino-nncf-ptq-mixed":
-        names, types = sensitive_ops(model)
-        kwargs["ignored_scope"] = nncf.IgnoredScope(names=names, types=types)
-    return nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=subset_size, **kwargs)
+    return ptq(model, data, subset_size, advanced_parameters=AdvancedQuantizationParameters(
+        smooth_quant_alphas=AdvancedSmoothQuantParameters(**SMOOTH_QUANT_ALPHAS)))
+
+
+def ptq_mixed(model, data, subset_size: int):
+    """PTQ with the sensitive layers (sensitive_ops) kept in float."""
+    import nncf
+
+    names, types = sensitive_ops(model)
+    return ptq(model, data, subset_size, ignored_scope=nncf.IgnoredScope(names=names, types=types))
+
+
+def compress_weights(model, _data, _subset_size: int):
+    """nncf.compress_weights: int8 weights, no calibration data."""
+    import nncf
+
+    return nncf.compress_weights(model)
 
 
 def int8_census(model) -> dict:
@@ -352,25 +365,6 @@ def int8_census(model) -> dict:
     return {"fake_quantize_nodes": types["FakeQuantize"], "int8_constants": int8, "smooth_quant_scales": smoothing}
 
 
-def _nncf_transform(scheme: str, calibration):
-    """The IR transform of an OpenVINO scheme: model -> (model, facts); `calibration()` -> (feeds, captions)."""
-    import nncf
-
-    def transform(model):
-        # NNCF's progress bars ask for ipywidgets inside a notebook: filtered once, in sdperf.core.quiet
-        if scheme not in CALIBRATED:
-            model = nncf.compress_weights(model)
-            return model, {"calibration_captions": 0, "calibration_inputs": 0, **int8_census(model)}
-        feeds, captions = calibration()
-        data = nncf.Dataset([{k: v.numpy() for k, v in f.items()} for f in feeds])
-        if scheme == "openvino-nncf-hybrid":
-            model = hybrid_quantize(model, data, subset_size=len(feeds))
-        else:
-            model = _ptq(model, data, scheme, subset_size=len(feeds))
-        return model, {"calibration_captions": captions, "calibration_inputs": len(feeds), **int8_census(model)}
-    return transform
-
-
 def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prompts=(),
                   limit: int = CALIBRATION_SAMPLES):
     """Convert the UNet (openvino_engine.convert), compress or quantize it with NNCF as `scheme` says, compile it
@@ -379,33 +373,42 @@ def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prom
     the run's artefact cache, keyed by the calibration captions too, so later workers neither calibrate nor
     quantize again and an IR calibrated on other captions, or on another number of calls (`limit`), is never
     reused."""
-    if scheme not in NNCF_STEPS:
-        raise ValueError(f"scheme {scheme!r} is not an OpenVINO scheme; choose one of: {', '.join(NNCF_STEPS)}")
+    s = SCHEMES.get(scheme)
+    if s is None or s.nncf is None:
+        valid = [n for n, r in SCHEMES.items() if r.nncf is not None]
+        raise ValueError(f"scheme {scheme!r} is not an OpenVINO scheme; choose one of: {', '.join(valid)}")
+    if workload is None:
+        raise ValueError(f"scheme {scheme!r} needs the workload (static shapes and calibration inputs)")
     import nncf
 
-    from sdperf.optimizations import openvino_engine
     from sdperf.optimizations.unet_graph import INPUTS, EngineUNet, float32_unet, graph_inputs
 
     nncf.set_log_level(logging.WARNING)
     # weights-only compression needs no calibration: one generation of the profile's prompt gives the example
-    captions = calibration_captions(prompts, workload) if scheme in CALIBRATED else (workload.prompt,)
+    captions = calibration_captions(prompts, workload) if s.calibrated else (workload.prompt,)
     seen: dict = {}
 
     def calibration() -> tuple[list[dict], int]:
         if "inputs" not in seen:
-            samples, used = calibration_set(pipe, workload, captions, limit=limit, per_caption=PER_CAPTION.get(scheme))
+            samples, used = calibration_set(pipe, workload, captions, limit=limit, per_caption=s.per_caption)
             seen.update(inputs=[graph_inputs(*inputs, {}) for inputs in samples], captions=used)
         return seen["inputs"], seen["captions"]
 
+    def transform(model):  # NNCF's progress bars ask for ipywidgets in a notebook: filtered in sdperf.core.quiet
+        feeds, n_captions = calibration() if s.calibrated else ([], 0)
+        data = nncf.Dataset([{k: v.numpy() for k, v in f.items()} for f in feeds]) if feeds else None
+        model = s.nncf(model, data, len(feeds))
+        return model, {"calibration_captions": n_captions, "calibration_inputs": len(feeds), **int8_census(model)}
+
     key = {"workload": repr(workload), "scheduler": scheduler_identity(pipe.scheduler), "scheme": scheme,
            "nncf": nncf.__version__}
-    if scheme in CALIBRATED:
+    if s.calibrated:
         key["calibration"] = {"captions": captions_digest(captions), "limit": limit}
-        if scheme in PER_CAPTION:
-            key["calibration"]["per_caption"] = PER_CAPTION[scheme]
+        if s.per_caption is not None:
+            key["calibration"]["per_caption"] = s.per_caption
     model, facts, cache_dir = openvino_engine.ir_model(
         float32_unet(pipe.unet), lambda: tuple(calibration()[0][0][k] for k in INPUTS), scratch_root,
-        kind=f"nncf-{scheme.removeprefix('openvino-nncf-')}", transform=_nncf_transform(scheme, calibration), key=key)
+        kind=f"nncf-{scheme.removeprefix('openvino-nncf-')}", transform=transform, key=key)
     shapes = static_shapes(pipe, workload)
     if "inputs" in seen:  # calibrated in this process: the loop's real shapes must be the ones compiled for
         real = {k: tuple(v.shape) for k, v in seen["inputs"][0].items()}
@@ -419,7 +422,7 @@ def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prom
         return torch.from_numpy(out[0])
 
     facts.update({"engine": "openvino + nncf", "nncf": nncf.__version__, "precision": used,
-                  "nncf_step": NNCF_STEPS[scheme]})
+                  "nncf_step": s.nncf_step})
     return EngineUNet(run, pipe.unet.config, device="cpu", facts=facts, keep=(pipe.unet, model))
 
 
@@ -465,13 +468,59 @@ def _quantized(scheme: str):
     return run
 
 
+def _openvino(name: str, label: str, note: str, nncf, nncf_step: str, roof_kernel: str = openvino_engine.ROOFS["int8"],
+              calibrated: bool = True, **kw) -> Scheme:
+    """openvino_nncf runs it: an IR traced from the UNet and the engine compiled from it, beside the eager UNet. Its
+    roof is the plugin's u8 x s8 GEMM unless it says otherwise: nncf.quantize fake-quantizes activations and weights."""
+    return Scheme(name, label, note, openvino_nncf, _openvino_availability, roof_kernel, packages=("openvino", "nncf"),
+                  extra_copies={"unet": 2}, traces_unet=True, nncf=nncf, nncf_step=nncf_step, calibrated=calibrated,
+                  **kw)
+
+
+SCHEMES = {s.name: s for s in (
+    Scheme("torch-ao-dynamic", "torch.ao dynamic int8 (Linear)",
+           "torch.ao quantize_dynamic: nn.Linear int8 weights, int8 activations per call (fbgemm/oneDNN)",
+           _modules(torch_ao_dynamic), _torch_ao_availability, LINEAR_DYNAMIC, linear_only=True),
+    Scheme("torchao-int8-dynamic", "torchao int8 dyn. (Linear)",
+           "torchao Int8DynamicActivationInt8Weight: nn.Linear int8 weights and activations (torch._int_mm)",
+           _modules(torchao_int8_dynamic), _torchao_availability, INT_MM, packages=("torchao",), linear_only=True),
+    # the plugin decompresses the int8 weights to f32 before each MatMul/convolution: it computes in f32
+    _openvino("openvino-nncf-weights", "OpenVINO + NNCF int8 weights",
+              "OpenVINO IR + nncf.compress_weights: int8 weights, fp32 compute", compress_weights, "compress_weights",
+              roof_kernel=openvino_engine.ROOFS["f32"], calibrated=False),
+    _openvino("openvino-nncf-ptq", "OpenVINO + NNCF int8 PTQ",
+              "OpenVINO IR + nncf.quantize: int8 weights and activations of matmuls and convolutions, calibrated on "
+              "one generation's UNet inputs per calibration caption", ptq, "quantize (post-training)",
+              fallbacks=PTQ_ALTERNATIVES),
+    # convolutions int8 x int8, weighted matmuls int8 weights over f32 activations: a mix, held against the int8
+    # roof, the faster of the two its layers reach
+    _openvino("openvino-nncf-hybrid", "OpenVINO + NNCF hybrid int8",
+              "OpenVINO IR + NNCF hybrid (optimum-intel's diffusion recipe): nncf.compress_weights int8 on all "
+              "weights but the convolutions', then nncf.quantize of the convolutions (and attention inputs) with the "
+              "weighted matmuls ignored, calibrated like the PTQ scheme", hybrid_quantize,
+              "hybrid: compress_weights (convolutions ignored) + quantize (weighted matmuls ignored)"),
+    _openvino("openvino-nncf-ptq-sq", "NNCF int8 PTQ, SmoothQuant 0.5",
+              "the PTQ scheme with SmoothQuant at alpha 0.5 on the matmuls (the SmoothQuant paper's value; NNCF's "
+              "default is 0.95) and on the convolutions at 0.05 (NNCF's own alpha for them, off by default): "
+              "activation outliers moved into the weights before rounding", ptq_smoothed,
+              "quantize (post-training), SmoothQuant alpha matmul 0.5, convolution 0.05"),
+    _openvino("openvino-nncf-ptq-wide", "NNCF int8 PTQ, many captions",
+              "the PTQ scheme calibrated on many captions: a few UNet calls spread over each caption's trajectory "
+              "(first and last included) instead of whole trajectories of a few, in the same number of calls", ptq,
+              f"quantize (post-training), calibrated on {WIDE_PER_CAPTION} calls per caption",
+              per_caption=WIDE_PER_CAPTION),
+    _openvino("openvino-nncf-ptq-mixed", "NNCF int8 PTQ, mixed",
+              "the PTQ scheme keeping the layers post-training studies of diffusion UNets find sensitive in float: the "
+              "first and last convolutions and attention's products of two activations (query x key, scores x value: "
+              "OpenVINO's attention op, or such matmuls)", ptq_mixed,
+              "quantize (post-training), first/last convolution and attention (activation x activation) ignored"),
+)}
+
+
 def techniques() -> list[Technique]:
-    """int8:<scheme>: the UNet quantized by that scheme (see SCHEMES)."""
-    return [Technique(f"int8:{scheme}", LABELS[scheme], EXECUTOR, NOTEBOOK, transfer=TRANSFER, apply=_quantized(scheme),
-                      availability=lambda ctx, s=scheme: availability(ctx.device, s), changes_output=True,
-                      loop_only=True, note=SCHEMES[scheme],
-                      fallbacks=PTQ_ALTERNATIVES if scheme == "openvino-nncf-ptq" else (),
-                      calibrated=scheme in CALIBRATED, traces_unet=scheme.startswith("openvino-"),
-                      extra_copies={"unet": 2} if scheme.startswith("openvino-") else {},
-                      packages=("openvino", "nncf") if scheme.startswith("openvino-") else ("torchao",) if scheme.startswith("torchao") else ())
-            for scheme in SCHEMES]
+    """int8:<scheme>: the UNet quantized by that scheme, its catalog entry built from its record (SCHEMES)."""
+    return [Technique(f"int8:{s.name}", s.label, EXECUTOR, NOTEBOOK, transfer=TRANSFER, apply=_quantized(s.name),
+                      availability=lambda ctx, s=s: s.availability(ctx.device), changes_output=True, loop_only=True,
+                      note=s.note, fallbacks=s.fallbacks, calibrated=s.calibrated, traces_unet=s.traces_unet,
+                      extra_copies=dict(s.extra_copies), packages=s.packages, roof_kernel=s.roof_kernel)
+            for s in SCHEMES.values()]
