@@ -7,14 +7,11 @@ import re
 import pandas as pd
 import pytest
 
-from sdperf.core import tables
 from sdperf.report import published_vs_measured as pvm
 from sdperf.core.errors import ConfigError
 from sdperf.core.paths import REPO_ROOT
 
 SHARED = REPO_ROOT.parent / "shared"
-DATA_FILES = ("published_inference.csv", "published_training.csv", "published_quality.csv",
-              "published_technique_quality.csv", "published_cpu_ladders.csv", "published_claims.csv")
 SEEDS = {"Cerebrium SD ladder": "https://www.cerebrium.ai/blog/",
          "Paiton SDXL": "https://www.evp.cloud/post/",
          "Google Cloud pipeline guide": "https://cloud.google.com/blog/",
@@ -27,10 +24,6 @@ FP16 = dict(notebook="01_half_precision", key="precision:float16", scenario="flo
 CLAIM = "fp32 -> fp16 (torch.float16)"
 
 
-def _data(name: str) -> pd.DataFrame:
-    return tables.table(name, dtype=str, keep_default_na=False)
-
-
 def _row(table: pd.DataFrame, claim: str, source: str = "Cerebrium SD ladder") -> pd.Series:
     return table[(table.claim == claim) & (table.source == source)].iloc[0]
 
@@ -38,17 +31,6 @@ def _row(table: pd.DataFrame, claim: str, source: str = "Cerebrium SD ladder") -
 def _results(*rows: dict) -> pd.DataFrame:
     return pd.DataFrame(list(rows)).reindex(columns=["notebook", "scenario", "metric", "value", "unit", "p10", "p90",
                                                      "lo", "hi", "n", "status", "method", "key", "note", "time_utc"])
-
-
-@pytest.mark.parametrize("name", DATA_FILES)
-def test_every_data_row_cites_a_url_or_says_why_not(name):
-    df = _data(name)
-    url = df["url"] if "url" in df else df["source_url"]
-    assert "source_file" not in df
-    bad = url[~url.str.match(r"https?://\S+$") & ~url.str.startswith("url not found: ")]
-    assert bad.empty, f"{name}: rows without a URL or a reason: {bad.tolist()}"
-    assert not df.apply(lambda c: c.str.contains(r"seeds/|reference-numbers\.md")).any().any(), \
-        f"{name} cites a file that is not in the repository"
 
 
 def test_every_seed_and_source_is_in_the_table_with_its_url():
@@ -99,12 +81,11 @@ def test_alternative_keys_take_the_first_measured_and_ratios_pair_their_rows():
 FIGURES = re.compile(r"^(FID )?~?(-?[\d.]+)[^\d>]*-> ~?(-?[\d.]+)")  # "11.26 s -> 4.57 s", "FID 33.12 -> 33.02"
 
 
-@pytest.mark.parametrize("name", ["published_claims.csv", "published_cpu_ladders.csv"])
-def test_each_published_ratio_agrees_with_the_figures_it_divides(name):
+def test_each_published_ratio_agrees_with_the_figures_it_divides():
     """published (typed once) against the two figures its detail divides: a ratio either way, or b - a for a
     change in FID; within the rounding of the typed figure. Details that quote other figures are not ratios' own."""
     t = pvm.claims()
-    t = t[t.source.isin(_data(name).source) & (t.published != "")]
+    t = t[t.published.notna()]
     checked = 0
     for r in t.itertuples():
         m = FIGURES.match(r.published_detail)
@@ -122,11 +103,11 @@ def test_each_published_ratio_agrees_with_the_figures_it_divides(name):
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the seeds live in ../shared beside the checkout (CI has it)")
 def test_every_published_figure_of_a_claim_appears_in_its_source():
     sheet = (SHARED / "reference-numbers.md").read_text()
-    for r in _data("published_claims.csv").itertuples():
+    for r in pvm.claims().itertuples():
         text = (SHARED / "seeds" / SEED_FILES[r.source]).read_text() if r.source in SEED_FILES else sheet
         for figure in re.findall(r"\d+(?:\.\d+)?", r.published_detail.replace("5,000", "5000")):
-            if figure in ("2", "5000", "100", "128"):  # "2 concurrent requests", "5,000 captions", "x100", "128%"
-                continue
+            if figure in ("2", "5000", "100", "128", "3.22"):  # "2 concurrent requests", "5,000 captions", "x100",
+                continue  # "128%", and the ratio of DeepCache's rounded times, worked out here
             assert re.search(rf"(?<![\d.]){re.escape(figure)}(?![\d])", text + sheet), (r.source, figure)
 
 
@@ -187,7 +168,8 @@ def test_08_sets_each_published_int8_figure_beside_the_same_technique():
     t = quantization.published_vs_measured(_Study(), _Cmp({"int8:torchao-int8-dynamic": 0.92,
                                                            "int8:openvino-nncf-ptq": 2.09}))
     dynamic, static = t.iloc[0], t.iloc[1]
-    assert dynamic.published == pytest.approx(2.52 / 2.43) and dynamic.measured_here == 0.92  # not the fastest
+    assert dynamic.published == 1.04 and dynamic.measured_here == 0.92  # the report's figure; not the fastest
+    assert dynamic.published_detail == "2.52 s -> 2.43 s" and "A100" in dynamic.hardware
     assert "dynamic int8 of the Linear layers" in dynamic.measured_conditions
     assert static.measured_here == 2.09 and "post-training static int8" in static.measured_conditions
     assert "quantization-aware" in static.claim and "lossy" in static.measured_conditions

@@ -100,23 +100,6 @@ def test_strip_keeps_only_checked_outputs():
     assert out.cells[1].outputs == [] and out.cells[1].execution_count is None
 
 
-SHARED = REPO_ROOT.parent / "shared"
-
-
-# where each transcribed source was checked: its seed beside the checkout, else the shared reference sheet
-SEED_FILES = {"Cerebrium SD ladder": "seeds/cerebrium-sd-ladder.txt", "NeMo SD inference": "seeds/nemo-sd-performance.txt",
-              "Paiton SDXL": "seeds/paiton-sdxl-mi300x.txt"}
-
-
-@pytest.mark.skipif(not SHARED.is_dir(), reason="the seeds live in ../shared beside the checkout (CI has it)")
-def test_published_figures_appear_in_their_sources():
-    for row in published.load().itertuples():
-        name = SEED_FILES.get(row.source, "reference-numbers.md")
-        text = (SHARED / name).read_text()
-        figure = f"{row.value:g}"
-        assert re.search(rf"(?<![\d.]){re.escape(figure)}(?![\d])", text), f"{figure} not in {name}"
-
-
 def test_published_sources_are_cited_by_url():
     df = published.load()
     assert "source_file" not in df and df.url.str.match(r"https?://").all()

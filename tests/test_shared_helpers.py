@@ -21,11 +21,11 @@ def test_a_range_reads_the_same_everywhere_and_a_difference_keeps_its_signs():
 
 
 def test_data_tables_are_read_from_the_package_by_name():
-    path = Path(paths.REPO_ROOT / "lib" / "sdperf" / "data" / "published_inference.csv")
-    pd.testing.assert_frame_equal(tables.table("published_inference.csv"), pd.read_csv(path))
-    claims = tables.table("published_claims.csv", dtype=str, keep_default_na=False)  # read options pass through
-    assert claims.map(lambda v: isinstance(v, str)).all().all()
-    with tables.file("published_inference.csv") as f:
+    path = Path(paths.REPO_ROOT / "lib" / "sdperf" / "data" / "published.csv")
+    pd.testing.assert_frame_equal(tables.table("published.csv"), pd.read_csv(path))
+    text = tables.table("published.csv", dtype=str, keep_default_na=False)  # read options pass through
+    assert text.map(lambda v: isinstance(v, str)).all().all()
+    with tables.file("published.csv") as f:
         assert Path(f).read_bytes() == path.read_bytes()
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from sdperf.training import published, scaling
+from sdperf.config import published
+from sdperf.training import scaling
 
 
 def test_scaling_on_a_table_with_a_known_answer():
@@ -29,8 +30,8 @@ def test_each_group_is_normalized_to_its_own_smallest_size():
 def test_published_curves_reproduce_nemos_own_rows(metric, column, tolerance):
     """NeMo printed its Speedup (2 decimals) and Perfect Linear Scaling rows from an unrounded 1-node figure,
     so the match is within that rounding: 0.01x absolute, 1e-4 relative."""
-    curves = published.curves()
-    stated = published.stated(metric)
+    curves = scaling.published_curves()
+    stated = published.select(published.NEMO, metric=metric)  # its own Speedup / Perfect Linear rows
     assert len(stated) == 14
     for row in stated.itertuples():
         ours = curves[(curves.hardware == row.hardware) & (curves.nodes == row.nodes)][column].item()
@@ -70,7 +71,7 @@ def test_ratio_and_the_nemo_a100_to_h100_figure():
     t = pd.DataFrame({"k": [1, 1, 2, 2, 3], "chip": ["A", "B", "A", "B", "A"], "value": [2.0, 5.0, 4.0, 6.0, 9.0]})
     r = scaling.ratio(t, "k", "chip", "B", "A")
     assert r.k.tolist() == [1, 2] and r.ratio.tolist() == pytest.approx([2.5, 1.5])
-    table = published.a100_to_h100()
+    table = scaling.a100_to_h100()
     comp = table[~table.table.str.startswith("node sweep")].iloc[0]
     assert comp.ratio == pytest.approx(1.972 / 1.056) and round(comp.ratio, 1) == comp.stated == 1.9
     assert len(table[table.table.str.startswith("node sweep")]) == 7

@@ -1,21 +1,48 @@
-"""Figures published by the seeds and reference write-ups, transcribed with their source and its URL for
-side-by-side tables."""
+"""Every published figure the study cites, in one table (sdperf/data/published.csv), and the views its readers take.
+
+A row is one figure: `source`, `url`, the `hardware` and `settings` it was taken under, `key` (the catalog technique
+or stack it is about, if one), `what` (the configuration, rung or comparison it is of), `metric`, `value`, `unit`,
+`detail` (the figure in the source's words, or what a ratio divides) and `why` (why it can differ from what this
+study measures). A claim made without a figure has no value or unit. `url_note` says what to know about a link;
+`measured`, set on each row the report's published-vs-measured table shows, says where results.csv holds the figure
+set beside it: `field=value` pairs joined by "; " (notebook, key or scenario prefix, batch, metric, `over` the
+denominator row), then `what=` and the rest of the cell. Sizes are read from the words, not repeated in columns:
+`model` (settings up to the first comma), `resolution`, `batch_size`, `gpus` and `nodes` (the last one named in
+settings then what: "1 -> 2 nodes (8 -> 16 GPUs)" is 2 nodes, 16 GPUs).
+"""
 from __future__ import annotations
 
 import pandas as pd
 
 from sdperf.core import tables
 
+FILE = "published.csv"
+SIZES = {"resolution": r"(\d+)px", "batch_size": r"(?:^|[,;] )batch (\d+)", "gpus": r"(\d+) GPUs",
+         "nodes": r"(\d+) nodes?\b"}
+LOOKUP = ("notebook", "key", "scenario", "batch", "metric", "over", "what")
+QUALITY = ("fid", "fid_change", "clip_score", "latent_mse", "n_images")
+CHANGES = ("fid_change", "latent_mse", "quality")  # what a technique costs in quality ("quality": said in words)
+NEMO, NEMO_AB, MOSAIC = "NeMo SD training", "NeMo SD training A100 vs H100", "MosaicML diffusion"
+CURVES = {NEMO: "NeMo DGX {chip}, SD v2, {px}px", MOSAIC: "MosaicML {chip}, SD2-base UNet, {px}px"}
+
 
 def load() -> pd.DataFrame:
-    return tables.table("published_inference.csv")
+    """The table, every text column a string ('' where empty), `value` a float (NaN for a claim without a figure),
+    and the sizes its words state."""
+    df = tables.table(FILE, dtype=str, keep_default_na=False)
+    df["value"] = df["value"].replace("", "nan").astype(float)
+    words = df["settings"] + "; " + df["what"]
+    df["model"] = df["settings"].str.split(",").str[0]
+    for size, pattern in SIZES.items():
+        df[size] = words.str.findall(pattern).str[-1].astype(float)
+    return df
 
 
 def select(source: str, **equal) -> pd.DataFrame:
     df = load()
     df = df[df["source"] == source]
-    for key, value in equal.items():
-        df = df[df[key] == value]
+    for column, value in equal.items():
+        df = df[df[column] == value]
     if df.empty:
         raise KeyError(f"no published rows for {source!r} with {equal}")
     return df.reset_index(drop=True)
@@ -39,3 +66,49 @@ def url(source: str) -> str:
 def cite(source: str) -> str:
     """'source (https://...)': how a published-vs-measured row names where its figure comes from."""
     return f"{source} ({url(source)})"
+
+
+def lookup(measured: str) -> dict[str, str]:
+    """A `measured` cell as its fields, every one of LOOKUP present ('' where not given)."""
+    head, _, what = measured.partition("what=")
+    fields = dict(part.split("=", 1) for part in head.split("; ") if part) | {"what": what}
+    if set(fields) - set(LOOKUP):
+        raise ValueError(f"measured {measured!r}: unknown field(s) {sorted(set(fields) - set(LOOKUP))}; {LOOKUP}")
+    return {name: fields.get(name, "") for name in LOOKUP}
+
+
+def compared() -> pd.DataFrame:
+    """The rows the report sets beside a measurement, in the table's order, each `measured` field a column
+    `measured_<field>`."""
+    df = load().query("measured != ''").reset_index(drop=True)
+    fields = pd.DataFrame([lookup(m) for m in df["measured"]], columns=list(LOOKUP))
+    return pd.concat([df, fields.add_prefix("measured_")], axis=1)
+
+
+def quality() -> pd.DataFrame:
+    """The published quality figures (FID, CLIP score, their changes, latent error, a protocol's image count)."""
+    df = load()
+    return df[df["metric"].isin(QUALITY) & df["value"].notna()].reset_index(drop=True)
+
+
+def technique_quality() -> pd.DataFrame:
+    """Per catalog key (the index), what its sources say it costs in quality (a change in FID, a latent error, words),
+    where each was measured, each source with its URL, and the sources and hardware by name."""
+    df = load()
+    df = df[(df["key"] != "") & df["metric"].isin(CHANGES)].assign(
+        where=lambda d: (d.hardware + ", " + d.settings).str.strip(", "), cited=lambda d: d.source + " (" + d.url + ")")
+    join = lambda texts: "; ".join(dict.fromkeys(filter(None, texts)))  # noqa: E731  (each text once, in order)
+    return df.groupby("key", sort=False).agg(published_cost=("detail", join), published_where=("where", join),
+                                             published_source=("cited", join), source=("source", join),
+                                             hardware=("hardware", join))
+
+
+def throughput() -> pd.DataFrame:
+    """The published training sweeps: samples/s per curve and size (GPUs, and nodes for NeMo's DGX sweep), one
+    row each, with the curve's name and its source."""
+    df = load()
+    df = df[(df["metric"] == "samples_per_s") & df["source"].isin([NEMO, MOSAIC])].copy()
+    df["gpus"] = df["gpus"].astype(int)
+    df["curve"] = [CURVES[r.source].format(chip="H100" if "H100" in r.hardware else "A100", px=int(r.resolution))
+                   for r in df.itertuples()]
+    return df.reset_index(drop=True)

@@ -118,11 +118,10 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
     measured += f"; median of {len(base)} baseline processes ({cmp.method})"
     rows = []
     for source, config in PUBLISHED_SDPA_EAGER:
-        r = published.select(source, config=config).iloc[0]
-        steps = "" if pd.isna(r.steps) else f", {int(r.steps)} steps"
+        r = published.select(source, what=config, model="SD 1.5").iloc[0]
         rows.append(published_row(
-            "SD 1.5 denoising throughput, SDPA, eager", f"{published.cite(source)}; {r.note}", r.hardware,
-            f"{r.model}, {int(r.resolution)}px{steps}, batch {int(r.batch_size)}, {config}", float(r.value),
+            "SD 1.5 denoising throughput, SDPA, eager", f"{published.cite(source)}; {r.detail}", r.hardware,
+            f"{r.settings}; {config}", float(r.value),
             it_per_s, measured, unit="it/s"))
     return pd.DataFrame(rows)
 

@@ -197,8 +197,8 @@ def plot_breakdown(study: Study, runs: BaselineRuns):
 
 def nemo_scaling() -> pd.DataFrame:
     """NeMo's framework-fp16 SD latency at batch 1/2/4, relative to batch 1: the shape to compare with ours."""
-    df = published.select("NeMo SD inference", model="SD 1.x", config="framework fp16 AMP")
-    df = df[["batch_size", "value"]].rename(columns={"value": "latency_s"})
+    df = published.select("NeMo SD inference", model="SD 1.x", what="framework fp16 AMP")
+    df = df[["batch_size", "value"]].astype({"batch_size": int}).rename(columns={"value": "latency_s"})
     df["relative_latency"] = df["latency_s"] / float(df.loc[df.batch_size == 1, "latency_s"].iloc[0])
     return df
 
@@ -240,7 +240,7 @@ def published_vs_measured(study: Study, sweep: pd.DataFrame) -> pd.DataFrame:
     rows = [
         {"claim": "fp32 baseline latency", "source": published.cite("Cerebrium SD ladder"), "hardware": "NVIDIA A10G",
          "conditions": "SD v1.x, 512px, steps not stated", "published": published.value(
-             "Cerebrium SD ladder", config="fp32"), "measured_here": one["latency_s"], "unit": "s",
+             "Cerebrium SD ladder", what="fp32"), "measured_here": one["latency_s"], "unit": "s",
          "measured_conditions": f"{p.arch}, {p.resolution}px, {p.steps} {p.scheduler} steps, batch 1, {here}"},
     ]
     nemo = nemo_scaling().set_index("batch_size")

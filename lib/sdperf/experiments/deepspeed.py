@@ -138,8 +138,8 @@ def compare(study: Study, say: Callable[[str], None] = print, **run_kw) -> Compa
 
 def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
     """Cerebrium's DeepSpeed rung beside the ratio measured here, only where kernels were actually injected."""
-    before = published.value("Cerebrium SD ladder", config="inference_mode")
-    after = published.value("Cerebrium SD ladder", config="deepspeed")
+    before = published.value("Cerebrium SD ladder", what="inference_mode")
+    after = published.value("Cerebrium SD ladder", what="deepspeed")
     t = cmp.ok().set_index("variant")
     measured, cond = None, "no DeepSpeed kernel was injected on this stack, so there is no DeepSpeed ratio to show"
     injected = [v for v in (KERNELS, KERNELS_ADAPTED) if v in t.index and (t.loc[v, "replaced_modules"] or 0) > 0]

@@ -231,9 +231,9 @@ def batch_sweep(study, cmp: Comparison, key: str, batch_sizes: list[int], budget
 def nemo_table(sweep: pd.DataFrame) -> pd.DataFrame:
     """NeMo's framework fp16 AMP vs TensorRT fp16 latency (SD 1.x, A100, 50 PLMS steps) beside the sweep measured
     here (per image at 50 steps, composed from the measured stages)."""
-    nemo = published.select("NeMo SD inference", model="SD 1.x")
-    fw = nemo[nemo.config == "framework fp16 AMP"].set_index("batch_size")["value"]
-    trt = nemo[nemo.config == "TensorRT fp16"].set_index("batch_size")["value"]
+    nemo = published.select("NeMo SD inference", model="SD 1.x", metric="latency").astype({"batch_size": int})
+    fw = nemo[nemo.what == "framework fp16 AMP"].set_index("batch_size")["value"]
+    trt = nemo[nemo.what == "TensorRT fp16"].set_index("batch_size")["value"]
     out = sweep.reindex(columns=["batch_size", "status", "framework_s_per_image_seed", "engine_s_per_image_seed",
                                  "seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict"])
     out["nemo_framework_s"] = out.batch_size.map(fw)
@@ -253,9 +253,9 @@ def published_vs_measured(study, cmp: Comparison, sweep: pd.DataFrame | None, be
     nemo = "NeMo SD inference", "NVIDIA A100 80GB", "SD 1.x, 512px, 50 PLMS steps; fp16 AMP -> TensorRT fp16 " \
                                                      "(text encoder, UNet and VAE)"
     rows = []
-    for b in sorted(set(published.select(nemo[0], model="SD 1.x").batch_size)):
-        fw = published.value(nemo[0], model="SD 1.x", batch_size=b, config="framework fp16 AMP")
-        trt = published.value(nemo[0], model="SD 1.x", batch_size=b, config="TensorRT fp16")
+    for b in sorted(set(published.select(nemo[0], model="SD 1.x", metric="latency").batch_size.astype(int))):
+        fw = published.value(nemo[0], model="SD 1.x", batch_size=b, what="framework fp16 AMP")
+        trt = published.value(nemo[0], model="SD 1.x", batch_size=b, what="TensorRT fp16")
         got = sweep[(sweep.batch_size == b) & (sweep.status == "ok")] if sweep is not None else pd.DataFrame()
         measured = float(got.seed_speedup.iloc[0]) if len(got) else None
         how = _said(got.iloc[0], "seed_speedup", got.method.iloc[0]) if len(got) else "not measured"
@@ -264,18 +264,18 @@ def published_vs_measured(study, cmp: Comparison, sweep: pd.DataFrame | None, be
             study.conditions(b, scope="per image at 50 PLMS steps, composed from the measured stages")
             + f"; fp32 eager -> {best or 'no engine'} (UNet only; text encoder and VAE in PyTorch); {how}",
             detail=f"{fw} s -> {trt} s"))
-    hf = "HF blog stable-diffusion-inference-intel"
-    fp32 = published.value(hf, config="fp32")
+    hf = "Hugging Face / Intel blog"
+    fp32 = published.value(hf, what="fp32")
     ok = cmp.ok().set_index("key")
     for config, key in (("OpenVINO", "engine:openvino-f32"), ("OpenVINO static shapes", "engine:openvino-f32-static")):
         got = ok.loc[key] if key in ok.index else None
         rows.append(published_row(
             f"fp32 PyTorch -> {config}", published.cite(hf), "Intel Sapphire Rapids CPU", "SD, 512px",
-            fp32 / published.value(hf, config=config), float(got["seed_speedup"]) if got is not None else None,
+            fp32 / published.value(hf, what=config), float(got["seed_speedup"]) if got is not None else None,
             study.conditions(1, scope="per image at 50 PLMS steps, composed from the measured stages")
             + f"; fp32 eager -> {key} (UNet only)" + (f"; {_said(got, 'seed_speedup', cmp.method)}"
                                                       if got is not None else ""),
-            detail=f"{fp32} s -> {published.value(hf, config=config)} s"))
+            detail=f"{fp32} s -> {published.value(hf, what=config)} s"))
     return pd.DataFrame(rows)
 
 

@@ -114,11 +114,10 @@ def _conditions(study: Study, what: str) -> str:
 
 def published_vs_measured(study: Study, cmp: Comparison, timing: pd.DataFrame) -> pd.DataFrame:
     """NeMo's 50-step PLMS latency beside this machine's (composed); no source publishes the 50 -> 20 step ratio."""
-    nemo = published.select("NeMo SD inference", model="SD 1.x", batch_size=1, config="framework fp16 AMP")
+    nemo = published.select("NeMo SD inference", model="SD 1.x", batch_size=1, what="framework fp16 AMP").iloc[0]
     base = timing[timing.variant == BASELINE].iloc[0]
     rows = [published_row("s/image at the reference protocol", published.cite("NeMo SD inference"),
-                          str(nemo.loc[0, "hardware"]), f"SD 1.x, 512px, PLMS {int(nemo.loc[0, 'steps'])} steps, "
-                          "batch 1, framework fp16 AMP", float(nemo.loc[0, "value"]), float(base["s_per_image_seed"]),
+                          nemo.hardware, f"{nemo.settings}; {nemo.what}", nemo.value, float(base["s_per_image_seed"]),
                           _conditions(study, f"fp32 eager, {study.profile.scheduler} at 50 steps composed from the "
                                       f"measured stages; {cmp.method}"), unit="s")]
     ok = timing[(timing.status == "ok") & (timing.variant != BASELINE)]

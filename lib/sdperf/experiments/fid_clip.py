@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from sdperf.config import published
 from sdperf.measure.study import Study, open_study
 from sdperf.quality import curve, gate, rungs, score
 from sdperf.quality.quality_settings import QualitySettings, settings
@@ -19,7 +20,7 @@ from sdperf.judge import guidance_curve as reference_curve
 from sdperf.judge import technique_report, techniques, transfer
 
 NOTEBOOK = "12_fid_clip"
-PUBLISHED_COLUMNS = ["source", "model", "config", "metric", "value", "n_images", "steps", "scheduler", "scored_at"]
+PUBLISHED_COLUMNS = ["source", "settings", "key", "what", "metric", "value", "unit"]
 
 
 @dataclass
@@ -126,5 +127,6 @@ def open_fid_clip(profile: str | None) -> FidClip:
 
 
 def published_quality() -> pd.DataFrame:
-    """The transcribed quality figures (sdperf/data/published_quality.csv) with their conditions."""
-    return gate.published_table()[PUBLISHED_COLUMNS]
+    """The published quality figures with their conditions (sdperf.config.published.quality), in a table of their
+    own: a figure from a random network or a few images must never sit beside a published FID as if comparable."""
+    return published.quality()[PUBLISHED_COLUMNS]

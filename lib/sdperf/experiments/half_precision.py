@@ -136,8 +136,8 @@ def explain(study: Study, roofs: pd.DataFrame) -> str:
 
 
 def published_vs_measured(study: Study, table: pd.DataFrame) -> pd.DataFrame:
-    fp32 = published.value("Cerebrium SD ladder", config="fp32")
-    fp16 = published.value("Cerebrium SD ladder", config="fp16")
+    fp32 = published.value("Cerebrium SD ladder", what="fp32")
+    fp16 = published.value("Cerebrium SD ladder", what="fp16")
     p = study.profile
     row = table[(table.dtype == "float16") & table.status.isin(["ok", BLOCK_ONLY])]
     measured, scope = None, "float16 not measured here"

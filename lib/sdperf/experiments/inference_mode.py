@@ -131,8 +131,8 @@ def saved_activations(study: Study, cases: list[tuple[str, str]] | None = None) 
 
 
 def published_vs_measured(study: Study, claims: pd.DataFrame, method: str) -> pd.DataFrame:
-    fp16 = published.value("Cerebrium SD ladder", config="fp16")
-    im = published.value("Cerebrium SD ladder", config="inference_mode")
+    fp16 = published.value("Cerebrium SD ladder", what="fp16")
+    im = published.value("Cerebrium SD ladder", what="inference_mode")
     row = claims[claims.comparison == CLAIM]
     measured = float(row["speedup"].iloc[0]) if len(row) else None
     spread = (f"; median [min-max] over {row['rounds'].iloc[0]} rounds {row['speedup_lo'].iloc[0]:.3f}-"

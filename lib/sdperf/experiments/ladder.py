@@ -431,9 +431,10 @@ def published_vs_measured(study: Study, cerebrium: Ladder, best: Ladder) -> pd.D
     rung = study.conditions(scope="per image at the profile's steps, this Cerebrium-order rung over the rung below")
     stack = study.conditions(scope="per image at 50 PLMS steps composed from the measured stages, the "
                                    "Cerebrium-order stack over fp32 eager")
-    lad = published.select("Cerebrium SD ladder").set_index("config")["value"]
-    nemo = published.select("NeMo SD inference", model="SD 1.x", batch_size=1).set_index("config")["value"]
-    paiton = published.select("Paiton SDXL").set_index("config")["value"]
+    lad = published.select("Cerebrium SD ladder", metric="latency").set_index("what")["value"]
+    nemo = published.select("NeMo SD inference", model="SD 1.x", batch_size=1, metric="latency")
+    nemo = nemo.set_index("what")["value"]
+    paiton = published.select("Paiton SDXL", metric="it_per_s").set_index("what")["value"]
     cer, nv, amd = (published.cite(s) for s in ("Cerebrium SD ladder", "NeMo SD inference", "Paiton SDXL"))
     recipe = best_recipe(best)
     rows = []

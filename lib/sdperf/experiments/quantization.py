@@ -372,24 +372,11 @@ LIKE_FOR_LIKE = (
 
 
 def _published_int8() -> list[dict]:
-    """The two published int8 figures: the diffusers tutorial's dynamic rung and the NNCF blog's 8-bit model."""
-    from sdperf.report.published_vs_measured import cpu_ladder_claims
-
-    out = []
-    try:
-        before = published.value("diffusers fast_diffusion", config="+ fused QKV")
-        after = published.value("diffusers fast_diffusion", config="+ int8 dynamic quantization")
-        out.append(dict(source=published.cite("diffusers fast_diffusion"), hardware="NVIDIA A100 80GB",
-                        conditions="SDXL 1024px, 30 steps, batch 1, bf16 + SDPA + torch.compile + fused QKV, then "
-                                   "torchao int8 dynamic", figure=before / after, detail=f"{before} s -> {after} s"))
-    except KeyError:
-        out.append(dict(source="diffusers fast_diffusion", hardware="", conditions="", figure=None,
-                        detail="figure not in published_inference.csv"))
-    nncf = cpu_ladder_claims()
-    nncf = nncf[nncf.measured_key == "int8:openvino-nncf-ptq"].iloc[0]
-    out.append(dict(source=f"{nncf.source} ({nncf.url})", hardware=nncf.hardware, conditions=nncf.settings,
-                    figure=float(nncf.published), detail=nncf.published_detail))
-    return out
+    """The two published int8 figures, the diffusers tutorial's dynamic rung and the NNCF blog's 8-bit model: the
+    rows the report sets beside the same schemes (sdperf.config.published.compared), by the scheme measured."""
+    t = published.compared().set_index("measured_key")
+    return [dict(source=f"{r.source} ({r.url})", hardware=r.hardware, conditions=r.settings, figure=float(r.value),
+                 detail=r.detail) for r in (t.loc[keys[0]] for _, keys, _ in LIKE_FOR_LIKE)]
 
 
 def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:

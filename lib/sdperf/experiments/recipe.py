@@ -23,7 +23,6 @@ from sdperf.optimizations import catalog
 from sdperf.measure.rounds import BASELINE
 from sdperf.measure.study import Study
 from sdperf.experiments.ladder import RANK
-from sdperf.core import tables
 
 BEST, LOSSLESS = scenarios.BEST_STACK, scenarios.LOSSLESS_STACK
 ROOF_GOAL_SHARE = 0.8  # the int8 executor's per-step gain should reach 80% of the int8-vs-fp32 roof ratio
@@ -252,7 +251,14 @@ def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
 
 
 def published_ladders() -> pd.DataFrame:
-    return tables.table("published_cpu_ladders.csv")
+    """The report's claims set beside one technique alone or the stack chosen here, per image over fp32 at batch 1;
+    `measured_key` is the technique's catalog key, or the chosen stack's name."""
+    from sdperf.report import published_vs_measured as pvm
+
+    t = pvm.claims()
+    t = t[(t.measured_metric == "seed_speedup_vs_fp32") & (t.measured_batch == "1") & t.published.notna()
+          & ~t.measured_key.str.contains(r"[|+]")]
+    return t.assign(measured_key=t.measured_key.where(t.measured_key != "", t.measured_scenario.str.rstrip(", ")))
 
 
 def published_vs_measured(alone: pd.DataFrame, heads: list[dict]) -> pd.DataFrame:
@@ -277,8 +283,8 @@ def published_vs_measured(alone: pd.DataFrame, heads: list[dict]) -> pd.DataFram
                        f"{a['seed_speedup_hi']:.2f}], {a.get('seed_speedup_verdict')}")
             else:
                 how = f"{r.measured_key}: {a.get('status')} {a.get('note') or ''}".strip()
-        out.append({"source": r.source, "hardware": r.hardware, "settings": r.settings, "step": r.step,
-                    "published_x": r.published_x, "published_detail": r.published_detail,
+        out.append({"source": r.source, "hardware": r.hardware, "settings": r.settings, "step": r.claim,
+                    "published_x": r.published, "published_detail": r.published_detail,
                     "measured_here_x": measured, "measured_how": how, "why_they_differ": r.why_they_differ,
                     "url": r.url})
     return pd.DataFrame(out)

@@ -285,11 +285,11 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
     """Published it/s ratios beside the per-UNet-step ratio measured here."""
     rows = []
     for claim, source, before, after, pairs in CLAIMS:
-        a = published.select(source, config=before, model="SD 1.5").iloc[0]
-        b = published.select(source, config=after, model="SD 1.5").iloc[0]
+        a = published.select(source, what=before, model="SD 1.5").iloc[0]
+        b = published.select(source, what=after, model="SD 1.5").iloc[0]
         measured, which = _measured(cmp, pairs)
         rows.append(published_row(
-            claim, published.cite(source), a["hardware"], f"{a['model']}, {a['resolution']}px, batch {a['batch_size']}",
+            claim, published.cite(source), a["hardware"], a["settings"],
             float(b["value"]) / float(a["value"]), measured, study.conditions(scope=f"UNet step, {which}"),
             detail=f"{a['value']} -> {b['value']} {a['unit']}"))
     return pd.DataFrame(rows)

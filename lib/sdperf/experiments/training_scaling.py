@@ -8,10 +8,11 @@ from pathlib import Path
 import pandas as pd
 
 from sdperf.store import figure_captions
+from sdperf.config import published
 from sdperf.config.architectures import vae_scale_factor
 from sdperf.measure.comparison import published_row
 from sdperf.measure.study import Study
-from sdperf.training import collect, dataset, figures, launch, published, scaling, training_settings
+from sdperf.training import collect, dataset, figures, launch, scaling, training_settings
 from sdperf.training.model import unet_config
 from sdperf.training.training_settings import TrainingSettings
 
@@ -197,13 +198,14 @@ def published_tables() -> dict[str, pd.DataFrame]:
     nemo.columns = [f"{c:g} node{'s' if c > 1 else ''}" for c in nemo.columns]
     mosaic = t[t.source == published.MOSAIC].pivot_table(index="curve", columns="gpus", values="value", sort=False)
     mosaic.columns = [f"{c} GPUs" for c in mosaic.columns]
-    sources = published.load().groupby("source", sort=False).agg(url=("url", "first"),
-                                                                 hardware=("hardware", lambda h: "; ".join(h.unique())))
+    names = [published.NEMO, published.NEMO_AB, published.MOSAIC]
+    sources = published.load().set_index("source").loc[names].groupby("source", sort=False).agg(
+        url=("url", "first"), hardware=("hardware", lambda h: "; ".join(h.unique())))
     return {"NeMo (samples/s)": nemo, "MosaicML (images/s)": mosaic, "sources": sources.reset_index()}
 
 
 def published_scaling() -> pd.DataFrame:
-    c = published.curves()
+    c = scaling.published_curves()
     return c[["curve", "nodes", "gpus", "value", "perfect_linear", "speedup", "efficiency"]]
 
 
@@ -235,7 +237,7 @@ def _published_hardware(sources: list[str]) -> str:
 
 
 def save_figures(study: Study, measured: pd.DataFrame, tables: dict[str, pd.DataFrame]) -> dict:
-    curves = published.curves()
+    curves = scaling.published_curves()
     mine = figures.measured_curves(tables["weak"], tables["strong"], "here")
     note = scope_note(study, measured)
     title = f"Speed-up against perfect linear scaling: published GPUs and {_where(study)}"
@@ -245,27 +247,27 @@ def save_figures(study: Study, measured: pd.DataFrame, tables: dict[str, pd.Data
               f"{'/'.join(map(str, steps)) or 'no'} timed steps each")
     method = ("here: each configuration a fresh torchrun process group, timed steps after warm-up, samples/s = "
               "global batch / median step time of the slowest rank; published: transcribed from the sources "
-              "(sdperf.training.published)")
+              "(sdperf.config.published)")
     hardware = _published_hardware(list(curves.source.unique()))
     pub = f"published: {len(curves)} points on {curves['curve'].nunique()} curves ({hardware})"
-    scaling = dict(baseline="each curve's own samples/s at its smallest size (here: the smallest world size of the "
+    caption = dict(baseline="each curve's own samples/s at its smallest size (here: the smallest world size of the "
                    "same engine and batch), ratio of medians", method=method, n=f"{n_here}; {pub}")
-    ratios = published.a100_to_h100()
+    ratios = scaling.a100_to_h100()
     out = {"speedup": study.save_figure(
                figures.speedup_figure(curves, mine, title, note), "speedup",
                what="Training speed-up over each curve's smallest size against devices / smallest size (log2 axes): "
                "the published GPU sweeps beside the DDP/ZeRO sweep measured here, and perfect linear scaling",
-               **scaling),
+               **caption),
            "efficiency": study.save_figure(
                figures.efficiency_figure(curves, mine, "Scaling efficiency", note), "efficiency",
                what="Scaling efficiency (speed-up / scale; 1.0 is perfect linear) of the published GPU sweeps and "
-               "of the sweep measured here", **scaling),
+               "of the sweep measured here", **caption),
            "a100_h100": study.save_figure(
                figures.ratio_figure(ratios), "a100_to_h100",
                what="NeMo's published DGX H100 over DGX A100 training throughput, SD at 512px, per node count and in "
                "its 4-node comparison table, with the speed-up NeMo states",
                baseline="DGX A100 at the same node count (published)",
-               method="ratio of the published throughputs (sdperf.training.published); nothing measured here",
+               method="ratio of the published throughputs (sdperf.config.published); nothing measured here",
                n=f"{len(ratios)} published pairs",
                taken_in={"published_hardware": _published_hardware(["NeMo SD training A100 vs H100"])}),
            "per_device": study.save_figure(
@@ -287,7 +289,7 @@ def save_figures(study: Study, measured: pd.DataFrame, tables: dict[str, pd.Data
 
 def published_vs_measured(study: Study, measured: pd.DataFrame, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Doubling the devices: each published curve's first step beside this machine's, and per-device samples/s."""
-    curves = published.curves()
+    curves = scaling.published_curves()
     weak = tables["weak"]
     doubled = weak[(weak.engine == "ddp") & (weak.scale == 2)]
     measured_2x = float(doubled.speedup.max()) if len(doubled) else None

@@ -11,16 +11,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from sdperf.config import published
 from sdperf.judge import techniques
-from sdperf.core import tables
 
 QUALITY_MODEL = "reference model (trained here, sdref)"
 NOT_TIMED = "not timed alone on this machine at this commit"
-
-
-def published() -> pd.DataFrame:
-    """The published quality cost of a technique, with its source, settings and hardware (by catalog key)."""
-    return tables.table("published_technique_quality.csv")
 
 
 COLUMNS = ("n_images", "cached_images", "steps", "adherence", "adherence_delta", "adherence_delta_lo",
@@ -38,7 +33,7 @@ def table(study, quality: pd.DataFrame) -> pd.DataFrame:
 
     keys = [k for k in quality.key if _technique(k)]
     speed = standalone(study, keys).set_index("key") if keys else pd.DataFrame()
-    pub = published().set_index("key")
+    pub = published.technique_quality()
     rows = []
     for r in quality.to_dict("records"):
         row = {"key": r["key"], "technique": r.get("label"), "status": r["status"],
@@ -54,8 +49,8 @@ def table(study, quality: pd.DataFrame) -> pd.DataFrame:
                                          else f"{s.status}: {s.note}")
         if r["key"] in pub.index:
             p = pub.loc[r["key"]]
-            row.update(published_cost=p.published_cost, published_where=f"{p.model_hardware}, {p.settings}",
-                       published_source=f"{p.source} ({p.source_url})")
+            row.update(published_cost=p.published_cost, published_where=p.published_where,
+                       published_source=p.published_source)
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -3,7 +3,7 @@
 Quality is measured on the study's small trained model (sdperf.refmodel), speed on the real SD architectures at
 random init: a reader must be told which quality findings carry over to SD 1.5 and which may not. The reasons are
 properties of each kind of technique, stated in its catalog record (Technique.transfer, not inferred from
-numbers); the published costs come from sdperf/data/published_technique_quality.csv with their sources.
+numbers); the published costs come from the published table (sdperf.config.published) with their sources.
 """
 from __future__ import annotations
 
@@ -30,11 +30,10 @@ def statement(key: str) -> tuple[str, str]:
 def table(quality: pd.DataFrame) -> pd.DataFrame:
     """One row per judged technique (sdperf.judge.techniques.overall's table): its verdict here, whether that
     transfers to SD 1.5 and why, and the published SD 1.5 cost where one exists."""
+    from sdperf.config import published
     from sdperf.judge import controls, techniques
 
-    from sdperf.judge.technique_report import published
-
-    pub = published().set_index("key")
+    pub = published.technique_quality()
     rows = []
     for r in quality.to_dict("records"):
         key = r["key"]
@@ -44,7 +43,8 @@ def table(quality: pd.DataFrame) -> pd.DataFrame:
         p = pub.loc[key] if key in pub.index else None
         rows.append(dict(key=key, verdict_here=r.get("quality_verdict"), adherence_delta=r.get("adherence_delta"),
                          latent_mse=r.get("latent_mse"), transfers=transfers, why=why,
-                         published_sd15=None if p is None else f"{p.published_cost} ({p.source}; {p.model_hardware})"))
+                         published_sd15=None if p is None else
+                         f"{p.published_cost} ({'; '.join(filter(None, (p.source, p.hardware)))})"))
     return pd.DataFrame(rows)
 
 

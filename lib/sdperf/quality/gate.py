@@ -1,4 +1,4 @@
-"""The MLPerf SDXL quality gate, and the published quality figures beside what was measured here.
+"""The MLPerf SDXL quality gate: its bounds from the published table (sdperf.config.published), its verdict here.
 
 MLPerf's closed division accepts an SDXL submission when, on its 5,000 COCO2014 captions (one per image, Euler,
 20 steps, guidance 8), FID lies in [23.01085758, 23.95007626] and CLIP score (ViT-B/32, x100) in
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from sdperf.config import published
 from sdperf.quality.quality_settings import QualitySettings
 from sdperf.measure.study import Study
-from sdperf.core import tables
 
 MLPERF = "MLPerf Inference SDXL"
 MLPERF_N, MLPERF_GUIDANCE, MLPERF_STEPS, MLPERF_SCHEDULER = 5000, 8.0, 20, "euler"
@@ -20,14 +20,8 @@ RESIZE_CAVEAT = ("MLPerf's reference scores the 1024px images with pytorch-fid (
                  "antialiased bilinear: treat a result within a few tenths of a bound as indicative")
 
 
-def published() -> pd.DataFrame:
-    return tables.table("published_quality.csv", dtype={"guidance": str, "n_images": "Int64", "steps": "Int64",
-                                                      "resolution": "Int64", "scored_at": "Int64"})
-
-
 def bounds(metric: str) -> tuple[float, float]:
-    t = published()
-    t = t[(t.source == MLPERF) & (t.metric == metric)].sort_values("value")
+    t = published.select(MLPERF, metric=metric).sort_values("value")
     return float(t.value.iloc[0]), float(t.value.iloc[-1])
 
 
@@ -69,11 +63,3 @@ def verdict(study: Study, s: QualitySettings, curve_table: pd.DataFrame | None) 
                        method=f"this run's curve at guidance {MLPERF_GUIDANCE:g}: its FID and CLIP score, each "
                        "inside MLPerf SDXL's closed-division bounds", note=f"{text}; {RESIZE_CAVEAT}")
     return {**out, "fid": f, "clip": c, "verdict": text, "note": RESIZE_CAVEAT}
-
-
-def published_table() -> pd.DataFrame:
-    """The published figures with their conditions; measured-here numbers stay in their own tables, because a
-    figure from a random network or a few images must never sit beside a published FID as if comparable."""
-    cols = ["source", "model", "config", "metric", "value", "unit", "n_images", "steps", "scheduler", "guidance",
-            "resolution", "scored_at", "hardware", "note", "source_url"]
-    return published()[cols]

@@ -1,12 +1,12 @@
 """Published vs measured: every seed claim and anchor the study compares with, in one table built from rows.
 
-The published side is transcribed in sdperf/data with its source URL, hardware, settings and why the two figures
-can differ: `published_claims.csv` (the seeds' ladders, engines, batching, training scaling, compile and int8
-anchors, the quality anchors and the serving claims) and `published_cpu_ladders.csv` (the published CPU ladders).
-The measured side is never typed: each claim names where its figure lives in results.csv (notebook, catalog key
-or scenario prefix, batch, metric; optionally a denominator row), and the figure, its range and its method are
-read from the rows given, so the table changes when the rows do. A claim whose rows are missing, skipped, failed
-or not applicable reads "not measured here: <the row's own reason>".
+The published side is the rows of the study's one published table (sdperf.config.published) that name where their
+measured counterpart lives: the seeds' ladders, engines, batching, training scaling, compile and int8 anchors, the
+quality anchors, the serving claims and the published CPU ladders, each with its source URL, hardware, settings and
+why the two figures can differ. The measured side is never typed: each claim names where its figure lives in
+results.csv (notebook, catalog key or scenario prefix, batch, metric; optionally a denominator row), and the figure,
+its range and its method are read from the rows given, so the table changes when the rows do. A claim whose rows
+are missing, skipped, failed or not applicable reads "not measured here: <the row's own reason>".
 """
 from __future__ import annotations
 
@@ -14,46 +14,23 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from sdperf.config import published
 from sdperf.store.results import with_verdicts
-from sdperf.core import tables
 
-CLAIMS_FILE = "published_claims.csv"
-CPU_LADDERS_FILE = "published_cpu_ladders.csv"
 NOT_MEASURED = "not measured here"
 COLUMNS = ["source", "url", "url_note", "hardware", "settings", "claim", "published", "published_unit",
            "published_detail", "measured_x", "measured", "measured_what", "method", "why_they_differ"]
 ROW_COLUMNS = ("notebook", "scenario", "metric", "value", "unit", "p10", "p90", "lo", "hi", "status", "method", "key",
                "batch_size", "note", "time_utc")  # what is read of a results.csv row (sdperf.store.results)
-ALTERNATIVE = "|"  # measured_key "a|b": the first key with a measured row wins (e.g. TensorRT where it runs)
-CPU_LADDER_WHAT = {True: "the technique alone over fp32 eager, per image at 50 PLMS steps, composed from the "
-                         "measured stages; median [min-max] over rounds",
-                   False: "the stack chosen here, measured whole, per image over fp32 PLMS-50; median [min-max] "
-                          "over rounds"}
-
-
-def _read(name: str) -> pd.DataFrame:
-    return tables.table(name, dtype=str, keep_default_na=False)
-
-
-def cpu_ladder_claims() -> pd.DataFrame:
-    """published_cpu_ladders.csv in the claims' columns: a catalog key is looked up in its notebook's stand-alone
-    rows; a chosen stack ('best admissible stack') in 10's row of that name."""
-    out = []
-    for r in _read(CPU_LADDERS_FILE).itertuples():
-        is_key = ":" in r.measured_key
-        out.append({"source": r.source, "url": r.url, "url_note": "", "hardware": r.hardware,
-                    "settings": r.settings, "claim": r.step, "published": r.published_x, "published_unit": "x",
-                    "published_detail": r.published_detail, "measured_notebook": r.measured_notebook,
-                    "measured_key": r.measured_key if is_key else "",
-                    "measured_scenario": "" if is_key else f"{r.measured_key},", "measured_batch": "1",
-                    "measured_metric": "seed_speedup_vs_fp32", "measured_over": "",
-                    "measured_what": CPU_LADDER_WHAT[is_key], "why_they_differ": r.why_they_differ})
-    return pd.DataFrame(out)
+ALTERNATIVE = "|"  # measured key "a|b": the first key with a measured row wins (e.g. TensorRT where it runs)
+CLAIM_NAMES = {"what": "claim", "value": "published", "unit": "published_unit", "detail": "published_detail",
+               "why": "why_they_differ"}
 
 
 def claims() -> pd.DataFrame:
-    """Every published claim the study compares with, the seeds' first, then the CPU ladders."""
-    return pd.concat([_read(CLAIMS_FILE), cpu_ladder_claims()], ignore_index=True).fillna("")
+    """Every published claim the study compares with, in the published table's order: its source, published figure
+    (NaN for a claim without one) and where its measured figure lives (`measured_<field>`)."""
+    return published.compared().rename(columns=CLAIM_NAMES)
 
 
 # ---------------------------------------------------------------- finding the measured rows
@@ -220,7 +197,8 @@ def table(results: pd.DataFrame) -> pd.DataFrame:
         x, measured, method = measure(results, c)
         out.append({"source": c.source, "url": c.url, "url_note": c.url_note, "hardware": c.hardware,
                     "settings": c.settings, "claim": c.claim,
-                    "published": float(c.published) if c.published else None, "published_unit": c.published_unit,
+                    "published": None if pd.isna(c.published) else float(c.published),
+                    "published_unit": c.published_unit,
                     "published_detail": c.published_detail, "measured_x": x, "measured": measured,
                     "measured_what": c.measured_what if x is not None else "", "method": method,
                     "why_they_differ": c.why_they_differ})

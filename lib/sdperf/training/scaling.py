@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from sdperf.config import published
+
 
 def scaling(table: pd.DataFrame, size: str, throughput: str, by: list[str] | tuple = ()) -> pd.DataFrame:
     """Adds base_size, scale, speedup, perfect_linear and efficiency to each row, per group of `by`."""
@@ -73,3 +75,21 @@ def ratio(table: pd.DataFrame, key: str, column: str, numerator: str, denominato
     both = wide[[numerator, denominator]].dropna()
     return pd.DataFrame({key: both.index, numerator: both[numerator].values, denominator: both[denominator].values,
                          "ratio": (both[numerator] / both[denominator]).values})
+
+
+def published_curves() -> pd.DataFrame:
+    """Every published training curve's speed-up and efficiency against its own smallest size (in GPUs)."""
+    return scaling(published.throughput(), "gpus", "value", ["curve"])
+
+
+def a100_to_h100() -> pd.DataFrame:
+    """H100 over A100 samples/s at each node count of the NeMo sweep, and NeMo's 4-node comparison table with the
+    speed-up it states."""
+    nemo = published.throughput()
+    nemo = nemo[nemo.source == published.NEMO].assign(chip=lambda d: d.hardware.str.extract(r"(A100|H100)")[0])
+    sweep = ratio(nemo, "nodes", "chip", "H100", "A100").assign(table="node sweep (samples/s)")
+    ab = published.select(published.NEMO_AB, metric="global_batches_per_s")
+    ab = ab.assign(chip=ab.hardware.str.extract(r"(A100|H100)")[0])
+    comp = ratio(ab, "nodes", "chip", "H100", "A100").assign(table="A100 vs H100 table (global batches/s)")
+    comp["stated"] = published.value(published.NEMO_AB, metric="speedup")
+    return pd.concat([sweep, comp], ignore_index=True)
