@@ -1,7 +1,7 @@
 """Adding a technique is one module and one profile line: everything else finds it through its catalog record.
 
 The contract is checked on a copy of the library, params and notebooks with a dummy technique's module added to
-sdperf/optimizations and its key to the smoke profile's list, and nothing else edited: its notebook's comparison,
+sdperf/optimizations, its key to the smoke profile's list and its figure to the published table, nothing else: its notebook's comparison,
 the stack search, the judging list, the memory estimate, the transfer statement, the environment's packages and the
 published-vs-measured table must all name it. Every key the catalog declares says what each consumer needs.
 """
@@ -31,7 +31,9 @@ def techniques() -> list[Technique]:
 
 CHECK = '''
 import json
+import pandas as pd
 from sdperf.config.profiles import load_profile
+from sdperf.report import published_vs_measured
 from sdperf.core import environment
 from sdperf.judge import transfer
 from sdperf.measure import memory
@@ -49,14 +51,22 @@ print(json.dumps({
     "extra_bytes": memory.formula(prof, "dummy:half", 1).parts["technique"],
     "transfer": list(transfer.statement("dummy:half")),
     "packages": sorted(environment.record("smoke", "cpu", catalog.packages())["packages"]),
+    "published": published_vs_measured.table(pd.DataFrame()).claim.tolist(),
 }))
 '''
+
+
+PUBLISHED = ('Dummy paper,https://example.org/dummy,,NVIDIA A10G,"SD 1.5, 512px, batch 1",dummy:half,dummy merging,'
+             'speedup,1.5,x,1.5x,"a dummy figure",notebook=03_attention; key=dummy:half; batch=1; '
+             'metric=seed_speedup_vs_fp32; what=dummy merging over fp32 eager\n')
 
 
 def _copy_with_dummy(tmp_path: Path) -> Path:
     for part in ("lib", "params", "notebooks"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
     (tmp_path / "lib" / "sdperf" / "optimizations" / "dummy_merge.py").write_text(DUMMY)
+    with open(tmp_path / "lib" / "sdperf" / "data" / "published.csv", "a") as table:
+        table.write(PUBLISHED)
     smoke = tmp_path / "params" / "smoke.yml"
     text = smoke.read_text()
     head, _, rest = text.partition("\ntechniques:")
@@ -78,6 +88,7 @@ def test_a_technique_added_as_one_module_and_one_profile_line_reaches_every_cons
     assert got["extra_bytes"] > 0  # one more fp32 UNet in the memory estimate
     assert got["transfer"] == ["may not transfer", "a dummy that merges nothing"]
     assert "dummy-merge" in got["packages"]
+    assert "dummy merging" in got["published"]  # its published row beside what the study measures
 
 
 @pytest.mark.parametrize("key", catalog.keys())
