@@ -1,12 +1,8 @@
 """The memory allocator as a rung: on a CPU, part of what other backends "win" is page faults that eager PyTorch
-pays under glibc's default malloc (SD 1.5 at 32x32 latents: about 465K faults and ~20% of a UNet forward on this
-kind of machine). Tuning glibc's thresholds, or preloading jemalloc / tcmalloc (usual practice for PyTorch on
-CPU), removes them.
+pays under glibc's default malloc; tuning glibc's thresholds, or preloading jemalloc / tcmalloc, removes them.
 
-An allocator is chosen before Python starts (environment variables, LD_PRELOAD), so it cannot be switched inside
-a running notebook: a configuration with an `allocator:<setting>` key runs in worker processes that sdperf.measure.rounds
-forks from a fork server started as a new interpreter under that setting (sdperf.measure.allocator_servers). On a GPU the UNet's memory comes from the CUDA caching
-allocator instead and this rung is about host-side work only.
+An allocator is chosen before Python starts (environment variables, LD_PRELOAD): an `allocator:<setting>` key runs
+in workers forked from a fork server started under that setting (sdperf.measure.allocator_servers).
 """
 from __future__ import annotations
 
@@ -25,10 +21,8 @@ GLIBC_TUNED = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "
 PRELOADS = {"jemalloc": ("libjemalloc.so.2", "libjemalloc2"),
             "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc-minimal4")}
 SETTINGS = ("default", "glibc-tuned") + tuple(PRELOADS)
-# oneTBB (OpenVINO's threading) dlopens its hwloc binding with RTLD_DEEPBIND, so hwloc frees with glibc's free what
-# the preloaded allocator's malloc gave it: "free(): invalid pointer" (SIGABRT) on the first compile_model, measured
-# here with tcmalloc and jemalloc alike (oneTBB issues 1636/1645). TBB_ENABLE_SANITIZERS=1 makes oneTBB load it
-# without RTLD_DEEPBIND (the workaround its maintainers give); it changes nothing else a worker measures.
+# oneTBB (OpenVINO's threading) dlopens hwloc with RTLD_DEEPBIND, so hwloc frees with glibc what a preloaded malloc
+# gave it (SIGABRT on the first compile_model); TBB_ENABLE_SANITIZERS=1 makes oneTBB load it without RTLD_DEEPBIND.
 PRELOAD_EXTRA = {"TBB_ENABLE_SANITIZERS": "1"}
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
@@ -90,9 +84,8 @@ def techniques() -> list[Technique]:
 
 
 def in_effect(setting: str, maps: Path = Path("/proc/self/maps")) -> bool | None:
-    """Whether this process runs under `setting`: a preload's library is mapped, glibc's thresholds are in the
-    environment, or (default) no preload library is mapped. None where the process map cannot be read. A worker
-    records it, so an allocator row shows the setting took hold rather than that it was asked for."""
+    """Whether this process runs under `setting` (its library mapped, glibc's thresholds set, or for default no
+    preload mapped); None where the process map cannot be read. A row shows the setting took hold."""
     _check(setting)
     if setting == "glibc-tuned":
         return all(os.environ.get(k) == v for k, v in GLIBC_TUNED.items())

@@ -1,20 +1,12 @@
 """Exported engine artefacts kept on disk between the worker processes of a run, and across runs.
 
-Every configuration runs in a fresh process in every round (sdperf.measure.rounds), so without a cache each round would
-export SD 1.5's UNet again (tens of seconds, 3.4 GB of ONNX). Each comparison gets a folder of its own
-(Context.artefacts, made and removed by comparison.run_variants); the first worker builds an artefact into a
-folder named by what determines it (engine, exporter, input shapes, the library versions and a digest of the
-UNet's weights), and later workers load it. The folder appears under its final name only once complete (built
-under a temporary name, then renamed), so a killed build never leaves a half-written engine that a later worker
-would load. Set-up time then reads "built" in the first round and "loaded" in the others: the worker reports
-both (rounds.summarize: setup_s of the first round, setup_warm_s of the later ones).
+Every configuration runs in a fresh process in every round, so without a cache each round would export the UNet
+again. The first worker builds an artefact into a folder named by what determines it (engine, exporter, shapes,
+library versions, a digest of the weights), under a temporary name renamed once complete, and later workers load it.
 
-Across runs. An artefact is pure in what names it (engine, exporter, shapes, library versions, weights), so a later
-run on the same machine loads it instead of building it again (an NNCF post-training quantization of SD 1.5's UNet
-took 4-5 minutes per build on cpu). `sdperf run` keeps one shared folder per profile (shared_root) of at most
-CACHE_ENV GiB (default DEFAULT_CACHE_GIB; 0 turns it off: each comparison then builds into a folder of its own,
-removed after it), evicting the least recently used artefacts. What came from an earlier run says so (origin): its
-row's note names the run that built it and that build's time, which is the set-up time a fresh machine pays.
+Across runs: `sdperf run` keeps one shared folder per profile (shared_root) of at most CACHE_ENV GiB (default
+DEFAULT_CACHE_GIB; 0: each comparison builds into a folder of its own, removed after it), evicting the least
+recently used artefacts. A row's note names the earlier run that built its artefact and that build's time (origin).
 """
 from __future__ import annotations
 
@@ -61,8 +53,7 @@ def shared_root(scratch: Path) -> Path:
 
 
 def root_for(scratch: Path, owner: str) -> tuple[Path, bool]:
-    """(folder a comparison builds its engines in, whether it is the shared cross-run one): shared unless the cache
-    is turned off, else a folder of `owner`'s own (cleared by release)."""
+    """(folder a comparison builds its engines in, whether it is the shared one): else one of `owner`'s own."""
     import uuid
 
     if cache_gib() > 0:
@@ -71,8 +62,7 @@ def root_for(scratch: Path, owner: str) -> tuple[Path, bool]:
 
 
 def release(root: Path, shared: bool) -> list[str]:
-    """After a comparison: trim the shared cache to its cap (least recently used first), or clear a private
-    folder. Returns the artefacts evicted."""
+    """After a comparison: trim the shared cache to its cap, or clear a private folder; the artefacts evicted."""
     if not shared:
         clear(root)
         return []
@@ -84,8 +74,8 @@ def _size(folder: Path) -> int:
 
 
 def _ours(entry: Path) -> bool:
-    """An artefact folder cached() wrote: named '<kind>-<16 hex>' (cache_key), a real folder holding a DONE record
-    of a build (built_by), so a user's folder that happens to hold an artefact.json is never a unit to evict."""
+    """An artefact folder cached() wrote: named '<kind>-<16 hex>' (cache_key), a real folder whose DONE record names
+    its build (built_by), so a user's folder holding an artefact.json is never evicted."""
     if entry.is_symlink() or not entry.is_dir() or not _KEY.fullmatch(entry.name) or not (entry / DONE).is_file():
         return False
     try:
@@ -98,19 +88,15 @@ _KEY = re.compile(r"[a-z0-9][a-z0-9_.-]*-[0-9a-f]{16}")
 
 
 def trim(root: Path, cap_bytes: int) -> list[str]:
-    """Evict complete artefacts, least recently used first (DONE's mtime: touched on every load), until the folder
-    holds at most `cap_bytes`; what cached() set aside as damaged goes first, whatever the cap. Unfinished builds
-    (no DONE) are another worker's, never touched here; nothing is
-    evicted through a link or outside the reports folder (paths.removable warns instead), and only what cached()
-    and OpenVINO's plugin cache wrote is a unit."""
+    """Evict complete artefacts, least recently used first (DONE's mtime), until the folder holds at most
+    `cap_bytes`; what cached() set aside as damaged goes first, whatever the cap. Unfinished builds (no DONE) are
+    never touched, nor anything through a link or outside the reports folder (paths.removable)."""
     from sdperf.core.paths import removable
     from sdperf.store import verified
 
     root = Path(root)
     if not root.is_dir() or not removable(root):
         return []
-    # units: what was set aside as damaged (first), complete artefacts (by their DONE) and the OpenVINO plugin's
-    # compiled blobs (each file its own)
     aside = root / verified.QUARANTINE
     first = [q for q in aside.iterdir() if not q.is_symlink()] if aside.is_dir() and not aside.is_symlink() else []
     for q in first:
@@ -142,8 +128,7 @@ def earlier_run(facts: dict) -> str | None:
 
 
 def origin(facts: dict, hit: bool, made: str = "converted") -> str:
-    """What a row's note says of its artefact: built now, loaded from this run's cache, or from an earlier run's
-    (with that run and its build time: the set-up a fresh machine pays)."""
+    """What a row's note says of its artefact: built now, loaded from this run's cache, or from an earlier run's."""
     if not hit:
         return f"{made} into the run's cache" + (f" ({facts['rebuilt']})" if facts.get("rebuilt") else "")
     by = earlier_run(facts)
@@ -155,9 +140,7 @@ def origin(facts: dict, hit: bool, made: str = "converted") -> str:
 
 
 def weights_digest(module: torch.nn.Module) -> str:
-    """sha256 over every tensor's name, shape, dtype and bytes: equal weights give equal digests, any other weights
-    a different one. One pass over the bytes (1.95 s for SD 1.5's UNet on the 2-core EPYC, where sums and sums of
-    squares in float64 took 4.7 s), paid by every worker that looks up an engine."""
+    """sha256 over every tensor's name, shape, dtype and bytes: equal weights give equal digests."""
     h = hashlib.sha256()
     with torch.no_grad():
         for name, t in module.state_dict().items():
@@ -178,10 +161,8 @@ def cache_key(kind: str, module: torch.nn.Module, **what) -> str:
 
 def cached(root: Path | str, key: str, build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
     """(folder, facts, hit): the complete artefact `key` under `root`, built by `build(folder) -> facts` when
-    absent. A build that raises leaves nothing behind. Every file of a built artefact is sealed with its digest
-    (sdperf.store.verified) and checked before the artefact is used: one that fails (a weight changed in place,
-    a truncated file, an unreadable DONE record, a file added) is set aside and built again, and the new facts
-    say why under `rebuilt`."""
+    absent; a build that raises leaves nothing behind. Every file is sealed (sdperf.store.verified) and checked
+    before use: an artefact that fails is set aside and built again, its new facts saying why under `rebuilt`."""
     from sdperf.core import environment
     from sdperf.store import verified
 
@@ -229,8 +210,7 @@ LOW_DISK_BYTES = 1 << 30  # a build that fails with less than this free beside i
 
 
 def _disk_full(root: Path, exc: BaseException) -> str | None:
-    """Why a failed build met a full disk, in words, else None: OpenVINO's serializer says only `basic_ios::clear:
-    iostream error` when its write fails, so the free space is read instead of the message."""
+    """Why a failed build met a full disk, else None (OpenVINO's failed write says only `iostream error`)."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"the disk holding {str(root)!r} is full"
     try:
@@ -243,7 +223,5 @@ def _disk_full(root: Path, exc: BaseException) -> str | None:
 
 
 def clear(root: Path | str) -> None:
-    """Drop the folder of one comparison's engines (not reused by the next comparison: its shapes may differ,
-    and SD 1.5 engines are gigabytes each). Each comparison has a folder of its own, so clearing one never
-    pulls an engine from under another comparison running at the same time."""
+    """Drop the folder of one comparison's engines (its own, so no other comparison's engine goes with it)."""
     shutil.rmtree(Path(root), ignore_errors=True)

@@ -1,18 +1,11 @@
 """Which kernel computes the UNet's attention: diffusers' classic processor, PyTorch's scaled_dot_product_attention
 (SDPA) with the backend PyTorch picks, or one SDPA backend forced (math, flash, memory-efficient, cuDNN).
 
-The classic processor (`AttnProcessor`) computes softmax(QK^T / sqrt(d)) V with batched matmuls, so it writes
-the whole tokens x tokens score matrix of every head to memory. SDPA (`AttnProcessor2_0`, diffusers' default
-since torch 2.0) hands q, k, v to one fused call that picks a kernel by device, dtype and shape: flash and
-memory-efficient attention never materialise the score matrix. On CUDA flash needs fp16/bf16 and a head size up
-to 256, memory-efficient also takes fp32, cuDNN needs a recent GPU; on a CPU PyTorch ships a flash kernel and the
-math fallback. Diffusers' docs measured SD 1.5 on an A100 at 21.66 it/s with SDPA in eager mode.
-
-`torch.backends.cuda.enable_flash_sdp(True)` (the Google Cloud write-up's advice) is a global switch that is
-already on by default: it allows flash, it does not force it. `torch.nn.attention.sdpa_kernel` restricts the
-choice to the named backends for the code inside it, which is how each backend is measured alone here. Sliced
-attention (`enable_attention_slicing`) computes the classic path a few heads at a time to bound its memory;
-diffusers warns that with SDPA it only slows things down.
+The classic processor (`AttnProcessor`) writes the whole tokens x tokens score matrix of every head to memory;
+SDPA (`AttnProcessor2_0`, diffusers' default) picks a fused kernel by device, dtype and shape, and flash and
+memory-efficient attention never materialise it. `enable_flash_sdp(True)` only allows flash (it is on by default);
+`torch.nn.attention.sdpa_kernel` restricts the choice, which is how each backend is measured alone here. Sliced
+attention (`enable_attention_slicing`) computes the classic path a few heads at a time to bound its memory.
 """
 from __future__ import annotations
 
@@ -58,8 +51,7 @@ def unet_skeleton(unet_config: dict) -> torch.nn.Module:
 
 
 def _probe(device: str, dtype: torch.dtype, backend: SDPBackend, heads: int, dim: int) -> str | None:
-    """Run SDPA under one backend at a self- and a cross-attention shape; the error (and PyTorch's warnings
-    saying why the kernel refused) when it cannot, None when it can."""
+    """SDPA under one backend at a self- and a cross-attention shape: the error (and PyTorch's why), or None."""
     q_len, kv_len = PROBE_TOKENS
     q = torch.randn(2, heads, q_len, dim, device=device, dtype=dtype)
     for kv in (q, torch.randn(2, heads, kv_len, dim, device=device, dtype=dtype)):
@@ -90,22 +82,16 @@ def sdpa_availability(device: str, backend: str, dtype: str = "float32",
 
 
 def use_processor(pipe, name: str):
-    """Set one attention processor on every attention layer of the UNet.
-
-    The UNet only, like every attention technique here (SDPA backends, slicing, the dispatcher): its 32 layers are
-    where attention costs time, and the VAE's single mid-block layer keeps PyTorch's own choice, so an attention
-    technique changes only the denoising loop and its worker borrows the baseline's decode (catalog loop_only)."""
+    """Set one attention processor on every attention layer of the UNet (only the UNet, like every attention
+    technique here, so it changes only the denoising loop: catalog loop_only)."""
     _choice("attention processor", name, PROCESSORS)
     pipe.unet.set_attn_processor(PROCESSORS[name]())
     return pipe
 
 
 def use_sdpa_backend(pipe, backend: str):
-    """Run every UNet call inside `sdpa_kernel(backend)`, so SDPA may use that backend and no other.
-
-    Only the UNet (nearly all of a generation's time) is restricted: the VAE's single 512-wide head and the text
-    encoder's causal mask are outside what some backends take (CUDA flash stops at head size 256), and they keep
-    PyTorch's own choice. The wrapper replaces the instance's forward, so pipe.unet stays the same module."""
+    """Run every UNet call inside `sdpa_kernel(backend)`, through the instance's forward (pipe.unet stays the same
+    module); the VAE and text encoder keep PyTorch's choice (some backends cannot take their shapes)."""
     _choice("SDPA backend", backend, BACKENDS)
     unet = pipe.unet
     forward = unet.forward
@@ -127,8 +113,7 @@ def check_slice_size(slice_size) -> None:
 
 
 def use_slicing(pipe, slice_size="auto"):
-    """diffusers' sliced attention on the UNet (what enable_attention_slicing slices): the classic computation a
-    slice of heads at a time (SlicedAttnProcessor)."""
+    """diffusers' sliced attention on the UNet: the classic computation a slice of heads at a time."""
     check_slice_size(slice_size)
     pipe.unet.set_attention_slice(slice_size)
     return pipe
@@ -141,8 +126,7 @@ def dispatcher_backends() -> list[str]:
 
 
 def dispatcher_reach(unet: torch.nn.Module) -> dict:
-    """How many of the UNet's attention layers diffusers' newer dispatcher (`set_attention_backend`) would
-    change: only processors that carry an `_attention_backend` go through it."""
+    """How many attention layers `set_attention_backend` would change (processors with an `_attention_backend`)."""
     mods = attention_modules(unet)
     return {"attention_layers": len(mods),
             "dispatched": sum(hasattr(m.processor, "_attention_backend") for m in mods),
@@ -178,7 +162,6 @@ def facts(pipe) -> dict:
 
 
 NOTEBOOK = "03_attention"
-# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
 TRANSFER = ("transfers", "sliced attention computes the same softmax in pieces, on any model")
 KEY_PREFIXES = ("attention",)
 

@@ -1,9 +1,7 @@
 """A technique of known cost, so the measuring method can be checked against a known answer.
 
-`calibration:unet-twice` runs every UNet call twice and returns the second result: the output is unchanged and
-the UNet share of a generation costs exactly double, so the per-step ratio against fp32 eager must come out at
-0.5x and the per-image ratio at 1 / (1 + UNet share). A method that reports anything else for it is biased;
-the tests measure it through the real worker harness, and a report may show it beside the real techniques.
+`calibration:unet-twice` runs every UNet call twice: the output is unchanged and the UNet share costs exactly
+double, so the per-step ratio against fp32 eager must come out at 0.5x; a method that reports otherwise is biased.
 """
 from __future__ import annotations
 

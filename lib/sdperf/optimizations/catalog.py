@@ -1,10 +1,8 @@
 """The catalog: every technique the study measures, declared once in its own module and found here by key.
 
-A technique is declared by the optimization module that implements it (`techniques()` lists its canonical keys,
-`technique(arg)` builds a parametric one such as `compile:<spec>` or `scheduler:<name>@<steps>`). Notebooks, the
-ladder and the quality rungs name techniques by key only, never by a display label, so a renamed label cannot
-make a measured technique "not measured". A configuration is a stack of keys applied in order to a freshly built
-fp32 pipeline inside a worker process of its own (sdperf.measure.worker); the key of a stack is its keys joined by '+'.
+A module declares its techniques (`techniques()` lists its canonical keys, `technique(arg)` builds a parametric one
+such as `compile:<spec>`); everything names them by key, never by label. A configuration is a stack of keys applied
+in order to a fresh fp32 pipeline in a worker process of its own; its key is its keys joined by '+'.
 """
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ from typing import Any, Callable
 
 from sdperf.core.errors import ConfigError
 
-# Families: what part of a generation a technique changes. Only one UNet executor can be stacked (each one
-# compiles, exports or quantizes the UNet as the rungs below left it), and likewise one of every other family.
+# Families: what part of a generation a technique changes; a stack holds at most one technique of each
 GRAD_MODE, PARAMETERS, PRECISION, ATTENTION = "grad mode", "parameters", "precision", "attention"
 EXECUTOR, GRAPHS, SCHEDULER, ALLOCATOR = "unet executor", "graphs", "scheduler", "allocator"
 CACHING, MERGING = "feature caching", "token merging"  # both patch the PyTorch UNet's blocks: not after an executor
@@ -36,12 +33,10 @@ BASELINE_KEY = "fp32-eager"  # the empty stack: the profile's pipeline in fp32, 
 
 @dataclass
 class Context:
-    """What a technique may read while it is applied: the profile, the batch of the workload, a scratch folder
-    for exported or compiled artefacts (kept between worker processes, so later rounds load instead of
-    rebuilding), `artefacts`, the folder of this comparison's exported engines (optimizations.artefacts), and
-    `facts`, where apply() leaves what it found (modules replaced, precision used, ...). `prompts`: the captions
-    a calibrating technique (post-training int8) collects its activations from; empty = the profile's prompt.
-    `calibration_samples`: the most UNet calls it collects from them; None = the technique's own default."""
+    """What a technique may read while it is applied: the profile, the workload's batch, a `scratch` folder kept
+    between worker processes, `artefacts` (this comparison's engines), and `facts`, where apply() leaves what it
+    found. `prompts`: the captions a calibrating technique collects activations from (empty: the profile's);
+    `calibration_samples`: the most UNet calls it collects (None: its own default)."""
 
     profile: Any  # sdperf.config.profiles.Profile
     batch_size: int = 1
@@ -73,19 +68,12 @@ def _everywhere(_ctx: Context) -> tuple[bool, str]:
 class Technique:
     """One optimization: how to apply it to a pipeline, whether it can run here, and what it may change.
 
-    `changes_output`: whether the technique may move the image away from fp32 eager on the same seed (precision,
-    int8, another scheduler); a lossless one that moves it is a bug the drift rows show. `dtype` is the precision
-    it runs in, `grad_mode` the autograd mode of its generation, `steps` a scheduler's step count, `allocator` a
-    process setting the worker is started under (it cannot change inside a running process). `loop_only`: it
-    changes the denoising loop and nothing else (replaces or wraps `pipe.unet`, or swaps `pipe.scheduler`), so the
-    VAE decode is the same module on latents of the same shape as fp32's: its worker times generations without
-    the decode and its per-image figures add the baseline's, said so in the row's method. On cpu that saves two
-    4 s decodes per process, which is what whole-image timing bought for such a technique. `call_kinds`: for a
-    technique whose UNet calls do not all cost the same (feature caching), a function from the timesteps the loop
-    calls the UNet at to each call's kind ("full", "cached"): the worker times each kind apart and composes a
-    generation at other step counts from the kinds' medians and the pattern at those steps. `calibrated`: it
-    collects activations from generations of Context.prompts before it is built (post-training int8), so what it
-    builds depends on Context.calibration_samples too."""
+    `changes_output`: it may move the image away from fp32 eager on the same seed (a lossless one that does is a
+    bug the drift rows show). `allocator` is a process setting the worker is started under. `loop_only`: it changes
+    the denoising loop only, so its worker times generations without the VAE decode and adds the baseline's.
+    `call_kinds`: for UNet calls that do not all cost the same (feature caching), a function from the loop's
+    timesteps to each call's kind ("full", "cached"), timed apart and composed at other step counts. `calibrated`:
+    it is built from generations of Context.prompts, so it depends on Context.calibration_samples too."""
 
     key: str
     label: str
@@ -102,21 +90,16 @@ class Technique:
     loop_only: bool = False
     note: str = ""
     call_kinds: Callable[[list], list[str]] | None = None
-    # What the field uses instead when this technique alone is over the quality budget: catalog keys judged on the
-    # reference model then, and only then (sdperf.judge.techniques.for_study), since each costs renders
+    # What the field uses instead when this technique alone is over the quality budget (judge.techniques.for_study)
     fallbacks: tuple[str, ...] = ()
     calibrated: bool = False
-    # Runs an exported trace of the UNet (an engine): Python that feature caching or token merging wraps around the
-    # UNet's blocks is frozen into one branch of the trace, so neither family can stack with it (Stack.of)
+    # Runs an exported trace of the UNet, into which block patches (PATCH_BLOCKS) would be frozen (Stack.of)
     traces_unet: bool = False
-    # What a verdict on the reference model says about SD 1.5: (in a few words, why). Every technique that may change
-    # the output states it (sdperf.judge.transfer reads it; a lossless one needs none)
+    # What a verdict on the reference model says about SD 1.5: (in a few words, why); required if changes_output
     transfer: tuple[str, str] | None = None
-    # Extra copies of each network it holds beside the eager ones ({"unet": 2}: an exported graph and the engine
-    # built from it), for the memory estimate (sdperf.measure.memory); empty: it changes modules in place
+    # Extra copies of each network it holds beside the eager ones, for the memory estimate (sdperf.measure.memory)
     extra_copies: dict = field(default_factory=dict, hash=False)
-    # The distributions it imports beyond torch and diffusers: recorded in every row's environment and in the key of
-    # its cached renders, so an upgrade of one of them is noticed (sdperf.core.environment, sdperf.judge.renders)
+    # The distributions it imports beyond torch and diffusers: recorded in rows and in its cached renders' key
     packages: tuple[str, ...] = ()
     # The kernel whose measured roof bounds its UNet matmuls (sdperf.measure.roofline); None: not a matmul executor
     roof_kernel: str | None = None
@@ -131,8 +114,7 @@ class Technique:
 
 @functools.cache
 def modules() -> tuple[str, ...]:
-    """The modules that declare techniques, found by reading this package's sources (a new technique's module is
-    its own declaration: nothing lists it), in the order of the notebooks that own their keys, then by name."""
+    """The modules that declare techniques, read from this package's sources, by owning notebook, then name."""
     here = Path(__file__).resolve().parent
     found = [p.stem for p in sorted(here.glob("*.py")) if DECLARES.search(p.read_text())]
     return tuple(sorted(found, key=lambda n: getattr(_module(n), "NOTEBOOK", "") or _module(n).techniques()[0].notebook))
@@ -164,8 +146,7 @@ def _prefixes() -> dict[str, str]:
 
 
 def packages() -> tuple[str, ...]:
-    """Every distribution a declared technique may import (Technique.packages, and a parametric module's PACKAGES
-    for any key of its prefix), in declaration order: what every row's environment records."""
+    """Every distribution a technique may import (Technique.packages, a parametric module's PACKAGES), in order."""
     out = [p for t in _declared().values() for p in t.packages]
     for name in modules():
         mod = _module(name)
@@ -199,9 +180,8 @@ def get(key: str) -> Technique:
 
 
 def among(techniques, notebook: str | None = None, families=(), lossy: bool | None = None) -> list[str]:
-    """The keys of a profile's technique list (Profile.techniques) that belong to `notebook` (a stack: its first
-    key's), of one of `families`, changing the output or not (`lossy`), in the list's order: how each notebook, the
-    stack search and the judge find their keys in the one list a profile keeps."""
+    """The keys of a profile's technique list that belong to `notebook` (a stack: its first key's), of one of
+    `families`, changing the output or not (`lossy`), in the list's order."""
     out = []
     for key in techniques:
         stack = Stack.of(key)
@@ -222,8 +202,7 @@ def split(stack_key: str) -> tuple[str, ...]:
         return ()
     out: list[str] = []
     for part in stack_key.split(STACK_SEP):
-        # a compile spec joins its flags with '+' too ('compile:channels_last+freezing'): a segment that is neither
-        # a prefixed key nor a canonical key continues the key before it
+        # a compile spec joins its flags with '+' too: a segment neither prefixed nor canonical continues a key
         if out and ":" not in part and part not in _declared():
             out[-1] += STACK_SEP + part
         else:

@@ -1,18 +1,9 @@
 """CUDA graphs: capture one UNet step once, then replay it with a single launch per step.
 
-The Cerebrium ladder closes by suggesting them ("capture the graph operations and replay it at once, rather
-than in a sequence of individually-launched operations. This reduces overhead as GPU kernels are not returning
-back to Python"), with no figure. What a replay removes is host work: the Python of the UNet's modules, the
-dispatcher and the launch of every kernel. The GPU still runs the same kernels, so graphs help when the GPU waits
-for the host (small latents, small batches, fast GPUs) and little when kernels are long. A graph is recorded for
-fixed shapes and addresses, so the inputs are copied into static tensors before each replay and each input
-shape (classifier-free-guidance batch, resolution) needs its own capture.
-
-Without CUDA there is nothing to capture. The CPU counterpart (experiments/cuda_graphs.py) measures the quantity
-graphs would remove: the host-side share of a UNet step and the number of operator launches per step.
-
-The capture follows PyTorch's documented torch.cuda.graphs recipe: warm-up calls on a side stream, then
-`torch.cuda.graph(g)` around one call whose inputs are static tensors, then `static.copy_(new)` + `g.replay()`.
+A replay removes host work (the modules' Python, the dispatcher, every kernel launch), so graphs help when the GPU
+waits for the host. A graph is recorded for fixed shapes and addresses: inputs are copied into static tensors before
+each replay, and each input shape needs its own capture (PyTorch's documented torch.cuda.graphs recipe). Without
+CUDA there is nothing to capture; experiments/cuda_graphs.py measures the host-side share of a UNet step instead.
 """
 from __future__ import annotations
 
@@ -47,19 +38,16 @@ class _Capture:
 
 
 def _key(leaves: list, spec, weights: torch.Tensor) -> tuple:
-    """What a graph is specialised on: the input structure, every tensor's shape/dtype/device, other values,
-    whether it was captured in inference mode (its static tensors are inference tensors then), and where the
-    weights live (a graph replays fixed addresses: after .to() or a cast it must be captured again)."""
+    """What a graph is specialised on: the input structure, tensors' shape/dtype/device, other values, inference
+    mode (its static tensors are inference tensors then), and where the weights live (fixed addresses)."""
     parts = tuple((tuple(x.shape), x.dtype, str(x.device)) if isinstance(x, torch.Tensor) else ("value", repr(x))
                   for x in leaves)
     return (str(spec), parts, torch.is_inference_mode_enabled(), weights.data_ptr(), weights.dtype)
 
 
 class GraphedUNet(torch.nn.Module):
-    """Drop-in for `pipe.unet`: same call signature, one captured CUDA graph per input shape.
-
-    The first call with a new shape warms up and captures; later calls copy the inputs into the static tensors
-    and replay. The output is cloned from the graph's static output, which the next replay overwrites."""
+    """Drop-in for `pipe.unet`, one CUDA graph per input shape, captured on its first call; the output is cloned
+    from the graph's static output, which the next replay overwrites."""
 
     def __init__(self, unet: torch.nn.Module, warmup: int = WARMUP_CALLS):
         super().__init__()

@@ -1,31 +1,14 @@
-"""DeepSpeed-Inference kernel injection: the third rung of the Cerebrium ladder (fp16 + inference_mode 4.53 s ->
-+ DeepSpeed 2.68 s on an A10G, "41% gain").
+"""DeepSpeed-Inference kernel injection on a diffusers pipeline.
 
-What it does: `deepspeed.init_inference(pipe, dtype=torch.half, replace_with_kernel_inject=True)` on a diffusers
-*pipeline* (not on `pipe.unet`: an nn.Module goes down the transformer-layer path, whose policies match no UNet
-layer) runs `module_inject.generic_injection`, which
-- wraps the text encoder in `DSClipEncoder`, the UNet in `DSUNet` (channels_last + optional CUDA graph) and the
-  VAE in `DSVAE` (optional CUDA graph): wrappers, no new kernels;
-- replaces every diffusers `Attention` in the UNet and VAE by `DeepSpeedDiffusersAttention` and every
-  `BasicTransformerBlock` by `DeepSpeedDiffusersTransformerBlock`: fused CUDA kernels (layer norm + residual,
-  GEGLU, softmax-context) from `deepspeed.ops.transformer.inference`, built by the InferenceBuilder op.
-So the gain is fused attention/transformer-block kernels plus CUDA graphs, and only exists where those kernels
-do: DeepSpeed's CPU accelerator has no InferenceBuilder ("This op had not been implemented on CPU backend").
+`deepspeed.init_inference(pipe, dtype=torch.half, replace_with_kernel_inject=True)` on the *pipeline* (an nn.Module
+goes down the transformer-layer path, whose policies match no UNet layer) runs `module_inject.generic_injection`:
+it wraps the text encoder, UNet and VAE (DSClipEncoder, DSUNet, DSVAE) and replaces every diffusers `Attention` and
+`BasicTransformerBlock` by fused CUDA kernels built by the InferenceBuilder op, which has no CPU build.
 
-Versions (sources in `sdperf/data/deepspeed_sd_compat.csv`, read by the notebook): kernel injection for diffusers
-has broken with library updates several times. DeepSpeed 0.9.0 broke it (DeepSpeed-MII #188, fixed by
-DeepSpeed #3218); diffusers 0.13/0.14 needed DeepSpeed #3142; DeepSpeed's dtype refactor (#3425) broke
-`generic_injection` until #4078; diffusers >= 0.23 needed #4663 and #4770; diffusers 0.25 moved AutoencoderKL,
-so DeepSpeed 0.13.1 only worked with diffusers >= 0.25 and 0.12.x only below it (#5065, #5067); 0.13.2 handles
-both (#5083; checked here in the 0.12.6 / 0.13.1 / 0.13.2 sources). transformers >= 5.6 flattened
-`CLIPTextModel` (transformers #46285): `DSClipEncoder` reads `enc.text_model` and raises AttributeError, on any
-device, before any kernel is built (observed here with the lock's transformers 5.23 and DeepSpeed 0.19.8).
-`DSUNet` passes `return_dict` positionally (it lands in `class_labels`) and drops `added_cond_kwargs`
-(DeepSpeed #8408, open), so SDXL is out. The GPU set the sources support: DeepSpeed >= 0.13.2, diffusers >= 0.25,
-transformers < 5.6 (5.5.4 is the last release #46285 reports unaffected), SD 1.x/2, float16. No GPU run here
-confirmed that set. Whether DeepSpeed's own policies still match the installed diffusers/transformers, and which
-modules they would replace, is computed on the CPU by DeepSpeed's own code (`deepspeed_policies`); availability()
-names a mismatch on every CUDA profile, also in `sdperf doctor` on a machine without CUDA.
+Versions: the compatibility sources are in `sdperf/data/deepspeed_sd_compat.csv`. transformers >= 5.6 flattened
+`CLIPTextModel`, so `DSClipEncoder` raises AttributeError on `enc.text_model`; DSUNet drops `added_cond_kwargs`, so
+SDXL is out. Whether DeepSpeed's policies match the installed libraries is computed on the CPU
+(`deepspeed_policies`); availability() names a mismatch on every CUDA profile.
 """
 from __future__ import annotations
 
@@ -37,7 +20,7 @@ import torch
 from sdperf.optimizations.catalog import EXECUTOR, Technique
 from sdperf.optimizations.deepspeed_clip import adapt_clip_layout
 
-# Classes defined under these packages are DeepSpeed's replacements; the engine itself wraps without replacing.
+# Classes under these packages are DeepSpeed's replacements; the engine itself wraps without replacing
 DEEPSPEED_PACKAGE = "deepspeed."
 NOT_REPLACEMENTS = ("deepspeed.inference.",)
 KERNEL_PACKAGE = "deepspeed.ops."  # fused-kernel modules; the rest (model_implementations) are wrappers
@@ -48,9 +31,8 @@ SUPPORTED_ARCHS = ("sd15", "sd2-base", "tiny")
 
 
 def policy_mismatch(clip_adapter: bool = False) -> str:
-    """Why DeepSpeed's own injection policies would not match this stack's SD module tree ("" when they do), from
-    sdperf.optimizations.deepspeed_policies run on the tiny SD twin on the CPU (about a second, once per
-    process). Without the adapter, says whether the adapter would fix it."""
+    """Why DeepSpeed's injection policies would not match this stack's SD modules ("" when they do), from
+    deepspeed_policies on the tiny twin; without the adapter, also whether the adapter would fix it."""
     from sdperf.optimizations import deepspeed_policies
 
     try:
@@ -72,9 +54,8 @@ def policy_mismatch(clip_adapter: bool = False) -> str:
 
 
 def availability(device: str, arch: str = "sd15", clip_adapter: bool = False) -> tuple[bool, str]:
-    """Whether DeepSpeed's diffusers kernel injection can run here, and if not, why. On a CUDA profile DeepSpeed's
-    policies are also checked against the installed diffusers/transformers (`policy_mismatch`), also where this
-    machine has no CUDA, so that `sdperf doctor --profile <gpu profile>` names a version drift before a GPU does."""
+    """Whether DeepSpeed's kernel injection can run here, and if not, why. A CUDA profile's policies are checked
+    (`policy_mismatch`) even without CUDA, so `sdperf doctor` names a version drift before a GPU does."""
     if device != "cuda":
         return False, (f"device {device!r}: DeepSpeed's diffusers kernels (deepspeed.ops.transformer.inference, "
                        "InferenceBuilder) are CUDA/ROCm kernels; DeepSpeed's CPU accelerator implements none of "
@@ -100,10 +81,8 @@ def _dtype(dtype: str) -> torch.dtype:
 
 
 def apply(pipe, dtype: str = INJECTION_DTYPE, enable_cuda_graph: bool = False, clip_adapter: bool = False):
-    """The seed's call on the whole pipeline; returns the pipeline with its components replaced in place.
-
-    The pipeline is cast first: init_inference converts only nn.Modules, and a pipeline is not one. CUDA graphs
-    stay off by default so that this rung measures the kernels alone (05_cuda_graphs measures graphs)."""
+    """The seed's call on the whole pipeline, cast first (init_inference converts only nn.Modules); CUDA graphs
+    stay off by default so the rung measures the kernels alone."""
     torch_dtype = _dtype(dtype)
     import deepspeed
 
@@ -116,8 +95,7 @@ def apply(pipe, dtype: str = INJECTION_DTYPE, enable_cuda_graph: bool = False, c
 
 
 def inject_only(pipe, dtype: str = INJECTION_DTYPE, clip_adapter: bool = False):
-    """The injection step init_inference runs after its device checks (module_inject.generic_injection), called
-    directly: it shows what happens on this stack past the accelerator's dtype check."""
+    """generic_injection called directly: what happens past the accelerator's dtype check."""
     torch_dtype = _dtype(dtype)
     from deepspeed.module_inject import generic_injection
 
@@ -128,9 +106,8 @@ def inject_only(pipe, dtype: str = INJECTION_DTYPE, clip_adapter: bool = False):
 
 
 def apply_to_unet(pipe, dtype: str = "float32"):
-    """init_inference on `pipe.unet` alone, the call people often write: the UNet is an nn.Module, so DeepSpeed
-    takes the transformer-layer path, whose policies match none of its layers. Returns the pipeline with the
-    engine as its UNet; `count_replaced` says what, if anything, was replaced."""
+    """init_inference on `pipe.unet` alone, the call people often write: the transformer-layer path, whose
+    policies match none of its layers. The engine becomes the pipeline's UNet."""
     torch_dtype = _dtype(dtype)
     import deepspeed
 
@@ -179,9 +156,7 @@ def count_replaced(before: Counter, after: Counter) -> dict[str, Any]:
 
 
 def injection_targets(pipe) -> dict[str, int]:
-    """What DeepSpeed's diffusers injection would swap in this pipeline, decided by DeepSpeed's own policies
-    (UNetPolicy / VAEPolicy match a component; a policy whose attention() gives None keeps that Attention)
-    and counted here without building any kernel."""
+    """What DeepSpeed's injection would swap in this pipeline, by its own policies, without building a kernel."""
     from deepspeed.module_inject.replace_policy import generic_policies
     from diffusers.models.attention import BasicTransformerBlock
     from diffusers.models.attention_processor import Attention
@@ -202,15 +177,13 @@ def injection_targets(pipe) -> dict[str, int]:
 
 
 NOTEBOOK = "06_deepspeed"
-# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
 TRANSFER = ("may not transfer",
             "DeepSpeed's injected kernels run the UNet in fp16; half-precision error grows with depth and "
             "attention width, and the reference model is far shallower than SD 1.5")
 
 
 def _counted(fn):
-    """apply with a census of module classes before and after, so a pass-through that replaces nothing is
-    reported as one (its ratio is noise, not a DeepSpeed speed-up); also when the call raises."""
+    """apply with a census of module classes before and after (also when it raises): a pass-through shows."""
     def run(pipe, ctx):
         before = census(pipe)
         try:
@@ -222,8 +195,7 @@ def _counted(fn):
 
 
 def techniques() -> list[Technique]:
-    """deepspeed:inject (the seed's call on the fp16 pipeline), deepspeed:inject-clip-adapter (the same with
-    sdperf's CLIP layout adapter), deepspeed:unet-fp32 (init_inference on the UNet alone: a pass-through)."""
+    """deepspeed:inject, deepspeed:inject-clip-adapter (with sdperf's CLIP layout adapter), deepspeed:unet-fp32."""
     def kernels(ctx):
         return availability(ctx.device, ctx.profile.arch)
 
@@ -237,8 +209,7 @@ def techniques() -> list[Technique]:
         Technique("deepspeed:inject-clip-adapter", "DeepSpeed kernel injection + CLIP layout adapter", EXECUTOR,
                   NOTEBOOK, apply=_counted(lambda p: apply(p, "float16", clip_adapter=True)),
                   availability=kernels_adapted, changes_output=True, transfer=TRANSFER, packages=("deepspeed",),
-                  dtype="float16",
-                  note="sdperf's adapter for transformers >= 5.6"),
+                  dtype="float16", note="sdperf's adapter for transformers >= 5.6"),
         Technique("deepspeed:unet-fp32", "init_inference(pipe.unet, fp32): pass-through", EXECUTOR, NOTEBOOK,
                   apply=_counted(lambda p: apply_to_unet(p, "float32")), loop_only=True, packages=("deepspeed",),
                   note="pass-through: DeepSpeed's transformer policies match none of the UNet's layers"),

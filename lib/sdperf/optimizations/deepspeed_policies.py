@@ -1,24 +1,13 @@
 """Which modules of a diffusers pipeline DeepSpeed's kernel injection would replace, found by DeepSpeed's own code
-on a CPU, without CUDA and without building a kernel: a diffusers or transformers release that moves a class or
-renames an attribute DeepSpeed reads then fails in CI (tests/test_opt_deepspeed.py) and in `sdperf doctor`, not an
-hour into a GPU run.
+on a CPU without building a kernel, so a release that moves a class DeepSpeed reads fails in CI, not on a GPU.
 
-How. `deepspeed.module_inject.generic_injection` (what `init_inference(pipeline, replace_with_kernel_inject=True)`
-runs after its device checks) is itself run on copies of the pipeline's components, with one thing changed: the
-module its fused kernels are bound from (InferenceBuilder's, which has no CPU build: "This op had not been
-implemented on CPU backend") is an empty namespace. DeepSpeed's op bindings then take their own pure-PyTorch
-fallbacks when constructed (`except AttributeError: ... fallback`), so everything else of the real call runs: the
-policies' `match`, their getters on the real modules, the weight copies, the module swaps and the wrappers. What it
-returns cannot run forward here (the linear op's fallback raises NotImplementedError: DeepSpeed 0.19.8), so the
-numerics of the kernels are left to a GPU.
+`deepspeed.module_inject.generic_injection` runs on copies of the pipeline's components with the fused-kernel module
+replaced by an empty namespace: DeepSpeed's op bindings take their pure-PyTorch fallbacks, so the policies' `match`,
+their getters, the weight copies and the module swaps all run; the result cannot run forward here.
 
-One row per policy, each examined on its own (generic_injection itself stops at the first error, and it wraps the
-text encoder before it looks at any other component): the wrapper it puts on `text_encoder`, every policy of its
-`generic_policies` (UNet, VAE), and the transformer-layer policies of `replace_policies` that match a layer of the
-pipeline (CLIP's encoder layers; generic_injection does not apply those, `init_inference` on the text encoder
-alone would). The expected classes are the policies' own `_orig_layer_class`, read from DeepSpeed, never copied.
-(UNetPolicy finds its class only once `diffusers.models.unets` has been imported: diffusers 0.42 has no
-`diffusers.models.unet_2d_condition`, DeepSpeed 0.19.8's first try. Any built pipeline has imported it.)
+One row per policy, each examined on its own: the wrapper on `text_encoder`, every policy of `generic_policies`
+(UNet, VAE), and the transformer-layer policies of `replace_policies` that match a layer of the pipeline. The
+expected classes are the policies' own `_orig_layer_class`, read from DeepSpeed, never copied.
 """
 from __future__ import annotations
 
@@ -43,8 +32,7 @@ _NO_ATTRIBUTE = re.compile(r"(?:'(\w+)' object|module '([\w.]+)') has no attribu
 
 
 class _Holder:
-    """What generic_injection walks: an object whose attributes are the pipeline's components (it reads
-    `text_encoder`, then every entry of `__dict__`); a diffusers pipeline is one, and so is this."""
+    """What generic_injection walks, like a pipeline: an object whose attributes are the components."""
 
     def __init__(self, **components):
         self.__dict__.update(components)
@@ -64,11 +52,8 @@ def _qualname(cls) -> str:
 
 @contextlib.contextmanager
 def _no_kernels():
-    """DeepSpeed with an empty fused-kernel module: its op bindings take their Python fallbacks, no kernel is built
-    or loaded. The class state DeepSpeed keeps is put back afterwards (the loaded op module, and the layer counter
-    DeepSpeedDiffusersAttention allocates its workspace by), so a real injection later in the same process (a GPU
-    worker asks availability() before it applies the rung) starts as if this had not run. Its prints ("found and
-    replaced", "Using fallback functions") and warnings are swallowed."""
+    """DeepSpeed with an empty fused-kernel module, its prints and warnings swallowed. The class state it keeps is
+    put back afterwards, so a real injection later in the same process starts as if this had not run."""
     from deepspeed.ops.transformer.inference.diffusers_attention import DeepSpeedDiffusersAttention
     from deepspeed.ops.transformer.inference.op_binding.base import BaseOp
 
@@ -146,12 +131,11 @@ def _wrapper_row(comps: dict, clip_adapter: bool) -> dict:
 
 def _generic_rows(comps: dict) -> list[dict]:
     """Each of generic_policies: the components it matches, and what generic_injection does to a copy of each
-    (past the text-encoder wrapper, which gets the adapter here so that this component is reached)."""
+    (past the text-encoder wrapper, adapted so that the component is reached)."""
     from deepspeed.module_inject.replace_policy import generic_policies
 
     rows = []
-    # one adapted copy of the text encoder serves every component: DSClipEncoder only wraps it (and sets one
-    # attribute on it), so each injection below finds it as the first did
+    # one adapted copy of the text encoder serves every component: DSClipEncoder only wraps it
     passable = {TEXT_ENCODER: _text_encoder_copy(comps, clip_adapter=True)} if TEXT_ENCODER in comps else {}
     for cls in generic_policies:
         try:
@@ -188,8 +172,7 @@ LAYER_GETTERS = ("get_hidden_heads", "attention", "mlp", "layernorm")
 
 
 def _layer_rows(comps: dict) -> list[dict]:
-    """The transformer-layer policies (replace_policies) whose class (exactly, as DeepSpeed's _replace_module
-    compares) is a layer of the pipeline, with every getter called on every matched layer."""
+    """The replace_policies whose class is exactly a layer's of the pipeline, every getter called on each layer."""
     from deepspeed.module_inject.replace_policy import replace_policies
 
     rows = []
@@ -221,18 +204,15 @@ def _layer_rows(comps: dict) -> list[dict]:
 
 
 def policy_table(pipe, clip_adapter: bool = False) -> pd.DataFrame:
-    """DeepSpeed's policies against this pipeline's modules: policy, expected class, matched module paths, the
-    paths generic_injection would replace (-> DeepSpeed class), attributes its code asked for and did not find
-    (the first one per component: the real call stops there), any other error. `clip_adapter`: examine the text
-    encoder with sdperf's CLIP layout adapter. The pipeline is not changed (every injection runs on copies)."""
+    """DeepSpeed's policies against this pipeline's modules (COLUMNS), on copies. `clip_adapter`: examine the text
+    encoder with sdperf's CLIP layout adapter."""
     comps = components(pipe)
     rows = [_wrapper_row(comps, clip_adapter)] + _generic_rows(comps) + _layer_rows(comps)
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
 def mismatches(table: pd.DataFrame, applied_only: bool = True) -> list[str]:
-    """Why DeepSpeed's injection would not do its job on the pipeline of `table`, one line per policy (empty when
-    every policy matches); `applied_only`: only the policies generic_injection applies."""
+    """Why DeepSpeed's injection would fail on `table`'s pipeline, a line per policy (`applied_only`: applied ones)."""
     out = []
     for row in table.itertuples():
         if applied_only and not row.applied_by_generic_injection:
@@ -247,10 +227,8 @@ def mismatches(table: pd.DataFrame, applied_only: bool = True) -> list[str]:
 
 
 def tiny_twin() -> _Holder:
-    """The components of the smoke profile's tiny SD architecture at random init, in a holder generic_injection
-    walks like a pipeline: SD 1.5's module classes (SD 2-base's too, but for its CLIP activation, which no policy
-    reads; tests check), built in a fraction of a second, under a forked RNG so that the caller's random stream
-    is not moved."""
+    """The tiny SD architecture's components at random init (SD 1.5's module classes) in a holder, built under a
+    forked RNG so that the caller's random stream is not moved."""
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 

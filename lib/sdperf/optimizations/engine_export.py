@@ -1,14 +1,6 @@
-"""Exported inference engines in place of the PyTorch UNet: TensorRT fp16 on NVIDIA GPUs (the NeMo table:
-3.3 -> 0.9 s per 512px image on an A100), ONNX Runtime and OpenVINO on CPUs (the HF blog: 32.3 -> 16.7 s
-on Sapphire Rapids).
-
-An engine trades a set-up cost (export the graph, build or compile it) for faster calls: operator fusion,
-weights pre-packed for the kernels, memory planned once, and on GPUs a per-layer choice of the fastest kernel
-in fp16. It pays off when the set-up is amortised over many generations at fixed shapes. Only the UNet is
-exported (it runs once per step); the text encoder and the VAE stay in PyTorch.
-
-An engine is named `<engine>-<precision>[-static]`, e.g. `onnxruntime-fp32`, `openvino-bf16`,
-`openvino-f32-static`, `tensorrt-fp16`.
+"""Exported inference engines in place of the PyTorch UNet: TensorRT fp16 on NVIDIA GPUs, ONNX Runtime and OpenVINO
+on CPUs. An engine trades a set-up cost (export, build) for faster calls (fusion, pre-packed weights, memory planned
+once). Only the UNet is exported. An engine is named `<engine>-<precision>[-static]`, e.g. `openvino-f32-static`.
 """
 from __future__ import annotations
 
@@ -90,7 +82,6 @@ def apply(pipe, name: str, *, batch: int, latent_size: int, **kw):
 
 
 NOTEBOOK = "07_engine_export"
-# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
 TRANSFER = ("transfers", "an engine that keeps fp32 arithmetic changes rounding order only, on any model")
 KEY_PREFIXES = ("engine",)
 LOSSLESS = ("fp32", "f32")  # precisions that keep fp32 arithmetic (the engine may still reorder it)

@@ -1,16 +1,9 @@
 """DeepCache: reuse the UNet's deep features between denoising steps (Ma et al., arXiv 2312.00858).
 
-A trained UNet's high-level features (everything below its shallowest skip connection) change slowly from one
-denoising step to the next. DeepCache runs the whole UNet every `interval` calls and caches the output of each
-block; on the calls in between only the shallow branch runs (conv_in, the time embedding, the last layer of the
-last up block, conv_out), reading the cached deep features. Published: SD 1.5 2.3x for a 0.05 CLIP-score drop;
-SD 2.1 at 50 steps 2.33x at interval 3, 3.24x at 5 (diffusers docs, RTX A5000).
-
-The `DeepCache` package's `DeepCacheSDHelper` wraps the blocks of any diffusers UNet2DConditionModel (it counts
-calls by the timestep's index in the pipeline's scheduler, so it works with the study's own loop); its pipelines
-are not used. On random weights the deep features do not change slowly, so the drift there says nothing about
-the method: its quality cost is measured on the trained reference model (sdperf.judge.techniques).
-The technique needs the PyTorch UNet's blocks: it cannot stack on an executor that replaces the UNet.
+A trained UNet's deep features change slowly between steps: DeepCache runs the whole UNet every `interval` calls
+and in between only the shallow branch, reading the cached deep features. `DeepCacheSDHelper` wraps the blocks of a
+diffusers UNet2DConditionModel, so it cannot stack on an executor that replaces the UNet. On random weights the
+drift says nothing about the method: its quality is judged on the trained reference model.
 """
 from __future__ import annotations
 
@@ -19,12 +12,11 @@ import importlib.util
 from sdperf.optimizations.catalog import CACHING, Technique
 
 NOTEBOOK = "09_fewer_steps"
-# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
 TRANSFER = ("may not transfer",
             "DeepCache reuses deep features between steps; how much they change per step depends on the UNet's "
             "depth and the step count (the paper: SD 1.5 at 50 PLMS steps, 2.3x for a 0.05 CLIP-score drop)")
 KEY_PREFIXES = ("deepcache",)
-PACKAGES = ("DeepCache",)  # what every key of the prefix imports (Technique.packages)
+PACKAGES = ("DeepCache",)  # what every key of the prefix imports
 INTERVALS = (2, 3, 5)
 BRANCH = 0  # the shallowest branch: the most reuse, the paper's setting for its SD 1.5 speed-ups
 
@@ -59,9 +51,8 @@ def apply(pipe, interval: int, ctx=None):
 
 
 def call_kinds(timesteps: list, interval: int) -> list[str]:
-    """Which UNet calls run whole ("full") and which reuse the cache ("cached"), as DeepCacheSDHelper decides:
-    by the index of the call's timestep in the scheduler's list, counted from the first call's, every
-    `interval`-th one full (PLMS calls its second timestep twice: both calls share one index)."""
+    """Which UNet calls run whole ("full") and which reuse the cache ("cached"), as DeepCacheSDHelper decides: every
+    `interval`-th timestep index from the first call's is full (PLMS's repeated timestep shares one index)."""
     index = [timesteps.index(t) for t in timesteps]
     return ["full" if (i - index[0]) % interval == 0 else "cached" for i in index]
 

@@ -1,16 +1,9 @@
 """The scheduler as an optimization: fewer UNet calls for (roughly) the same end point.
 
-The NeMo protocol samples with PLMS for 50 steps (51 UNet calls: PLMS evaluates its first timestep twice);
-MLPerf's SDXL quality gate and the MI300X seed use 20 steps. Higher-order solvers such as DPM-Solver++(2M),
-and Euler with SDXL's spacing, are used at 20-25 steps. Every step costs one UNet call on the guidance batch,
-and the scheduler's own arithmetic is tiny next to it, so the time per step stays put and the saving is the
-number of calls; what changes is where the trajectory ends, which is the drift this step reports.
-
-Swapping the scheduler touches nothing else: same networks, same weights, same initial latents. The new
-scheduler is built from the current one's configuration the way diffusers' `from_config` does it: values the
-old scheduler only held as its own defaults (e.g. PNDM's `timestep_spacing="leading"`), and the settings sdperf
-gave the old scheduler class itself (e.g. Euler's leading spacing), are not carried over, so the result equals
-a pipeline built with the new scheduler from the start, whatever was switched before.
+Every step costs one UNet call and the scheduler's arithmetic is tiny next to it, so the saving is the number of
+calls; what changes is where the trajectory ends, the drift this step reports. Swapping the scheduler touches
+nothing else. The new one is built from the model's configuration, without the values the old one held only as
+class defaults or sdperf's settings for its class, so it equals a pipeline built with it from the start.
 """
 from __future__ import annotations
 
@@ -38,8 +31,7 @@ def availability(device: str, scheduler: str) -> tuple[bool, str]:
 
 def scheduler_config(pipe) -> dict:
     """The model's noise-schedule configuration: the one the current scheduler was made from (make_scheduler keeps
-    it), else the current scheduler's config without the values it held only as its class defaults or as sdperf's
-    settings for that class."""
+    it), else its config without its class defaults and sdperf's settings for its class."""
     kept = getattr(pipe.scheduler, "sdperf_model_config", None)
     if kept is not None:
         return dict(kept)
@@ -66,7 +58,6 @@ def unet_calls(pipe, steps: int) -> int:
 
 
 NOTEBOOK = "09_fewer_steps"
-# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
 TRANSFER = ("in kind, not in size",
             "a sampler's error is a property of the ODE solver and the guidance, which both models share; its "
             "size depends on the model's score function: SD 1.4 at guidance 7.5 has latent MSE 0.46 at 10 "
@@ -76,10 +67,8 @@ CANONICAL = (("dpmpp-2m", 20), ("dpmpp-2m", 25), ("euler", 20), ("euler", 25), (
 
 
 def technique(prefix: str, arg: str) -> Technique:
-    """scheduler:<name>@<steps>[:<spacing>]: the pipeline's scheduler replaced, and the generation run at that step
-    count; without a spacing the model's configured one (the SD 1.5 config's leading spacing: what its users get),
-    with one that spacing (sdperf.model.pipelines.SPACINGS: `trailing` puts the first step at the last training
-    timestep, where the noise is; `karras` takes Karras et al.'s noise levels, the "DPM++ 2M Karras" of UIs)."""
+    """scheduler:<name>@<steps>[:<spacing>]: the pipeline's scheduler replaced and run at that step count, at the
+    model's configured spacing or the one given (sdperf.model.pipelines.SPACINGS)."""
     name, sep, rest = arg.partition("@")
     steps, has_spacing, spacing = rest.partition(":")
     check_scheduler(name)

@@ -1,8 +1,5 @@
-"""fp16 / bf16 weights and activations: the first rung of the Cerebrium ladder (11.26 s -> 4.57 s on an A10G).
-
-On a GPU half precision doubles tensor-core throughput and halves memory traffic. On a CPU it is only fast
-when the ISA has half-precision matrix instructions (AMX, or AVX-512 FP16/BF16); otherwise oneDNN converts
-and the rung is slower than fp32. The notebook measures which case this machine is in.
+"""fp16 / bf16 weights and activations: fast on a GPU's tensor cores, and on a CPU only with half-precision matrix
+instructions (AMX, AVX-512 FP16/BF16); otherwise oneDNN converts and the rung is slower than fp32.
 """
 from __future__ import annotations
 
@@ -14,10 +11,7 @@ from sdperf.optimizations.catalog import PRECISION, Technique
 HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # The CPU instructions that give each half precision a native matrix path (fp32 is the reference).
-NATIVE_CPU_PATHS = {
-    "float16": ("amx_fp16", "avx512_fp16"),
-    "bfloat16": ("amx_bf16", "avx512_bf16"),
-}
+NATIVE_CPU_PATHS = {"float16": ("amx_fp16", "avx512_fp16"), "bfloat16": ("amx_bf16", "avx512_bf16")}
 
 
 def availability(device: str, dtype: str) -> tuple[bool, str]:
@@ -42,7 +36,6 @@ def apply(pipe, dtype: str):
 
 
 NOTEBOOK = "01_half_precision"
-# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
 TRANSFER = ("may not transfer",
             "half-precision error grows with depth and attention width (SD 1.5 runs fp16 routinely on GPUs, "
             "with a VAE kept in fp32 by diffusers for SDXL); the reference model is far shallower")

@@ -1,15 +1,9 @@
 """Keeping autograd out of inference: grad mode on, torch.no_grad, torch.inference_mode.
 
-The Cerebrium ladder's second rung wrapped its fp16 pipeline in `torch.inference_mode` and went 4.57 s ->
-4.53 s on an A10G ("<1% gain"). Its starting point already recorded no graph: diffusers runs a pipeline call
-under `torch.no_grad`. inference_mode goes one step further: its tensors skip view tracking and version-counter
-bumps, a per-op bookkeeping cost that is small next to Stable Diffusion's large kernels.
-
-Grad mode on its own costs almost nothing while no parameter requires grad (every network sdperf builds is
-frozen, as an inference-only load is): autograd records only ops whose inputs require grad. The real cost
-appears when the networks are trainable (a model loaded for fine-tuning, a training script's preview step
-without no_grad): every op keeps its inputs for a backward pass that never comes, and because each step's
-latents feed the next, the graph of the whole denoising loop stays alive until the output is dropped.
+diffusers already runs a pipeline call under `torch.no_grad`; inference_mode also skips view tracking and
+version-counter bumps, a per-op cost small next to Stable Diffusion's kernels. Grad mode costs almost nothing while
+no parameter requires grad; with trainable networks every op keeps its inputs, and the graph of the whole denoising
+loop stays alive until the output is dropped.
 """
 from __future__ import annotations
 
@@ -42,8 +36,7 @@ def availability(device: str, grad_mode: str) -> tuple[bool, str]:
 
 
 def apply(pipe, parameters: str = "frozen"):
-    """Set requires_grad on every network's parameters: 'trainable' is how a model loaded for fine-tuning
-    arrives; 'frozen' is how sdperf (and an inference-only load) builds it."""
+    """Set requires_grad on every parameter: 'trainable' as for fine-tuning, 'frozen' as sdperf builds it."""
     if parameters not in PARAMETERS:
         raise ValueError(f"parameters {parameters!r} is not valid; choose one of: {', '.join(PARAMETERS)}")
     for module in networks(pipe):
@@ -68,12 +61,8 @@ _MODE_LABELS = {"inference_mode": "inference_mode (fresh pipeline)", "no_grad": 
 
 
 def techniques() -> list[Technique]:
-    """grad:<mode> runs the generation under that autograd mode; parameters:trainable makes every network's
-    parameters require grad first (how a model loaded for fine-tuning arrives).
-
-    A grad mode alone is loop-only: with frozen networks autograd records nothing in any mode, so what a mode can
-    cost is per-operator bookkeeping, measured where the time is (text encoder and denoising loop); the decode is
-    the baseline's. parameters:trainable is not: it makes the VAE record its graph too, so its stacks decode."""
+    """grad:<mode> runs the generation under that autograd mode (loop-only: with frozen networks nothing is
+    recorded); parameters:trainable makes every parameter require grad first (not loop-only: the VAE records too)."""
     out = [Technique(f"grad:{mode}", label, GRAD_MODE, NOTEBOOK, grad_mode=mode, loop_only=True,
                      availability=lambda ctx, m=mode: availability(ctx.device, m), note=_WHAT_EACH_MODE_RECORDS[mode])
            for mode, label in _MODE_LABELS.items()]

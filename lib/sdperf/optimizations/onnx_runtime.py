@@ -1,10 +1,7 @@
-"""ONNX export + ONNX Runtime: the CPU counterpart of the NeMo TensorRT rung (fp16 engine 3.3 -> 0.9 s on an A100).
+"""ONNX export + ONNX Runtime: the CPU counterpart of the TensorRT rung, in fp32 (the win is fusion and layout).
 
-An inference engine takes the whole graph ahead of time: it fuses operators (conv + bias + activation,
-attention's matmul-softmax-matmul), pre-packs weights into the layout its kernels want, and plans memory once
-instead of per call. On a CPU the win is these fusions and layouts, not precision: the engine runs fp32 here.
 The UNet is exported once with a dynamic batch axis and run by the CPU execution provider with every graph
-optimization on (ORT_ENABLE_ALL) and as many intra-op threads as torch uses, so both sides get the same cores.
+optimization on (ORT_ENABLE_ALL) and as many intra-op threads as torch uses.
 """
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ import torch
 from sdperf.optimizations import artefacts
 from sdperf.optimizations.unet_graph import OUTPUT, EngineUNet, export_onnx, scratch_dir
 
-# what a key run by this engine imports (Technique.packages; onnxruntime-gpu is the GPU lock's)
+# what a key run by this engine imports (onnxruntime-gpu is the GPU lock's)
 PACKAGES = ("onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu")
 
 PRECISIONS = ("fp32",)
@@ -46,8 +43,7 @@ def session(path: Path, threads: int | None = None):
 
 
 def build(unet: torch.nn.Module, example: tuple, *, exporter: str = "dynamo", scratch_root=None) -> EngineUNet:
-    """Export the UNet and load it into a session. With `scratch_root` the exported graph is kept in the run's
-    artefact cache (optimizations.artefacts) and later workers load it; without, it is deleted once loaded."""
+    """Export the UNet and load it into a session; with `scratch_root` the graph is kept in the artefact cache."""
     import onnxruntime as ort
 
     if scratch_root is None:

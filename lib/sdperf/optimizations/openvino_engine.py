@@ -1,12 +1,8 @@
-"""OpenVINO: Intel's inference engine, the CPU rung of the HF blog on Sapphire Rapids (fp32 32.3 s -> OpenVINO
-16.7 s -> with static shapes 4.7 s per 512px image).
+"""OpenVINO, Intel's inference engine, running the UNet on the CPU.
 
-`openvino.convert_model` traces the PyTorch UNet into an OpenVINO model; `compile_model` fuses and re-lays it
-out for the CPU's instruction set. Its CPU plugin picks an inference precision by itself: bf16 on CPUs with
-native bf16 (AVX512-BF16 or AMX), f32 elsewhere. A bf16 hint on a CPU without bf16 is silently ignored, so the
-precision actually used is read back from the compiled model and a mismatch is an error, never a mislabelled
-row. Static shapes (the model reshaped to the exact input shapes before compiling) let the plugin plan every
-kernel ahead; a call with other shapes recompiles for them.
+`openvino.convert_model` traces the UNet into an OpenVINO model; `compile_model` fuses it for the CPU. A bf16 hint
+on a CPU without bf16 is silently ignored, so the precision used is read back and a mismatch is an error, never a
+mislabelled row. Static shapes let the plugin plan every kernel ahead; a call with other shapes recompiles.
 """
 from __future__ import annotations
 
@@ -18,15 +14,13 @@ import torch
 from sdperf.optimizations import artefacts
 from sdperf.optimizations.unet_graph import INPUTS, EngineUNet, UNetGraph
 
-# what a key run by this engine imports (Technique.packages)
 PACKAGES = ("openvino",)
 
 DEVICE = "CPU"
 PRECISIONS = ("f32", "bf16", "f16", "default")  # "default": no hint, the plugin's own choice for this CPU
 # the OPTIMIZATION_CAPABILITIES entry a CPU must list for the plugin to honour each reduced-precision hint
 CAPABILITY = {"bf16": "BF16", "f16": "FP16"}
-# The measured roof of the CPU plugin's own GEMM a graph computing in each precision runs on (08 times each with
-# sdperf.measure.roofline.openvino_matmul_peak and names its row so): what an OpenVINO executor is held against
+# The measured roof (sdperf.measure.roofline) of the plugin's GEMM in each precision: what an executor is held to
 ROOFS = {"f32": "openvino MatMul f32", "int8": "openvino MatMul int8 (u8s8)", "bf16": "openvino MatMul bf16"}
 
 
@@ -67,12 +61,8 @@ def availability(device: str, precision: str) -> tuple[bool, str]:
 
 
 def convert(unet: torch.nn.Module, example: tuple):
-    """openvino.convert_model on the UNet traced once (inputs keep their names, shapes stay dynamic).
-
-    Tracing here with check_trace=False is what convert_model would do itself, minus torch.jit.trace's
-    default re-run of the model to check the trace (about half of the tiny UNet's conversion time here).
-    The tracer's warnings about channel-count checks frozen into the trace are expected (those are fixed) and
-    filtered in sdperf.core.quiet."""
+    """openvino.convert_model on the UNet traced once, without the trace check's re-run (inputs keep their names,
+    shapes stay dynamic; the tracer's expected warnings are filtered in sdperf.core.quiet)."""
     import openvino as ov
 
     with torch.no_grad():
@@ -81,12 +71,9 @@ def convert(unet: torch.nn.Module, example: tuple):
 
 
 def compile_model(model, precision: str, shapes: dict | None = None, cache_dir=None):
-    """Compile for the CPU with the precision hint (none for 'default') and torch's thread count; `shapes`
-    reshapes the model to static input shapes first; `cache_dir` is OpenVINO's own compiled-model cache (a
-    later worker imports the compiled blob instead of compiling). OpenVINO loads a blob it finds there without a
-    check (4 KB of garbage in one gave NaN images beside a "faster" row), so the folder is sealed after every
-    compile and any blob not sealed or not matching its digest is deleted before one (sdperf.store.verified):
-    OpenVINO then compiles afresh. Returns (compiled model, precision used)."""
+    """(compiled model, precision used): compiled for the CPU with the precision hint (none for 'default') and
+    torch's thread count, at static `shapes` if given. `cache_dir` is OpenVINO's compiled-model cache, which it
+    loads unchecked: the folder is sealed after every compile and a blob not matching its seal is deleted first."""
     import warnings
 
     import openvino as ov
@@ -118,11 +105,9 @@ def compile_model(model, precision: str, shapes: dict | None = None, cache_dir=N
 
 def ir_model(unet: torch.nn.Module, example, scratch_root=None, kind: str = "openvino-ir", transform=None,
              key: dict | None = None):
-    """(OpenVINO model, facts, cache_dir): the UNet converted (and `transform`ed, e.g. quantized by NNCF). With
-    `scratch_root` the IR is saved in the run's artefact cache (fp32 weights kept as they are) and later
-    workers read it instead of converting; `cache_dir` is then the plugin's compiled-model cache beside it.
-    `example` may be a callable (called only when the model is converted); `key` then says what determines the
-    artefact besides the UNet's weights (by default the example's shapes)."""
+    """(OpenVINO model, facts, cache_dir): the UNet converted (and `transform`ed, e.g. by NNCF). With `scratch_root`
+    the IR is kept in the artefact cache and `cache_dir` is the plugin's cache beside it. `example` may be a callable
+    (called only on conversion); `key` says what determines the artefact besides the weights (default: shapes)."""
     import openvino as ov
 
     def make(folder=None) -> tuple[object, dict]:
@@ -130,8 +115,7 @@ def ir_model(unet: torch.nn.Module, example, scratch_root=None, kind: str = "ope
         inputs = example() if callable(example) else example
         facts = {"exporter": "torch.jit.trace + openvino.convert_model"}
         if transform is not None and scratch_root is not None:
-            # a transform (NNCF) starts from the run's plain IR: the UNet is traced and converted once per run,
-            # not once per engine (~25 s each on cpu)
+            # a transform starts from the run's plain IR: the UNet is converted once per run, not per engine
             model, plain, _ = ir_model(unet, inputs, scratch_root)
             facts["converted"] = plain["artefact"]
         else:
@@ -159,9 +143,7 @@ def ir_model(unet: torch.nn.Module, example, scratch_root=None, kind: str = "ope
 
 def build(unet: torch.nn.Module, example: tuple, *, precision: str = "f32", static: bool = False,
           scratch_root=None) -> EngineUNet:
-    """Convert (or read the cached IR), compile (at the example's shapes when `static`), and wrap.
-
-    A freshly converted model shares its weights with the torch UNet, so the engine keeps a reference to both."""
+    """Convert (or read the cached IR), compile (at the example's shapes when `static`), and wrap."""
     import openvino as ov
 
     check_precision(precision)
@@ -183,7 +165,6 @@ def build(unet: torch.nn.Module, example: tuple, *, precision: str = "f32", stat
                                      share_inputs=True, share_outputs=False)
         return torch.from_numpy(out[0])
 
-    # A converted model shares the torch UNet's weights, so both stay; a model read from the cache owns its
-    # weights, and holding the torch UNet beside it would count 3.4 GB (SD 1.5) that a deployment never holds.
+    # a converted model shares the torch UNet's weights, so both stay; one read from the cache owns its weights
     keep = (model,) if facts.get("artefact", "").startswith("loaded") else (unet, model)
     return EngineUNet(run, unet.config, device="cpu", facts=facts, keep=keep)

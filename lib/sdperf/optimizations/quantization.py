@@ -1,23 +1,16 @@
 """int8: the one precision that can beat fp32 on a CPU without AMX, when the CPU has int8 dot-product instructions.
 
-AVX-512 VNNI (and AMX-INT8) multiply-accumulate four int8 pairs per lane per instruction, so an int8 matmul
-can run several times faster than fp32 on the same cores; AVX2 has a slower int8 path (vpmaddubsw) that the
-fbgemm and OpenVINO kernels still use. Which kernel a scheme reaches decides whether it can win here:
+AVX-512 VNNI and AMX-INT8 multiply-accumulate four int8 pairs per lane per instruction, so an int8 matmul can run
+several times faster than fp32; AVX2 has a slower int8 path (vpmaddubsw). Which kernel a scheme reaches decides:
 
-- torch.ao `quantize_dynamic`: nn.Linear weights int8 ahead of time, activations quantized per call, fbgemm /
-  oneDNN kernels (engine `x86`). Only Linear layers: the UNet's convolutions stay fp32. Deprecated in torch 2.x
-  in favour of torchao, still present (the warning is recorded with the result).
-- torchao `Int8DynamicActivationInt8WeightConfig`: the same idea on tensor subclasses; its int8 matmul is
-  `torch._int_mm`, which PyTorch runs through oneDNN on a CPU only with AVX512-VNNI (otherwise a reference
-  loop), and through cuBLASLt int8 on CUDA (the diffusers fast-diffusion recipe pairs it with torch.compile).
-- OpenVINO + NNCF: the UNet converted to OpenVINO IR; `nncf.compress_weights` (int8 weights, fp32 compute),
-  `nncf.quantize` (post-training: int8 weights and activations), or both at once in NNCF/optimum-intel's hybrid
-  mode for diffusion models (int8 weights of the matmuls, full int8 of the convolutions), compiled by the
-  OpenVINO CPU plugin. The calibrated schemes collect the UNet inputs of one real generation per calibration
-  caption (Context.prompts), so the activation ranges come from more than one prompt's trajectory.
+- torch.ao `quantize_dynamic`: nn.Linear int8 weights, activations quantized per call (fbgemm / oneDNN); the
+  convolutions stay fp32. Deprecated in favour of torchao (the warning is recorded with the result).
+- torchao `Int8DynamicActivationInt8WeightConfig`: its matmul is `torch._int_mm`: oneDNN on a CPU only with
+  AVX512-VNNI (else a reference loop), cuBLASLt int8 on CUDA.
+- OpenVINO + NNCF: the UNet as OpenVINO IR; `nncf.compress_weights` (int8 weights, fp32 compute), `nncf.quantize`
+  (int8 weights and activations) or optimum-intel's hybrid mode, calibrated on one generation per caption.
 
-With random-init weights the error figures describe the quantization machinery, not the quality of a
-quantized Stable Diffusion: trained weights and activations have different ranges and outliers.
+With random-init weights the error figures describe the quantization machinery, not a quantized Stable Diffusion.
 """
 from __future__ import annotations
 
@@ -37,26 +30,17 @@ from sdperf.model.generation import Workload, generate
 from sdperf.optimizations import openvino_engine
 from sdperf.optimizations.catalog import EXECUTOR, Technique
 
-# The PTQ scheme's alternatives: what the field uses when plain 8-bit post-training quantization of the SD UNet
-# costs quality (Intel / Hugging Face: it "does not work" for the SD UNet; optimum-intel recommends the hybrid
-# mode). Judged on the reference model only when PTQ alone is over the quality budget
-# (sdperf.judge.techniques.for_study): each costs a calibration and a quantization of its own.
+# What the field uses when plain PTQ of the SD UNet costs quality (Technique.fallbacks)
 PTQ_ALTERNATIVES = ("int8:openvino-nncf-hybrid", "int8:openvino-nncf-ptq-sq", "int8:openvino-nncf-ptq-wide",
                     "int8:openvino-nncf-ptq-mixed")
 SMOOTH_QUANT_ALPHAS = {"matmul": 0.5, "convolution": 0.05}
 SMOOTHING_SUFFIX = "/nncf_smooth_quant"  # how NNCF names the scale it inserts before a smoothed layer
 WIDE_PER_CAPTION = 4  # UNet calls per caption in the many-caption calibration (trajectory's ends and two between)
-# The most UNet calls a calibration set holds: nncf.quantize's own default subset_size (optimum-intel's hybrid
-# default is 200). Whole trajectories only, one generation per caption: on the cpu profile (PLMS, 2 steps: 3 calls
-# a generation) 8 captions give 24 samples, far under it; on the reference model (PLMS, 50 steps: 51 calls) it
-# stops at 5 captions (255 samples), which bounds NNCF's statistics passes (a UNet call per sample, and fast
-# bias correction's per-layer ones) to about what the default calibration of nncf.quantize costs anyway.
+# The most UNet calls a calibration set holds, in whole trajectories: nncf.quantize's default subset_size
 CALIBRATION_SAMPLES = 300
-# CPU instructions that give torch._int_mm (torchao's CPU int8 matmul) its oneDNN path; without them PyTorch
-# falls back to a scalar loop (aten/src/ATen/native/LinearAlgebra.cpp, _int_mm_out_cpu).
+# CPU instructions that give torch._int_mm its oneDNN path; without them PyTorch runs a scalar loop
 INT_MM_CPU_FLAGS = ("avx512_vnni", "amx_int8")
-# The int8 dot-product instructions OpenVINO's and fbgemm's kernels use when present (avx_vnni is reported
-# only once sdperf.core.environment.ISA_FLAGS lists it).
+# The int8 dot-product instructions OpenVINO's and fbgemm's kernels use when present
 INT8_CPU_FLAGS = ("avx512_vnni", "amx_int8", "avx_vnni")
 # The measured roofs (08's int8_roofs rows) of torch's int8 kernels; OpenVINO's are openvino_engine.ROOFS
 INT_MM, LINEAR_DYNAMIC = "torch._int_mm", "quantized linear_dynamic"
@@ -64,10 +48,9 @@ INT_MM, LINEAR_DYNAMIC = "torch._int_mm", "quantized linear_dynamic"
 
 @dataclass(frozen=True)
 class Scheme:
-    """One int8 scheme: its catalog entry (int8:<name>) is built from it, and what runs it is read from it.
-    `quantize(pipe, workload, name, ...)` returns the quantized UNet; `roof_kernel` names the measured matmul roof
-    of the precision its matmuls compute in; an OpenVINO scheme's `nncf(model, data, subset_size)` is its NNCF
-    step, fed the UNet inputs of real generations when `calibrated` (`per_caption` calls of each, else all)."""
+    """One int8 scheme, the source of its catalog entry (int8:<name>). `quantize(pipe, workload, name, ...)` returns
+    the quantized UNet; an OpenVINO scheme's `nncf(model, data, subset_size)` is its NNCF step, fed real UNet inputs
+    when `calibrated` (`per_caption` calls of each generation, else all)."""
 
     name: str
     label: str
@@ -153,9 +136,8 @@ def _openvino_availability(device: str) -> tuple[bool, str]:
 
 def apply(pipe, scheme: str, workload: Workload | None = None, scratch_root=None, prompts: tuple[str, ...] = (),
           limit: int = CALIBRATION_SAMPLES):
-    """Quantize the pipeline's UNet with `scheme` and return the pipeline. The OpenVINO schemes need the
-    workload: the IR is built for its shapes, and the calibrated schemes collect the UNet inputs of one
-    generation of it per caption in `prompts` (the workload's own prompt when empty), at most `limit` calls."""
+    """Quantize the pipeline's UNet with `scheme`. The OpenVINO schemes need the workload (the IR's shapes; the
+    calibrated ones generate it once per caption of `prompts`, at most `limit` UNet calls)."""
     pipe.unet = check_scheme(scheme).quantize(pipe, workload, scheme, scratch_root=scratch_root, prompts=prompts,
                                               limit=limit)
     return pipe
@@ -167,8 +149,7 @@ def _modules(quantize):
 
 
 def torch_ao_dynamic(unet):
-    """nn.Linear -> DynamicQuantizedLinear (qint8) in place; the deprecation warning torch gives is kept on the
-    module (`sdperf_warnings`) so the notebook can show it beside the result."""
+    """nn.Linear -> DynamicQuantizedLinear (qint8) in place; torch's warnings are kept on `sdperf_warnings`."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         unet = torch.ao.quantization.quantize_dynamic(unet, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
@@ -199,9 +180,7 @@ def module_counts(unet) -> dict:
 
 
 def unet_inputs(pipe, workload: Workload) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(sample, timestep, text embeddings) of every UNet call of one generation: calibration data from the real
-    trajectory, not random tensors. The loop stops at the final latents: the VAE decode (~4 s of SD 1.5 at 256px on
-    2 cores, per caption) would be thrown away."""
+    """(sample, timestep, text embeddings) of every UNet call of one generation, without the VAE decode."""
     seen = []
 
     def hook(_module, args, kwargs):
@@ -234,8 +213,7 @@ def captions_digest(captions: tuple[str, ...]) -> str:
 
 
 def spread(calls: list, k: int | None) -> list:
-    """`k` of a trajectory's calls evenly spaced, its first and last among them (all of them when k is None or
-    covers them)."""
+    """`k` of a trajectory's calls evenly spaced, first and last included (all when k is None or covers them)."""
     if k is None or k >= len(calls):
         return list(calls)
     if k < 2:
@@ -246,10 +224,8 @@ def spread(calls: list, k: int | None) -> list:
 
 def calibration_set(pipe, workload: Workload, prompts=(), limit: int = CALIBRATION_SAMPLES,
                     per_caption: int | None = None) -> tuple[list, int]:
-    """(UNet inputs, captions used): one generation per caption at the workload's steps, as many captions as fit in
-    `limit` samples (always at least one generation). Whole trajectories by default, so every timestep the schedule
-    visits is covered for every caption used; with `per_caption`, that many calls spread over each trajectory
-    (spread), so the same number of samples covers more captions."""
+    """(UNet inputs, captions used): one generation per caption, as many as fit in `limit` samples (at least one).
+    Whole trajectories, or `per_caption` calls spread over each so the same samples cover more captions."""
     if limit < 1:
         raise ValueError(f"calibration limit must be a positive number of UNet calls, got {limit!r}")
     captions = calibration_captions(prompts, workload)
@@ -261,8 +237,8 @@ def calibration_set(pipe, workload: Workload, prompts=(), limit: int = CALIBRATI
 
 
 def _const_source(op, port: int) -> bool:
-    """Whether input `port` of `op` comes from a constant through Convert, FakeQuantize and Reshape only: what
-    optimum-intel's _get_operation_const_op looks through to call a layer weighted."""
+    """Whether input `port` of `op` comes from a constant through Convert, FakeQuantize and Reshape only (as
+    optimum-intel's _get_operation_const_op reads a layer as weighted)."""
     node = op.input_value(port).get_node()
     while node.get_type_name() in ("Convert", "FakeQuantize", "Reshape"):
         node = node.input_value(0).get_node()
@@ -270,8 +246,7 @@ def _const_source(op, port: int) -> bool:
 
 
 def weighted_ops(model) -> list[str]:
-    """Names of the MatMuls with a constant operand and of embedding Gathers (float constant table): the layers
-    the hybrid recipe compresses to int8 weights and keeps out of the full quantization."""
+    """The MatMuls with a constant operand and the embedding Gathers: what the hybrid recipe compresses only."""
     out = []
     for op in model.get_ops():
         kind = op.get_type_name()
@@ -286,12 +261,9 @@ CONVOLUTIONS = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "G
 
 
 def hybrid_quantize(model, data, subset_size: int):
-    """NNCF's hybrid mode for diffusion models, as optimum-intel's _hybrid_quantization runs it: int8 (asymmetric)
-    weight compression of every weight but the convolutions', then post-training quantization (TRANSFORMER
-    model type) of what is left, with the weighted matmuls ignored (their weights are already int8) and SmoothQuant
-    off for matmuls (it would rescale weights already compressed). optimum-intel applies it to diffusion pipelines
-    to keep their accuracy while shrinking the model: the convolutions run int8 x int8, the matmuls (projections,
-    feed-forwards, text cross-attention) keep float activations over int8 weights."""
+    """NNCF's hybrid mode as optimum-intel's _hybrid_quantization runs it: int8 asymmetric compression of every
+    weight but the convolutions', then nncf.quantize of the rest with the weighted matmuls ignored (already int8)
+    and SmoothQuant off for matmuls (it would rescale compressed weights)."""
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
 
@@ -310,11 +282,9 @@ ATTENTION = "ScaledDotProductAttention"  # the op OpenVINO converts torch's SDPA
 
 
 def sensitive_ops(model) -> tuple[list[str], list[str]]:
-    """(names, types) of the layers the mixed scheme keeps in float: the first and the last convolution of the graph
-    (the UNet's conv_in and conv_out, next to the latents) and the attention products of two activations (OpenVINO's
-    ScaledDotProductAttention op, or MatMuls of two activations where attention is decomposed), which PTQ studies of
-    diffusion UNets (Q-Diffusion, PTQ4DM) single out as the sensitive ones. Read before quantization: afterwards an
-    int8 weight reaches its MatMul through a dequantizing Multiply and would look like an activation."""
+    """(names, types) the mixed scheme keeps in float: the first and last convolutions and attention's products of
+    two activations (ScaledDotProductAttention, or such MatMuls), the layers Q-Diffusion and PTQ4DM find sensitive.
+    Read before quantization: afterwards an int8 weight reaches its MatMul through a Multiply."""
     ordered = model.get_ordered_ops()
     convs = [op.get_friendly_name() for op in ordered if op.get_type_name() in CONVOLUTIONS]
     pairs = [op.get_friendly_name() for op in ordered if op.get_type_name() == "MatMul"
@@ -324,8 +294,7 @@ def sensitive_ops(model) -> tuple[list[str], list[str]]:
 
 
 def ptq(model, data, subset_size: int, **kwargs):
-    """nncf.quantize, post-training int8 of weights and activations (TRANSFORMER model type); `kwargs` are what an
-    alternative changes (the many-caption one differs in its data only)."""
+    """nncf.quantize (TRANSFORMER model type); `kwargs` are what an alternative changes."""
     import nncf
 
     return nncf.quantize(model, data, model_type=nncf.ModelType.TRANSFORMER, subset_size=subset_size, **kwargs)
@@ -355,8 +324,7 @@ def compress_weights(model, _data, _subset_size: int):
 
 
 def int8_census(model) -> dict:
-    """What NNCF left in the IR: FakeQuantize nodes (activations quantized at run time) and int8/u8 constants
-    (weights stored in 8 bits), so a row says how much of the graph each scheme actually made int8."""
+    """What NNCF left in the IR: FakeQuantize nodes, int8/u8 constants and SmoothQuant scales."""
     ops = model.get_ops()
     types = collections.Counter(op.get_type_name() for op in ops)
     int8 = sum(op.get_type_name() == "Constant" and op.get_element_type().get_type_name() in ("i8", "u8")
@@ -367,12 +335,9 @@ def int8_census(model) -> dict:
 
 def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prompts=(),
                   limit: int = CALIBRATION_SAMPLES):
-    """Convert the UNet (openvino_engine.convert), compress or quantize it with NNCF as `scheme` says, compile it
-    for the CPU at the workload's static shapes in f32 (so the int8 layers are the only reduced precision), and
-    put it behind the loop's UNet call (unet_graph.EngineUNet). With `scratch_root` the quantized IR is kept in
-    the run's artefact cache, keyed by the calibration captions too, so later workers neither calibrate nor
-    quantize again and an IR calibrated on other captions, or on another number of calls (`limit`), is never
-    reused."""
+    """The UNet converted, run through the scheme's NNCF step and compiled in f32 at the workload's static shapes,
+    behind the loop's UNet call (unet_graph.EngineUNet). With `scratch_root` the IR is cached, keyed by the
+    calibration captions and `limit` too."""
     s = SCHEMES.get(scheme)
     if s is None or s.nncf is None:
         valid = [n for n, r in SCHEMES.items() if r.nncf is not None]
@@ -384,7 +349,6 @@ def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prom
     from sdperf.optimizations.unet_graph import INPUTS, EngineUNet, float32_unet, graph_inputs
 
     nncf.set_log_level(logging.WARNING)
-    # weights-only compression needs no calibration: one generation of the profile's prompt gives the example
     captions = calibration_captions(prompts, workload) if s.calibrated else (workload.prompt,)
     seen: dict = {}
 
@@ -427,12 +391,8 @@ def openvino_nncf(pipe, workload: Workload, scheme: str, scratch_root=None, prom
 
 
 def scheduler_identity(scheduler) -> dict:
-    """What of the scheduler goes into a quantized IR's cache key: its class and its public configuration.
-
-    Why not the whole config. diffusers keeps `_use_default_values` there, the names it defaulted, listed in set
-    order, and that order changes with Python's hash seed from one process to the next: two runs then named the same
-    calibrated IR differently, and the second quantized SD 1.5's UNet again (PTQ 257 s and hybrid 206 s on cpu) though
-    the first run's IR was in the cache. Within a run the workers forked from one server share a seed, which hid it."""
+    """The scheduler's part of a quantized IR's cache key: its class and public config (diffusers'
+    `_use_default_values` is in set order, which changes with the hash seed between processes)."""
     config = {k: v for k, v in dict(scheduler.config).items() if not k.startswith("_")}
     return {"class": type(scheduler).__name__, **config}
 
@@ -446,7 +406,6 @@ def static_shapes(pipe, workload: Workload) -> dict:
 
 
 NOTEBOOK = "08_quantization"
-# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
 TRANSFER = ("may not transfer",
             "quantization error depends on the ranges of weights and activations; a 4M-parameter UNet on 32 px "
             "images shares neither with SD 1.5's 860M; HF/Intel report plain PTQ does not work for SD 1.5's UNet")
@@ -470,8 +429,7 @@ def _quantized(scheme: str):
 
 def _openvino(name: str, label: str, note: str, nncf, nncf_step: str, roof_kernel: str = openvino_engine.ROOFS["int8"],
               calibrated: bool = True, **kw) -> Scheme:
-    """openvino_nncf runs it: an IR traced from the UNet and the engine compiled from it, beside the eager UNet. Its
-    roof is the plugin's u8 x s8 GEMM unless it says otherwise: nncf.quantize fake-quantizes activations and weights."""
+    """A scheme openvino_nncf runs (an IR and its engine beside the eager UNet), roofed by the u8 x s8 GEMM."""
     return Scheme(name, label, note, openvino_nncf, _openvino_availability, roof_kernel, packages=("openvino", "nncf"),
                   extra_copies={"unet": 2}, traces_unet=True, nncf=nncf, nncf_step=nncf_step, calibrated=calibrated,
                   **kw)
@@ -492,8 +450,7 @@ SCHEMES = {s.name: s for s in (
               "OpenVINO IR + nncf.quantize: int8 weights and activations of matmuls and convolutions, calibrated on "
               "one generation's UNet inputs per calibration caption", ptq, "quantize (post-training)",
               fallbacks=PTQ_ALTERNATIVES),
-    # convolutions int8 x int8, weighted matmuls int8 weights over f32 activations: a mix, held against the int8
-    # roof, the faster of the two its layers reach
+    # int8 x int8 convolutions and int8-weight matmuls: held against the faster (int8) roof
     _openvino("openvino-nncf-hybrid", "OpenVINO + NNCF hybrid int8",
               "OpenVINO IR + NNCF hybrid (optimum-intel's diffusion recipe): nncf.compress_weights int8 on all "
               "weights but the convolutions', then nncf.quantize of the convolutions (and attention inputs) with the "

@@ -1,27 +1,15 @@
 """The two stages around the denoising loop, the CLIP text encoder and the VAE decoder, run by OpenVINO.
 
-Why: the study's engines (07) and int8 schemes (08) replace only the UNet, because the loop calls it once per step.
-The text encoder and the VAE decoder run once per image, and at 50 fp32 steps they hardly count: on cpu at 256px
-the VAE decode is ~4 s of a ~107 s image. But the faster the loop gets, the more they weigh: once the UNet is int8
-and the scheduler needs 20-25 steps, the decode is about a quarter of the image, and no UNet technique can touch
-it. The Intel / Hugging Face and NNCF blog recipes (optimum-intel's OVStableDiffusionPipeline) run the whole
-pipeline in OpenVINO: text encoder, UNet and VAE decoder. These keys add the two stages the UNet executors leave in
-PyTorch, so they stack with any of them (engine:*, int8:*) and change nothing in the loop:
+The UNet techniques cannot touch these stages, which weigh more the faster the loop gets; optimum-intel runs the
+whole pipeline in OpenVINO. These keys stack with any UNet executor and change nothing in the loop:
 
-- `stages:openvino-f32`: both stages converted to OpenVINO IR and compiled for the CPU with inference precision
-  f32, at static shapes: the text encoder at (1, tokenizer.model_max_length) int64 ids (generation.encode passes
-  diffusers' encode_prompt one prompt string, so the encoder runs at batch 1, once for the prompt and once for
-  the empty negative prompt, and the embeddings are repeated per image afterwards), the VAE decoder at the
-  latents of the workload's image batch (classifier-free guidance doubles the UNet's batch, not the decoder's).
-- `stages:openvino-int8w`: the same with NNCF `compress_weights` (int8 asymmetric per-channel weights, fp32
-  compute; the CPU plugin dequantizes them on the fly): a quarter of the weight bytes to stream, a small drift.
+- `stages:openvino-f32`: both stages as OpenVINO IR compiled in f32 at static shapes: the text encoder at
+  (1, tokenizer.model_max_length) int64 ids (encode_prompt runs it at batch 1), the VAE decoder at the latents of
+  the workload's image batch (classifier-free guidance doubles the UNet's batch, not the decoder's).
+- `stages:openvino-int8w`: the same after NNCF `compress_weights` (int8 per-channel weights, fp32 compute).
 
-What is replaced is exactly what generation.encode and generation.decode call: `pipe.text_encoder` (diffusers'
-encode_prompt calls it and reads `[0]`, `.dtype` and `.config`) and, inside `pipe.vae`, `post_quant_conv` and
-`decoder` (AutoencoderKL._decode calls the first then the second; both are folded into one graph, as optimum-intel's
-vae_decoder does, and post_quant_conv becomes an identity). The VAE's encoder, scaling factor and config stay, so
-generation.decode and the rest of the study see the same pipeline object. The IR is kept in the comparison's
-artefact cache (optimizations.artefacts): the first worker converts, later workers read it back.
+Replaced: `pipe.text_encoder` and, inside `pipe.vae`, `post_quant_conv` and `decoder` (folded into one graph as
+optimum-intel's vae_decoder does; post_quant_conv becomes an identity). The IR is kept in the artefact cache.
 """
 from __future__ import annotations
 
@@ -40,7 +28,6 @@ from sdperf.optimizations import artefacts
 from sdperf.optimizations.catalog import STAGES, Technique
 
 NOTEBOOK = "07_engine_export"
-# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
 TRANSFER = ("may not transfer",
             "an engine for the text encoder and VAE decoder: with int8 weights its error depends on those "
             "networks' ranges")
@@ -76,8 +63,7 @@ def _family(profile) -> str | None:
 
 
 def availability(profile, variant: str) -> tuple[bool, str]:
-    """Runnable on a CPU with the packages the variant needs, for SD 1.x/2 (SDXL's encoders are read for their
-    hidden states, and it has a second one, which these stand-ins do not return)."""
+    """Runnable on a CPU with the variant's packages, for SD 1.x/2 (not SDXL, which reads hidden states)."""
     check_variant(variant)
     if profile.device != "cpu":
         return False, f"OpenVINO runs on CPUs (and Intel GPUs); this profile's device is {profile.device}"
@@ -119,8 +105,7 @@ class DecoderGraph(torch.nn.Module):
 
 
 def float32_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """The module an exporter traces: float32 (a half-precision pipeline's stage is copied up; the engine computes
-    in f32 either way and hands its output back in the pipeline's dtype)."""
+    """The module an exporter traces: float32 (a half-precision stage is copied up; the engine computes in f32)."""
     p = next(module.parameters(), None)
     if p is None or p.dtype == torch.float32:
         return module
@@ -130,9 +115,7 @@ def float32_copy(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def convert(graph: torch.nn.Module, example: torch.Tensor):
-    """openvino.convert_model on the graph traced once (no re-run to check the trace: it only costs time). The
-    tracer's warnings about shape checks frozen into the trace (expected at fixed shapes) and the deprecation
-    notices (torch.jit.trace itself, a transformers attribute the tracer reads) are filtered in sdperf.core.quiet."""
+    """openvino.convert_model on the graph traced once, unchecked (the tracer's warnings: sdperf.core.quiet)."""
     import openvino as ov
 
     with torch.inference_mode(False), torch.no_grad():
@@ -156,7 +139,7 @@ def compress(model) -> tuple[object, dict]:
     import nncf
 
     nncf.set_log_level(logging.WARNING)
-    # NNCF draws a progress bar on stdout: a worker's log does not keep it (its ipywidgets request: sdperf.core.quiet)
+    # NNCF's progress bar on stdout is kept out of a worker's log
     with contextlib.redirect_stdout(io.StringIO()):
         model = nncf.compress_weights(model)
     return model, {"nncf": nncf.__version__, "nncf_step": "compress_weights (int8_asym, per channel)",
@@ -164,10 +147,8 @@ def compress(model) -> tuple[object, dict]:
 
 
 def ir_model(graph: torch.nn.Module, example: torch.Tensor, stage: str, scratch_root=None, int8w: bool = False):
-    """(OpenVINO model, facts, read from disk): the stage's graph converted (and its weights compressed when
-    `int8w`). With `scratch_root` the IR is kept in the run's artefact cache under a name made of the stage, the
-    graph's weights and the example's shape, and later workers read it instead of converting; the int8 IR is made
-    from the cached plain one, so a run traces each stage once."""
+    """(OpenVINO model, facts, read from disk): the stage's graph converted (weights compressed when `int8w`). With
+    `scratch_root` the IR is cached; the int8 IR is made from the cached plain one, so each stage is traced once."""
     import openvino as ov
 
     def make(folder: Path | None = None) -> tuple[object, dict]:
@@ -203,8 +184,7 @@ def ir_model(graph: torch.nn.Module, example: torch.Tensor, stage: str, scratch_
 # -- the compiled stages and the stand-ins the pipeline holds ---------------------------------------------------
 
 class StaticEngine:
-    """One OpenVINO model compiled for the CPU in f32 at one static input shape; a call with another shape (VAE
-    slicing or tiling, another prompt batch) compiles for that shape first (`recompiles` counts them)."""
+    """An OpenVINO model compiled in f32 at one static input shape; another shape recompiles (`recompiles`)."""
 
     def __init__(self, model, shape: tuple, cache_dir=None, keep: tuple = ()):
         self.model, self.cache_dir, self._keep = model, cache_dir, keep
@@ -230,9 +210,8 @@ class StaticEngine:
 
 
 class EngineTextEncoder(torch.nn.Module):
-    """Stands in for `pipe.text_encoder` (CLIPTextModel): called with token ids, it returns what encode_prompt
-    reads, an output whose [0] is the last hidden state (and .pooler_output), in the dtype of the encoder it
-    replaced; `.dtype`, `.device` and `.config` are the replaced encoder's, as diffusers reads them."""
+    """Stands in for `pipe.text_encoder`: token ids in, (last hidden state, pooled output) out in the replaced
+    encoder's dtype, with its `.dtype`, `.device` and `.config`."""
 
     def __init__(self, engine: StaticEngine, config, dtype: torch.dtype, facts: dict):
         super().__init__()
@@ -265,8 +244,7 @@ class EngineTextEncoder(torch.nn.Module):
 
 
 class EngineVAEDecoder(torch.nn.Module):
-    """Stands in for `pipe.vae.decoder`, with `pipe.vae.post_quant_conv` folded in (the VAE's own becomes an
-    identity): latents in, images out, in the latents' dtype."""
+    """Stands in for `pipe.vae.decoder` with post_quant_conv folded in: latents in, images out in their dtype."""
 
     def __init__(self, engine: StaticEngine, facts: dict):
         super().__init__()
@@ -283,8 +261,7 @@ class EngineVAEDecoder(torch.nn.Module):
 
 
 def _stage(graph, example, stage: str, scratch_root, int8w: bool) -> tuple[StaticEngine, dict]:
-    """Convert (or read) and compile one stage. A model converted in this process shares the torch weights, so
-    the engine keeps the traced graph; one read from the cache owns its weights and the torch stage is freed."""
+    """Convert (or read) and compile one stage; a model converted here shares the torch weights, so it keeps them."""
     model, facts, from_disk = ir_model(graph, example, stage, scratch_root, int8w)
     cache_dir = Path(scratch_root) / artefacts.PLUGIN_CACHE if scratch_root is not None else None
     engine = StaticEngine(model, tuple(example.shape), cache_dir, keep=(model,) if from_disk else (graph, model))
@@ -342,8 +319,7 @@ def _applied(variant: str):
 
         pipe, facts = apply(pipe, variant, ctx.workload(), scratch_root=ctx.artefacts)
         ctx.facts.update(facts)
-        # the generic set-up facts 07's tables read; in a stack with a UNet engine the UNet's own win (setdefault),
-        # and the stages' stay under their stages_* names
+        # the generic set-up facts 07's tables read; a UNet engine's own win (setdefault)
         for k, v in (("engine", facts["stages_engine"]), ("exporter", EXPORTER),
                      ("export_s", facts["stages_export_s"]), ("build_s", facts["stages_build_s"]),
                      ("precision", facts["stages_precision"]), ("dynamic_batch", False), ("static_shapes", True),

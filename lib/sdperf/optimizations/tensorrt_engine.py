@@ -1,12 +1,8 @@
-"""TensorRT fp16: the NeMo rung (SD at 512px, 50 PLMS steps on an A100: framework fp16 AMP 3.3 / 5.2 / 9.2 s ->
-TensorRT fp16 0.9 / 1.7 / 2.9 s at batch 1 / 2 / 4).
+"""TensorRT fp16: an engine for one GPU, the fastest kernel of each fused layer chosen by timing candidates.
 
-TensorRT builds an engine for one GPU: it picks the fastest kernel for each fused layer by timing candidates,
-in fp16 where allowed, for the shape ranges of an optimization profile. This path goes ONNX -> TensorRT
-builder (torch-tensorrt is not a dependency of the study): the UNet is exported like the ONNX Runtime rung,
-parsed by `trt.OnnxParser`, built with `BuilderFlag.FP16` and one optimization profile spanning the study's
-batch sizes, and run with `execute_async_v3` on torch's current CUDA stream. It needs an NVIDIA GPU with
-CUDA and the `tensorrt` package (10.x, whose builder still takes the FP16 flag).
+ONNX -> TensorRT builder: the UNet exported like the ONNX Runtime rung, parsed by `trt.OnnxParser`, built with
+`BuilderFlag.FP16` (tensorrt 10.x) and one optimization profile spanning the study's batch sizes, and run with
+`execute_async_v3` on torch's current CUDA stream.
 """
 from __future__ import annotations
 
@@ -16,7 +12,6 @@ import torch
 
 from sdperf.optimizations.unet_graph import INPUTS, OUTPUT, EngineUNet, export_onnx, scratch_dir
 
-# what a key run by this engine imports (Technique.packages)
 PACKAGES = ("onnx", "onnxscript", "tensorrt-cu13", "tensorrt-cu13-bindings")
 
 PRECISIONS = ("fp16",)

@@ -1,14 +1,9 @@
 """Token merging for Stable Diffusion (tomesd; Bolya & Hoffman, arXiv 2303.17604).
 
-Before each self-attention of the UNet's highest-resolution transformer blocks, the most similar tokens are merged
-(bipartite soft matching, one destination token per 2x2 patch), attention runs on the shorter sequence, and the
-result is unmerged back to every token. Published (RTX 4090, SD 1.5, 512px, 50 PLMS): ratio 0.3 1.50x, 0.5 1.87x,
-FID 33.12 -> 32.80 / 33.02; the NNCF/Intel CPU ladder stacks ratio 0.4 on int8 (59 s -> 44.6 s). The gain scales
-with the token count: at 4096 tokens (512px SD) attention dominates, at a few hundred it barely shows.
-
-`tomesd.apply_patch` swaps the class of each diffusers BasicTransformerBlock for one whose forward merges and
-unmerges. Its random choice of destination tokens draws from a generator it forks from the global RNG on first
-use; here that generator is seeded from the profile's seed, so two runs of one configuration merge alike.
+Before each self-attention of the highest-resolution transformer blocks the most similar tokens are merged
+(bipartite soft matching, one destination per 2x2 patch) and unmerged after; the gain scales with the token count.
+tomesd's random choice of destinations draws from a generator seeded here from the profile's seed, so two runs of
+one configuration merge alike.
 """
 from __future__ import annotations
 
@@ -19,12 +14,11 @@ import torch
 from sdperf.optimizations.catalog import MERGING, Technique
 
 NOTEBOOK = "03_attention"
-# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
 TRANSFER = ("may not transfer",
             "token merging removes redundant tokens; the reference model has 64 tokens at its highest "
             "resolution, SD 1.5 at 512 px has 4096 (tomesd: FID -0.32 at ratio 0.3, -0.10 at 0.5)")
 KEY_PREFIXES = ("tome",)
-PACKAGES = ("tomesd",)  # what every key of the prefix imports (Technique.packages)
+PACKAGES = ("tomesd",)  # what every key of the prefix imports
 RATIOS = (0.3, 0.5)
 MAX_RATIO = 0.75  # 1 - 1/(sx*sy) with tomesd's 2x2 stride: at most 3 of every 4 tokens can merge
 
@@ -46,8 +40,8 @@ def merged_blocks(unet) -> int:
 
 
 def apply(pipe, ratio: float, seed: int = 0, ctx=None):
-    """Patch the UNet's transformer blocks to merge `ratio` of the tokens before self-attention (tomesd's
-    defaults otherwise: highest resolution only, attention only, random 2x2 destinations)."""
+    """Patch the UNet's transformer blocks to merge `ratio` of the tokens before self-attention (else tomesd's
+    defaults)."""
     import tomesd
 
     check_ratio(ratio)

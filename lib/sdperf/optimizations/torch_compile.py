@@ -1,17 +1,10 @@
-"""torch.compile on the UNet: the rung diffusers' docs credit with SD 1.5 on an A100 going 21.66 -> 49.74 it/s
-(fal-ai: 31.44 -> 37.01 it/s, 46.95 with channels_last; stable-fast: 35.6 -> 41.9 it/s with max-autotune).
+"""torch.compile on the UNet.
 
-Dynamo traces the UNet's Python into FX graphs guarded by what they assumed (shapes, dtypes, module state); a
-backend compiles each graph. Inductor, the default backend, fuses pointwise work into generated kernels
-(Triton on a GPU, C++/OpenMP on a CPU) and leaves matmuls and convolutions to vendor libraries; its modes add
-GEMM autotuning (`max-autotune`) and CUDA graphs (`reduce-overhead`, `max-autotune`), which remove the launch
-overhead that dominates small GPU kernels and do not exist on a CPU. `freezing` (inductor config) treats the
-weights as constants, so it can fold them and pre-pack convolution/matmul weights for oneDNN: on the CPU this
-is what makes inductor beat eager at all (cpu-findings: default 0.76x, freezing 1.57x on SD 1.5). It is only
-valid for inference with weights that no longer change. Compilation is lazy: it happens on the first call
-(and again whenever a guard fails, e.g. on a new shape), which is why it is reported apart from steady state.
-Regional compilation (diffusers' `compile_repeated_blocks`) compiles only the UNet's repeated transformer blocks:
-one graph serves every block of the same shape, so compiling is cheaper; the ResNets and convolutions stay eager.
+Dynamo traces the UNet's Python into guarded FX graphs; a backend compiles each. Inductor fuses pointwise work into
+generated kernels (Triton on a GPU, C++/OpenMP on a CPU); its modes add GEMM autotuning and CUDA graphs (GPU only).
+`freezing` treats the weights as constants so they can be folded and pre-packed for oneDNN (inference only).
+Compilation is lazy (first call, and again when a guard fails), so it is reported apart from steady state.
+Regional compilation (diffusers' `compile_repeated_blocks`) compiles only the repeated transformer blocks.
 
 A set-up is written as a spec string: a mode or backend, '+'-joined with flags, e.g. "default",
 "max-autotune-no-cudagraphs+freezing", "regional", "channels_last" (eager), "channels_last+freezing", "openvino".
@@ -34,7 +27,6 @@ from sdperf.optimizations.catalog import EXECUTOR, Technique
 EAGER = "eager"
 INDUCTOR = "inductor"
 OPENVINO = "openvino"
-# Inductor's own list of modes (the set changes between torch releases).
 MODES = tuple(torch._inductor.list_mode_options())
 CUDA_GRAPH_MODES = tuple(m for m, opts in torch._inductor.list_mode_options().items() if opts.get("triton.cudagraphs"))
 
@@ -161,8 +153,7 @@ def availability(device: str, spec: str) -> tuple[bool, str]:
 
 
 def import_openvino_backend() -> None:
-    """Register backend="openvino" (its import also sets torch._dynamo.config.inline_inbuilt_nn_modules=False,
-    which torch 2.14 ignores: it always inlines nn.Modules and warns that the flag does nothing)."""
+    """Register backend="openvino"."""
     import openvino.torch  # noqa: F401
 
 
@@ -176,9 +167,8 @@ def compile_kwargs(s: CompileSpec, dynamic: bool | None = None) -> dict:
 
 @dataclass
 class CompileLog:
-    """What compiling did: the compile records (torch._dynamo.utils.get_compilation_metrics: one per Dynamo
-    frame compile, with its time, cache hits, recompile reason) and how often inductor skipped CUDA graphs
-    (on a CPU-only graph it does so silently: it bumps a counter and logs nothing)."""
+    """What compiling did: the compile records (get_compilation_metrics) and how often inductor skipped CUDA graphs
+    (silently, on a CPU-only graph)."""
 
     records: list = field(default_factory=list)
     cudagraph_skips: int = 0
@@ -198,8 +188,7 @@ def compile_log(log: CompileLog | None = None):
 
 
 class CompileError(RuntimeError):
-    """torch.compile failed before the compiled UNet ran; the message says at which step, the original exception is
-    chained (`__cause__`) with its traceback."""
+    """torch.compile failed before the compiled UNet ran; the original exception is chained (`__cause__`)."""
 
 
 # Files of the step where Dynamo builds the guards of a traced frame: a failure there is torch's, not the model's.
@@ -207,9 +196,7 @@ GUARD_FILES = ("torch/_guards.py", "torch/_dynamo/guards.py")
 
 
 def guard_failure(exc: BaseException, backend: str) -> CompileError | None:
-    """A CompileError naming the guard step and the frame that raised, when `exc` was raised while Dynamo built
-    its guards (torch 2.14 + the OpenVINO backend on the UNet: IndexError in symbolic_shapes.issue_guard); else
-    None (the exception is left as it is)."""
+    """A CompileError naming the frame that raised, when `exc` was raised while Dynamo built its guards; else None."""
     frames = traceback.extract_tb(exc.__traceback__)
     if not any(f.filename.replace(os.sep, "/").endswith(GUARD_FILES) for f in frames):
         return None
@@ -220,11 +207,9 @@ def guard_failure(exc: BaseException, backend: str) -> CompileError | None:
 
 
 class CompiledUNet(torch.nn.Module):
-    """The compiled UNet as the generation loop calls it. Each call runs under the spec's inductor config
-    patches, because compilation is lazy: Dynamo reads `freezing` when it traces the first call (it then guards
-    on the weights' identity) and inductor when it compiles it, and a config set only around torch.compile()
-    would be gone by then; scoping it to this module's calls keeps it out of every other variant. `log` keeps
-    what compiling did during its calls. It exposes .dtype, .device and .config as the generation loop expects."""
+    """The compiled UNet as the generation loop calls it, with .dtype, .device and .config. Each call runs under the
+    spec's inductor config patches: compilation is lazy, so a config set only around torch.compile() would be gone
+    when it happens. `log` keeps what compiling did during its calls."""
 
     def __init__(self, unet: torch.nn.Module, compiled, spec: CompileSpec):
         super().__init__()
@@ -302,7 +287,6 @@ def compile_facts(log: CompileLog) -> dict:
 
 
 NOTEBOOK = "04_torch_compile"
-# What a verdict on the reference model says about SD 1.5 (Technique.transfer)
 TRANSFER = ("transfers", "a compiled graph that keeps fp32 arithmetic changes rounding order only, on any model")
 KEY_PREFIXES = ("compile",)
 PACKAGES = ("openvino",)  # what a compile key may import: the openvino backend
@@ -315,9 +299,8 @@ CACHE_FOLDER = "inductor"  # under a profile's scratch folder, one sub-folder pe
 
 
 def inductor_dir(scratch: Path) -> Path:
-    """This run's inductor cache under a profile's scratch folder: one folder per run id, shared by the run's
-    workers (round 0 compiles cold, later rounds find its kernels) and never by another run. Inductor executes the
-    Python wrappers it caches, so a cache that outlived its run would run whatever was appended to it since."""
+    """This run's inductor cache, shared by its workers and never by another run (inductor executes the Python
+    wrappers it caches, so a cache that outlived its run would run whatever was appended to it since)."""
     from sdperf.core import environment
 
     return Path(scratch) / CACHE_FOLDER / environment.run_id()
@@ -335,13 +318,7 @@ def clear_inductor(scratch: Path) -> None:
 def _compiled(spec: str):
     def run(pipe, ctx):
         if ctx.scratch is not None:
-            # inductor's on-disk caches in this run's folder of the profile's scratch (inductor_dir), kept between
-            # the run's worker processes: round 0 compiles cold, later rounds find its kernels, as a restarted
-            # server would. Set here because inductor reads it at compile time and the fork server may have set
-            # its default.
-            # Freezing's graph is never cached: it prepacks weights as oneDNN (mkldnn) tensors, which inductor's
-            # FX graph cache cannot pickle ("Bypassing FX Graph Cache because 'mkldnn tensors unpickleable'"), so
-            # every round re-traces and re-lowers it (~70 s on SD 1.5 here) and reuses only the C++ kernels.
+            # set here: inductor reads it at compile time (freezing's mkldnn graph is never cached, only kernels)
             os.environ[CACHE_ENV] = str(inductor_dir(ctx.scratch))
             ctx.facts["inductor_cache"] = os.environ[CACHE_ENV]
         pipe = apply(pipe, spec)

@@ -1,10 +1,8 @@
 """The UNet as a graph an inference engine can take, and the stand-in that puts the engine back in its place.
 
-Engines (ONNX Runtime, OpenVINO, TensorRT) want a function of plain tensors: the timestep becomes a float32
-scalar input of the graph (not a Python constant baked in at export), and the text context a tensor. Only the
-UNet is exported: it is the part the denoising loop calls once per step; the text encoder (once per image)
-and the VAE decoder (once per image) stay in PyTorch. The exported graph and its external weight file are
-written into a scratch folder that is deleted as soon as the engine holds its own copy.
+Engines (ONNX Runtime, OpenVINO, TensorRT) want a function of plain tensors: the timestep becomes a float32 scalar
+input, not a constant baked in at export. Only the UNet, which the loop calls once per step, is exported, into a
+scratch folder deleted as soon as the engine holds its own copy.
 """
 from __future__ import annotations
 
@@ -62,9 +60,8 @@ def graph_inputs(sample, timestep, encoder_hidden_states, extra: dict) -> dict[s
 
 
 def float32_unet(unet: torch.nn.Module) -> torch.nn.Module:
-    """The UNet an exporter traces: float32, like the graph's inputs. A half-precision pipeline's UNet (a stack such
-    as precision:bfloat16 + engine:openvino-bf16, where the text encoder and VAE stay in bf16) is copied up with
-    the weights the pipeline holds; the engine's own precision setting then decides what it computes in."""
+    """The UNet an exporter traces: float32, like the graph's inputs (a half-precision UNet is copied up; the
+    engine's precision setting decides what it computes in)."""
     if next(unet.parameters()).dtype == torch.float32:
         return unet
     import copy
@@ -73,10 +70,8 @@ def float32_unet(unet: torch.nn.Module) -> torch.nn.Module:
 
 
 class EngineUNet:
-    """Stands in for `pipe.unet`: the same call and config, the graph run by an engine.
-
-    `run` maps the named graph inputs to the output tensor. `facts` says how the engine was made (exporter,
-    export and build seconds, precision actually used); `keep` holds objects the engine's memory depends on."""
+    """Stands in for `pipe.unet`: the same call and config, the graph run by an engine. `run` maps the named graph
+    inputs to the output; `facts` says how the engine was made; `keep` holds what its memory depends on."""
 
     dtype = torch.float32
 
@@ -102,8 +97,7 @@ class EngineUNet:
 
 @contextlib.contextmanager
 def scratch_dir(root: Path | str | None = None):
-    """A fresh folder for exported files, deleted on exit whatever happens (SD 1.5's fp32 UNet is 3.4 GB).
-    A dot-prefixed name keeps it out of git when it lives under reports/."""
+    """A fresh dot-prefixed folder for exported files (kept out of git), deleted on exit whatever happens."""
     if root is not None:
         Path(root).mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=".engine-export-", dir=root))
@@ -118,12 +112,9 @@ def folder_mib(path: Path) -> float:
 
 
 def export_onnx(unet: torch.nn.Module, example: tuple, path: Path, exporter: str = "dynamo") -> dict:
-    """torch.onnx.export of the UNet with a dynamic batch axis, weights as external data next to `path`.
-
-    'dynamo' is torch's default exporter since 2.9 (torch.export + onnxscript); 'torchscript' is the legacy
-    tracer (deprecated, but faster to run). If the dynamic batch axis cannot be exported, the graph is
-    exported at the example's batch only and `dynamic_batch` says so. `path` must sit in a folder of its own
-    (scratch_dir): the external weight files land beside it and a failed attempt's files are removed."""
+    """torch.onnx.export of the UNet with a dynamic batch axis ('dynamo' or the legacy 'torchscript' tracer),
+    weights as external data next to `path`, which must sit in a folder of its own (scratch_dir). Without a
+    dynamic batch axis the graph is exported at the example's batch and `dynamic_batch` says so."""
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter {exporter!r} is not valid; choose one of: {', '.join(EXPORTERS)}")
     graph = UNetGraph(unet).eval()
@@ -145,8 +136,7 @@ def export_onnx(unet: torch.nn.Module, example: tuple, path: Path, exporter: str
 
 def _export(graph, example, path, exporter: str, dynamic: bool) -> None:
     kw = dict(input_names=list(INPUTS), output_names=[OUTPUT])
-    # torch.onnx's note that both inputs share one batch Dim, and the tracer's warnings about channel-count checks
-    # frozen into the trace (expected: they are fixed) are filtered in sdperf.core.quiet
+    # the exporters' expected warnings are filtered in sdperf.core.quiet
     with torch.inference_mode(False), torch.no_grad():
         if exporter == "dynamo":
             batch = torch.export.Dim("batch", min=1, max=MAX_GRAPH_BATCH)
