@@ -1,22 +1,9 @@
 """A fork server per allocator setting, so that a run comparing allocators forks its workers instead of starting
-each as a new interpreter.
+each as a new interpreter that pays the imports again.
 
-An allocator is chosen before a process starts (LD_PRELOAD, glibc's MALLOC_* variables:
-sdperf.optimizations.allocator), so a rounds run that compares one used to start every worker, the fp32 baseline's
-too, as a new interpreter, and each paid the imports again: 7.4 s of torch, diffusers and transformers per worker
-on cpu, for every worker of the cpu profile's 10_ladder (its allocator rung, its ladder and its stack search); the
-rung is part of the rounds up front, whose workers then all start from these servers.
-Here each setting gets a fork server of its own, started as a new interpreter under that setting's environment
-and importing what every worker needs (sdperf.measure.rounds.PRELOAD), as the study's default fork server does.
-A worker forked from it runs under its allocator from its first instruction (the library is mapped, glibc read
-the variables at start-up), and it is still a new process per configuration, started the same way as every other
-worker of the run: the baseline's from the default setting's server, a tcmalloc worker from tcmalloc's.
-
-CPython keeps one fork server per process (multiprocessing.forkserver._forkserver); this module keeps its own
-ForkServer objects and hands each worker to one through popen_forkserver's launch with that server in place of
-the module's one (_Popen._launch, otherwise CPython 3.11's code). The servers die with their launcher
-(sdperf.measure.forkserver_lifeline, imported first) and are stopped when a rounds run ends (stop_all): one
-holds its imported libraries (~0.4 GB) for as long as it lives.
+An allocator is chosen before a process starts, so each setting's server starts under its environment. CPython keeps
+one fork server per process; this module keeps its own and hands each worker to one (_Popen._launch, otherwise
+CPython 3.11's code).
 """
 from __future__ import annotations
 
@@ -56,7 +43,6 @@ def server(setting: str, env: dict[str, str], preload: list[str]) -> forkserver.
 
 
 def pid(setting: str) -> int | None:
-    """The process id of `setting`'s fork server, None when it has none."""
     fs = _SERVERS.get(setting)
     return None if fs is None else fs._forkserver_pid
 

@@ -1,11 +1,6 @@
-"""Configurations compared with the fp32 eager baseline: can it run here, what does getting it ready cost, how
-fast is it once warm, did the picture move, and does the gain clear the run's noise floor.
-
-Every optimization notebook asks those questions of each configuration; asking them here, by one method
-(sdperf.measure.rounds: each configuration in a fresh process, in rounds, against an interpolated fp32 baseline, beside
-an fp32 twin that measures the noise floor), keeps the rows of different notebooks comparable. A configuration
-is a stack of catalog keys (sdperf.optimizations.catalog), so the ladder and the quality rungs find every
-stand-alone row by key.
+"""Configurations compared with the fp32 eager baseline: can it run here, what does getting it ready cost, how fast
+is it once warm, did the picture move, does the gain clear the noise floor; one method (sdperf.measure.rounds) for
+every notebook, each configuration a stack of catalog keys, so every stand-alone row is found by key.
 """
 from __future__ import annotations
 
@@ -42,8 +37,7 @@ def release() -> None:
 
 @dataclass
 class Comparison:
-    """The outcome of run_variants: one row per configuration (the baseline and its twin first), the rounds'
-    raw measurements, each configuration's facts (what apply() found) and the noise band of each ratio."""
+    """run_variants' outcome: one row per configuration (baseline and twin first), the rounds, the facts."""
 
     table: pd.DataFrame
     measured: rounds.Measured
@@ -102,8 +96,7 @@ def _table(m: rounds.Measured, cfgs: list[Config]) -> pd.DataFrame:
 
 
 def _setup_note(cmp: Comparison, variant: str) -> str:
-    """The first round's set-up: cold, or (sdperf.optimizations.artefacts) its engine loaded from an earlier run's
-    cache, which names that run and its build time."""
+    """The first round's set-up: cold, or its engine loaded from an earlier run's cache (optimizations.artefacts)."""
     facts = cmp.facts.get(variant) or {}
     if facts.get("rebuilt"):
         return f"techniques applied, first round: engine built again, since {facts['rebuilt']}"
@@ -124,42 +117,34 @@ def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
                              note=r.note, dtype=dtype, method=m.method, key=r.key, batch_size=batch_size))
             continue
         common = dict(n=int(r.rounds), dtype=dtype, method=r.method, key=r.key, batch_size=batch_size)
+        g = m.summary.set_index("config").loc[r.variant]
         for metric, col, note in (("latency", "latency_s", "median generation at the profile's steps"),
                                   ("s_per_image", "s_per_image", "latency / batch"),
                                   ("unet_step", "unet_step_s", "median UNet call on the guidance batch"),
                                   ("s_per_image_seed", "s_per_image_seed",
                                    "composed from the measured stages at 50 PLMS steps (or the scheduler's own)")):
-            v = getattr(r, col)
-            g = m.summary.set_index("config").loc[r.variant]
-            rows.append(dict(scenario=scenario, metric=metric, value=v, unit="s",
-                             lo=g.get(col + "_lo"), hi=g.get(col + "_hi"), note=note, **common))
-        rows += [dict(scenario=scenario, metric="build", value=r.build_s, unit="s", note="fp32 pipeline built, "
-                      "first round", **common),
-                 dict(scenario=scenario, metric="setup", value=r.setup_s, unit="s", note=_setup_note(cmp, r.variant),
-                      **common),
-                 dict(scenario=scenario, metric="first_call", value=r.first_call_s, unit="s",
-                      note="first call, first round: a generation of the profile's first_call_steps (lazy "
-                      "compilation lands here)", **common),
-                 dict(scenario=scenario, metric="peak_memory", value=r.peak_memory_mib, unit="MiB",
-                      note="this configuration's own process: peak RSS of the steady-state calls, max over rounds",
-                      **common),
-                 dict(scenario=scenario, metric="process_peak_memory", value=r.process_peak_mib, unit="MiB",
-                      note="this configuration's own process, build and set-up included", **common)]
+            rows.append(_row(scenario, metric, getattr(r, col), "s", note, common, lo=g.get(col + "_lo"),
+                             hi=g.get(col + "_hi")))
+        rows += [_row(scenario, "build", r.build_s, "s", "fp32 pipeline built, first round", common),
+                 _row(scenario, "setup", r.setup_s, "s", _setup_note(cmp, r.variant), common),
+                 _row(scenario, "first_call", r.first_call_s, "s", "first call, first round: a generation of the "
+                      "profile's first_call_steps (lazy compilation lands here)", common),
+                 _row(scenario, "peak_memory", r.peak_memory_mib, "MiB", "this configuration's own process: peak RSS "
+                      "of the steady-state calls, max over rounds", common),
+                 _row(scenario, "process_peak_memory", r.process_peak_mib, "MiB",
+                      "this configuration's own process, build and set-up included", common)]
         if pd.notna(r.setup_warm_s):
-            rows.append(dict(scenario=scenario, metric="setup_warm", value=r.setup_warm_s, unit="s",
-                             note="later rounds: exported/compiled artefacts loaded from the scratch cache",
-                             **common))
+            rows.append(_row(scenario, "setup_warm", r.setup_warm_s, "s",
+                             "later rounds: exported/compiled artefacts loaded from the scratch cache", common))
         if r.variant != BASELINE:
             for _, ratio, what in rounds.RATIOS:
-                verdict = getattr(r, ratio + "_verdict")
-                band = m.noise[ratio]
-                rows.append(dict(scenario=scenario, metric=f"{ratio}_vs_fp32", value=getattr(r, ratio), unit="x",
-                                 lo=getattr(r, ratio + "_lo"), hi=getattr(r, ratio + "_hi"), verdict=verdict,
-                                 note=f"{what}; {verdict} (noise band {band[0]:.3f}-{band[1]:.3f}x)", **common))
+                verdict, band = getattr(r, ratio + "_verdict"), m.noise[ratio]
+                rows.append(_row(scenario, f"{ratio}_vs_fp32", getattr(r, ratio), "x",
+                                 f"{what}; {verdict} (noise band {band[0]:.3f}-{band[1]:.3f}x)", common,
+                                 lo=getattr(r, ratio + "_lo"), hi=getattr(r, ratio + "_hi"), verdict=verdict))
         d = m.drift.get(r.variant)
         if d:
-            rows += [dict(scenario=scenario, metric=k, value=d[k], unit=u, note=d["verdict"], **common)
-                     for k, u in DRIFT_METRICS]
+            rows += [_row(scenario, k, d[k], u, d["verdict"], common) for k, u in DRIFT_METRICS]
     for _, ratio, what in rounds.RATIOS:
         lo, hi = m.noise[ratio]
         if pd.isna(lo):  # no twin ran: nothing was compared, so no noise floor to state
@@ -170,9 +155,13 @@ def record(study: Study, cmp: Comparison, batch_size: int = 1) -> None:
     rec.add_many(_marked(rows, m.beside_load, suffix))
 
 
+def _row(scenario: str, metric: str, value, unit: str, note: str, common: dict, **extra) -> dict:
+    """One results.csv row of a configuration, its keys in the order every row has them."""
+    return dict(scenario=scenario, metric=metric, value=value, unit=unit, **extra, note=note, **common)
+
+
 def _marked(rows: list[dict], beside: dict[str, str], suffix: str) -> list[dict]:
-    """`rows` with the mark of load on every row of a configuration whose workers (or its rounds' baselines) others'
-    load reached, and on the noise floor's when the twin's did (rounds.beside_load)."""
+    """`rows` with the mark of load on every row of a configuration (the twin: the noise floor) beside_load names."""
     if not beside:
         return rows
     scenarios = {name + suffix: why for name, why in beside.items()}
@@ -184,16 +173,13 @@ def _marked(rows: list[dict], beside: dict[str, str], suffix: str) -> list[dict]
 
 def run_variants(study: Study, items, *, batch_size: int = 1, say: Callable[[str], None] = print,
                  rounds_: int | None = None, overrides: dict | None = None, store: bool = True) -> Comparison:
-    """Each configuration (catalog stack keys) in fresh processes, in rounds, against the fp32 baseline and its
-    twin; a configuration that cannot run here is recorded as not applicable with its reason, one that fails as
-    failed with its error, and the rest still run. Rows go to results.csv with their method (`store` False: a
-    notebook that reads configurations another notebook owns and records, such as 10's search its parts)."""
+    """Each configuration (catalog stack keys) measured by rounds.run, one that cannot run or fails recorded so;
+    rows go to results.csv (`store` False: configurations another notebook owns and records)."""
     cfgs = configs(items, batch_size)
     scratch = scratch_dir(study.profile.name)
     engines, cross_run = artefacts.root_for(scratch, study.notebook)
     n_rounds = rounds_ or getattr(study.profile, "rounds", rounds.MIN_ROUNDS)
-    # the run's shared results: what another notebook of this run measured (the baseline, its twin, a technique
-    # it owns) is read back, not measured again (sdperf.measure.ledger)
+    # the run's shared results (sdperf.measure.ledger): what another notebook of this run measured is read back
     shared = scratch / "rounds" / ledgers.name(ledgers.run_key(), study.profile.name, n_rounds, overrides)
     try:
         m = rounds.run(study.profile, cfgs, rounds=n_rounds, scratch=scratch, overrides=overrides, say=say,

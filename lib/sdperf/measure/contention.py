@@ -1,18 +1,8 @@
 """Did anything else take the CPUs while a configuration was timed? Measured, and a busy machine refused or marked.
 
-Why. torch's OpenMP threads spin against any other load: with one other busy core on a 2-core machine, fp32 eager
-took 12.9 s per image against 0.165 s quiet (78x), an engine 8.6x, and the ratio of the two read 38x where the
-quiet machine says 1.16x; the twin's noise band cannot see it, since the twin is slowed alike. So:
-
-- every worker samples /proc/stat over its timed calls (only the CPUs it may run on: a pytest worker pinned to one
-  core is not disturbed by its neighbour on the other) and takes away its own CPU time (getrusage, every thread):
-  what is left is what other processes took, and the steal column what the hypervisor gave to other guests. Their
-  sum, as a share of the CPUs' time over the window, is the worker's `contention`;
-- a worker over the share (SHARE_ENV, default DEFAULT_SHARE) is measured again once the machine is quiet
-  (sdperf.measure.rounds), and a result still over it is kept but marked, in its rows' notes and on the page;
-- `sdperf run` samples the machine before it starts and refuses a busy one, naming the busiest processes, and
-  takes a machine-wide lock (MACHINE_LOCK_ENV, any profile and any reports folder): two runs at once slowed each
-  other 7x at rc 0.
+torch's OpenMP threads spin against any other load, and the twin is slowed alike, so the noise band cannot see it.
+A worker's `contention` is what others took of its CPUs (/proc/stat less its own CPU time, plus steal) over its
+timed calls; one over the share (SHARE_ENV) is measured again once the machine is quiet, then kept but marked.
 """
 from __future__ import annotations
 
@@ -53,8 +43,7 @@ def threshold() -> float:
 
 @dataclass(frozen=True)
 class Sample:
-    """Jiffies of the CPUs this process may use (busy: user, nice, system, irq, softirq; steal; all), this
-    process's own CPU seconds, and the monotonic clock."""
+    """Jiffies of the CPUs this process may use (busy, steal, all), its own CPU seconds, the monotonic clock."""
 
     busy: int
     steal: int
@@ -101,7 +90,6 @@ def between(a: Sample | None, b: Sample | None) -> dict | None:
 
 
 def contended(taken: dict | None, share: float | None = None) -> bool:
-    """Whether a worker's `contention` is over the share others may take."""
     return bool(taken) and taken.get("share", 0.0) > (threshold() if share is None else share)
 
 
@@ -140,9 +128,7 @@ def busiest(seconds: float = 1.0, top: int = 3) -> list[str]:
 
 
 def wait_quiet(limit_s: float | None = None, say=None) -> dict | None:
-    """Sample the machine each second until others take no more than the share, for at most `limit_s` (default
-    QUIET_WAIT_S); returns the last sample (contended when the machine never quieted). With a share of 1 nothing
-    can be contended, and nothing is sampled."""
+    """Sample the machine until it is quiet, for at most `limit_s` (QUIET_WAIT_S); the last sample (None: share 1)."""
     if threshold() >= 1:
         return None
     deadline = time.monotonic() + (QUIET_WAIT_S if limit_s is None else limit_s)
@@ -155,8 +141,6 @@ def wait_quiet(limit_s: float | None = None, say=None) -> dict | None:
 
 
 def lock_path() -> Path:
-    """One lock for the whole machine, whatever profile or reports folder: MACHINE_LOCK_ENV, else a file in the
-    system's temp folder."""
     return Path(os.environ.get(MACHINE_LOCK_ENV) or Path(tempfile.gettempdir()) / "sdperf-machine.lock")
 
 

@@ -1,10 +1,6 @@
-"""`sdperf doctor`: before a user spends GPU (or CPU) hours, every rung of the catalog with "will run" or the exact
-reason it won't, for this machine and a chosen profile, in seconds and without building a model.
-
-The reasons are the techniques' own availability checks (sdperf.optimizations.catalog), the ones the workers ask
-before applying a technique, so the doctor and the study never disagree. The profile's own checks (memory for its
-resolution and batch, matmul size) ran when it was loaded; its device is checked here and reported, not raised, so
-a GPU profile can be examined on a machine without a GPU.
+"""`sdperf doctor`: every rung of the catalog with "will run" or the exact reason it won't, for this machine and a
+profile, in seconds and without building a model. The reasons are the techniques' own availability checks, the ones
+the workers ask; the profile's device is reported, not raised, so a GPU profile can be examined without a GPU.
 """
 from __future__ import annotations
 
@@ -40,9 +36,7 @@ def machine_lines(profile: Profile) -> list[str]:
 
 
 def rungs(profile: Profile) -> list[dict]:
-    """One row per catalog key: its family, notebook, verdict and reason, and its worker's estimated peak memory at
-    batch 1 (sdperf.measure.memory, the estimate the run's preflight compares): a rung that runs here but cannot fit the
-    memory available now won't run, for that reason."""
+    """One row per catalog key: family, notebook, verdict, reason and its worker's estimated peak at batch 1."""
     from sdperf.measure import memory
     from sdperf.optimizations import catalog
 
@@ -84,8 +78,7 @@ RECORD_NAME = "doctor.json"
 
 
 def record(profile: Profile) -> dict:
-    """What `sdperf doctor` found, with where and when: stored beside a run's results so the report can say, at its
-    top, which rungs could run on the machine that produced them (and the rows cannot be read without it)."""
+    """What `sdperf doctor` found, with where and when, stored beside a run's results for the report's top."""
     import datetime as dt
 
     from sdperf.core import environment
@@ -97,7 +90,6 @@ def record(profile: Profile) -> dict:
 
 
 def write_record(found: dict):
-    """reports/<profile>/doctor.json, written whole or not at all."""
     import json
 
     from sdperf.core import paths

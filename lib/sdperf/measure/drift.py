@@ -21,9 +21,7 @@ def psnr(images: torch.Tensor, ref: torch.Tensor) -> float:
         return math.nan
     if torch.equal(images, ref):
         return math.inf
-    # torchmetrics' peak_signal_noise_ratio(images, ref, data_range=1.0), written out: importing torchmetrics
-    # costs ~5 s per process (it loads every metric), and every notebook and worker imports this module
-    # (tests/test_metrics.py holds the two equal)
+    # torchmetrics' peak_signal_noise_ratio(images, ref, data_range=1.0) written out: importing it is slow
     return float(10 * torch.log10(1.0 / torch.mean((images - ref) ** 2)))
 
 

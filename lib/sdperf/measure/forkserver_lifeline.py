@@ -1,6 +1,5 @@
-"""Imported by the fork server only (first of sdperf.measure.rounds.PRELOAD): the fork server dies with the process that
-started it (sdperf.measure.lifeline). It acts only inside a fork server whose launcher named itself in
-SDPERF_LAUNCHER_PID, so importing it anywhere else does nothing."""
+"""Imported first by the fork server (rounds.PRELOAD): the server dies with the process that started it. It acts
+only inside a fork server whose launcher named itself in SDPERF_LAUNCHER_PID; anywhere else it does nothing."""
 from __future__ import annotations
 
 import os

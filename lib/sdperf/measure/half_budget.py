@@ -1,16 +1,7 @@
 """Whether a half precision's whole generations fit the profile's time budget: one rule, measured once per run.
 
-On a CPU without native float16 instructions one fp16 UNet block runs ~40x slower than fp32, so the rounds of
-whole fp16 generations would take hours. Before such a configuration is launched, one real UNet block
-(measurements.block_comparison, at the workload's real shapes) is timed in the half precision against fp32 in
-this process, with one fp32 generation for scale; when the generations asked for would overrun
-`variant_budget_s` the configuration is skipped with the measured reason.
-
-01 (precision), 10 (the ladder's rungs and its stack search's parts) and 12 (the quality rungs) all ask the same
-question in one run, and `sdperf run` asks it before its rounds up front (sdperf.run.prefetch) so that a part the
-search would skip is not measured there either (on an AVX2 EPYC one bf16 worker ran over 15 min per round). The
-first to ask measures and keeps the answer beside the run's ledger (named by run id, profile, commit-free
-workload and dtype), the others read it: the same block timing is not taken three times (~40 s each on cpu).
+Without native half-precision instructions fp16 generations can take hours: one UNet block timed against fp32 here
+predicts them, and those over `variant_budget_s` are skipped. The first notebook of a run to ask keeps the answer.
 """
 from __future__ import annotations
 
@@ -26,7 +17,7 @@ from sdperf.measure.timing import Timing
 from sdperf.measure.comparison import release
 from sdperf.store.results import atomic_write_text, locked
 
-# How the block comparison's own rows were taken (01 records them when a precision's generations are skipped).
+# How the block comparison's own rows were taken (01 records them when a precision's generations are skipped)
 BLOCK_TIMING_METHOD = ("one UNet block at the real shapes in one process, float32 and the half copy timed in turn; "
                        "median with p10/p90 of the repeats")
 BLOCK_ERROR_METHOD = "||half - fp32|| / ||fp32|| of the block's output on the same captured inputs, in float64"
@@ -86,7 +77,7 @@ def probe(study, dtype: str) -> Probe:
     try:
         fp32_s = next((v["fp32_generation_s"] for v in known.values()), None)
         if fp32_s is None:
-            # warmed by the profile's short first call (a 1-step generation on cpu), as every worker is
+            # warmed by the profile's short first call, as every worker is
             fp32_s = timed_generation(pipe, study.workload(1), device=study.device, warmup=1, repeats=1,
                                       first_call_steps=p.first_call_steps).timing.median
         b = block_comparison(pipe, study.workload(1), getattr(torch, dtype), device=study.device,
@@ -105,10 +96,7 @@ def probe(study, dtype: str) -> Probe:
 
 
 def skips(study, keys, say=print) -> dict[str, str]:
-    """For each half-precision key among `keys` that runs here: when one real UNet block in it predicts that the
-    configuration's whole generations over the rounds (rounds x (warmup + repeats)) would overrun
-    `variant_budget_s`, the reason to skip it. The ladder's rungs, the stack search's parts and the rounds measured
-    up front for them ask this one rule."""
+    """{half-precision key among `keys`: why to skip it} where its rounds' generations would overrun the budget."""
     from sdperf.optimizations import catalog
     from sdperf.optimizations.catalog import Context
 

@@ -1,25 +1,12 @@
 """The worker results of one study run, shared by every comparison in it: a baseline, its twin and each
 configuration are measured once per run and machine, and every notebook that compares them reads them here.
 
-Why. A comparison needs the fp32 baseline around every round and an fp32 twin for its noise floor: measured
-afresh by each of the ten comparisons of a study, those seven SD 1.5 processes (~7 minutes on 2 cores) cost
-more than the techniques themselves, and the ladder re-measured every stand-alone technique the notebooks before
-it had just measured. Shared, the twin runs once per batch size, a comparison opens on the baseline that closed
-the one before it, and a configuration already measured (the ladder's first rungs) is read back. The method is
-unchanged: every ratio still divides a configuration's time by the baseline interpolated to the moment it was
-timed, among all of the run's baselines.
+Measured afresh by each comparison, the baselines and twin would cost more than the techniques.
 
-One ledger per (key, profile, rounds, worker overrides), under the profile's scratch folder. `sdperf run` sets the
-key from the commit, the machine's fingerprint and the profile file (KEY_ENV): a killed run's rounds are found again
-by the next run of the same code on the same machine, which measures only the rounds still missing, and a run of
-another commit or machine starts clean. A notebook opened alone keys by its own run id, so it measures everything
-it compares. Records are appended one JSON line at a time under a file lock (two notebooks writing at once lose
-nothing; a line cut short by a killed process is skipped on reading), outputs are written atomically.
-
-Resuming. Each record carries its sitting (the run id of the process group that measured it), and after the
-baseline that closes a round, the round is marked complete (ROUND_ROLE). A round is whole or absent: of an earlier
-sitting, only what it wrote up to its last completed round counts, so a round cut by a kill is measured again in
-full, opening on a baseline of the new sitting, and each ratio still divides by baselines of its own sitting.
+One ledger per (key, profile, rounds, worker overrides) under the profile's scratch folder; `sdperf run` sets the key
+(KEY_ENV, resume_key) so that a killed run's successor measures only the missing rounds. Records are JSON lines
+appended under a file lock, each with its sitting (the run id that measured it); a round mark (ROUND_ROLE) follows
+the baseline that closes a round, and of an earlier sitting only what it wrote up to its last mark counts.
 """
 from __future__ import annotations
 
@@ -34,21 +21,16 @@ from types import SimpleNamespace
 
 BASELINE_ROLE, TWIN_ROLE, CONFIG_ROLE, ROUND_ROLE = "baseline", "twin", "config", "round"
 RECORDS, LOCK, SITTINGS = "records.jsonl", ".lock", "sittings.txt"  # sittings: the run ids that wrote here
-# Set by `sdperf run` for its notebooks' kernels (resume_key): the ledger a killed run of the same code, machine and
-# profile left is this run's too
-KEY_ENV = "SDPERF_LEDGER_KEY"
+KEY_ENV = "SDPERF_LEDGER_KEY"  # set by `sdperf run` for its notebooks' kernels (resume_key)
 
 
-# What a key is made of beyond commit and machine: the settings that move every timing of a worker (its threads and
-# where they may run) and the libraries it runs, so a resumed run never divides rounds taken under other ones
+# What a key is made of: a resumed run never divides rounds taken under other code, machine or worker settings
 RESUME_PARTS = ("commit", "tree", "machine", "profile", "threads", "affinity", "libraries")
 META_SUFFIX = ".key.json"  # rounds/<key>.key.json: the parts a key was made from, so a discarded one says why
 
 
 def resume_parts(commit: str, machine: str, profile_text: str, tree_sha256: str = "") -> dict:
-    """Everything a run's rounds depend on besides the code's own output: the commit (and on a dirty tree its
-    diff), the machine fingerprint, the profile's content (its parsed values: a comment or its expected times may
-    change, its settings may not), this process's thread variables and CPU affinity, and the library versions."""
+    """Everything a run's rounds depend on: code, machine, the profile's settings, threads, CPU affinity, libraries."""
     import yaml
 
     from sdperf.core import environment
@@ -65,7 +47,7 @@ def resume_parts(commit: str, machine: str, profile_text: str, tree_sha256: str 
 
 
 def resume_key(parts: dict) -> str:
-    """The key under which a run's rounds may be resumed: every one of `parts` (resume_parts) the same."""
+    """The key under which a run's rounds may be resumed: every one of `parts` the same."""
     detail = json.dumps({k: parts.get(k) for k in RESUME_PARTS}, sort_keys=True, default=str)
     return f"resumable-{hashlib.sha256(detail.encode()).hexdigest()[:16]}"
 
@@ -119,11 +101,9 @@ def _read_meta(path: Path):
 
 
 def forget(folder: Path, keep: str | None, parts: dict | None = None) -> list[str]:
-    """Remove the resumable ledgers under `folder` (a profile's scratch rounds/) and their key records, but those
-    of key `keep` (None: all, --force): rounds of another commit, machine, profile, thread setting, CPU set or
-    library version can never be resumed by this run. Returns one line per discarded key that held ledgers, with
-    what differed from `parts` (this run's). Only names sdperf writes are removed, a link as a link, and nothing
-    through a link or outside the reports folder."""
+    """Remove the resumable ledgers under `folder` and their key records but `keep`'s (None: all, --force); one line
+    per discarded key that held ledgers, with what differed from `parts`. Only names sdperf writes are removed, a
+    link as a link, nothing through a link or outside the reports folder."""
     from sdperf.core.paths import removable, remove_owned
 
     folder = Path(folder)
@@ -165,16 +145,14 @@ def _well_formed(rec) -> bool:
 
 
 def _identity(rec: dict) -> str:
-    """What makes a record one measurement: a configuration or the twin is measured once per sitting and round
-    (a second record of it is a copy), a baseline several times per round (the record itself)."""
+    """What makes a record one measurement: a configuration or twin is one per sitting and round, a baseline not."""
     if rec["role"] in (CONFIG_ROLE, TWIN_ROLE) and rec.get("sitting") is not None:
         return "|".join(str(rec.get(k)) for k in ("sitting", "role", "stack", "batch_size", "round"))
     return json.dumps(rec, sort_keys=True, default=str)
 
 
 def counted(lines: list[dict], sitting: str | None) -> list[dict]:
-    """The records that count for `sitting`: all of its own, and of each earlier sitting what it wrote up to its
-    last completed round (a round is whole or absent). Round markers are left out."""
+    """The records that count for `sitting`: its own, and each earlier sitting's up to its last round mark."""
     last_mark = {}
     for i, rec in enumerate(lines):
         if rec.get("role") == ROUND_ROLE:
@@ -184,8 +162,7 @@ def counted(lines: list[dict], sitting: str | None) -> list[dict]:
 
 
 class Ledger:
-    """Append-only worker results of one run (see the module docstring). `sitting`: the run id of this process
-    group; None reads every record (as written, marks left out)."""
+    """Append-only worker results of one run. `sitting`: this process group's run id; None reads every record."""
 
     def __init__(self, root: Path, sitting: str | None = None):
         self.root = Path(root)
@@ -202,10 +179,8 @@ class Ledger:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def lines(self) -> list[dict]:
-        """Every complete record, round marks included, in the order they were written, each once. A line cut short
-        by a killed writer is not one; nor is a line that is JSON but not a record (not an object, or without the
-        fields every record has), which is skipped with a warning naming it; a record written twice (the same
-        sitting, role, configuration, batch and round) counts once."""
+        """Every complete record, round marks included, in written order, each once (_identity). A line cut short is
+        skipped; a JSON line that is not a record, or of a sitting that never wrote here, with a warning."""
         path = self.root / RECORDS
         if not path.is_file():
             return []
@@ -237,15 +212,13 @@ class Ledger:
         return set(path.read_text(errors="replace").split()) if path.is_file() else set()
 
     def records(self, batch_size: int | None = None) -> list[dict]:
-        """Every record that counts (module docstring: an earlier sitting's unfinished round does not), of one
-        batch size if given, in the order they were written."""
+        """Every record that counts (counted), of one batch size if given, in written order."""
         lines = self.lines()
         recs = counted(lines, self.sitting) if self.sitting is not None else \
             [r for r in lines if r.get("role") != ROUND_ROLE]
         return [r for r in recs if batch_size is None or r.get("batch_size") == batch_size]
 
     def sittings(self, batch_size: int | None = None) -> list[str]:
-        """The sittings whose records count, in the order they first wrote."""
         return list(dict.fromkeys(r["sitting"] for r in self.records(batch_size) if r.get("sitting")))
 
     def close_round(self, round_: int, batch_size: int) -> None:
@@ -257,13 +230,11 @@ class Ledger:
         return self.root / "outputs" / f"{safe}.pt"
 
     def has_output(self, role: str, stack: str, batch_size: int) -> bool:
-        """Whether an intact output of the entry is stored (a damaged one is set aside, so the next worker of the
-        entry saves its own)."""
+        """Whether an intact output of the entry is stored (a damaged one is set aside and saved again)."""
         return self.output(role, stack, batch_size) is not None
 
     def output(self, role: str, stack: str, batch_size: int):
-        """The saved output (latents, images) of the first round of an entry, or None: none saved, or one whose
-        digest does not match or that cannot be read (sdperf.store.verified: set aside, saved again)."""
+        """The saved output (latents, images) of an entry's first round, or None: none saved, or damaged."""
         import torch
 
         from sdperf.store import verified

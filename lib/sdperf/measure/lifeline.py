@@ -1,17 +1,7 @@
 """No worker outlives the process that launched it, and a death says why.
 
-Why. An SDXL notebook's kernel was OOM-killed while its fresh-process worker built a pipeline; `sdperf run` exited,
-and the worker and its fork server ran on for minutes, orphaned, at 14 GB RSS, beside whatever ran next. So:
-
-- every worker, and the fork server that forks them, asks the kernel for SIGKILL when its parent dies
-  (prctl PR_SET_PDEATHSIG, via ctypes): the launcher's death, however it comes (an exception, SIGKILL, the OOM
-  killer), takes the fork server with it, and the fork server's takes the workers. A parent that died before
-  the request was made is caught by checking for it right after;
-- each worker has a pid file under reports/<profile>/.workers/ while it runs (pid, its start time, what it
-  measures, its launcher); the next `sdperf run` finds the files of workers still alive (a launcher killed on a
-  system without prctl, say), names their pid and RSS, and refuses to measure beside them unless told to;
-- a death is named: the signal that ended it, and whether the system says it ran out of memory (the cgroup's
-  memory.events oom_kill counter rising across it, or the kernel log where it can be read).
+Every worker and fork server asks for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG); a worker's pid file
+(reports/<profile>/.workers/) lets the next `sdperf run` find survivors; a death names its signal and memory.
 """
 from __future__ import annotations
 
@@ -33,8 +23,7 @@ FOLDER = ".workers"
 # ---------------------------------------------------------------- dying with the parent
 
 def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> bool:
-    """Ask for `sig` when this process's parent dies; exit at once when `parent` (the pid it was started by) is
-    already gone, since the request only covers a death after it. False where prctl is not available."""
+    """Ask for `sig` when the parent dies; exit now if `parent` is already gone. False without prctl."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
@@ -83,7 +72,6 @@ def _stat(pid: int) -> dict:
 
 
 def rss_mib(pid: int) -> float | None:
-    """Resident memory of `pid` (VmRSS), None when it is gone or hidden."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -111,9 +99,7 @@ def _forkserver_pid() -> int | None:
 
 @contextlib.contextmanager
 def registered(profile: str, pid: int, spec: dict, server_pid: int | None = None):
-    """A pid file for the worker `pid` and the fork server it came from (`server_pid`, else this process's
-    multiprocessing one) while the block runs; left behind only when this launcher is killed, which is what the
-    next run looks for."""
+    """A pid file for the worker `pid` and its fork server while the block runs; left behind only by a killed run."""
     path = folder(profile) / f"{pid}.json"
     procs = {"worker": pid}
     server = server_pid or _forkserver_pid()
@@ -136,8 +122,7 @@ def registered(profile: str, pid: int, spec: dict, server_pid: int | None = None
 
 
 def survivors(profile: str) -> list[dict]:
-    """Workers and fork servers that a killed launcher left running: one dict per live process (pid, role, RSS
-    in MiB, what it measured, its launcher); pid files whose processes are all gone are removed."""
+    """One dict per process a killed launcher left running; pid files of processes all gone are removed."""
     from sdperf.core.paths import unsafe_folder
 
     out = []
@@ -172,7 +157,6 @@ def _live(record: dict) -> list[dict]:
 
 
 def describe(found: list[dict]) -> str:
-    """One line per surviving process: pid, role, RSS and what it measured."""
     return "; ".join(f"pid {s['pid']} ({s['role']} of {s['stack']} at batch {s['batch_size']}, launched by pid "
                      f"{s['launcher']}, now gone): RSS "
                      + (f"{s['rss_mib']:,.0f} MiB" if s["rss_mib"] is not None else "unknown") for s in found)
@@ -208,7 +192,6 @@ def kernel_log_oom(pid: int | None) -> str | None:
 
 
 def signal_name(code: int) -> str:
-    """'signal 9 (SIGKILL)' for a negative exit code, 'exit code N' otherwise."""
     if code >= 0:
         return f"exit code {code}"
     try:
@@ -218,9 +201,7 @@ def signal_name(code: int) -> str:
 
 
 def death_cause(code: int | None, pid: int | None = None, oom_before: int | None = None) -> str:
-    """What ended a process that exited with `code`: its signal or exit code, and the system's word on memory
-    when it has one (the cgroup's oom_kill counter rose across its life, or the kernel log names it); a SIGKILL
-    with no such word says only that the OOM killer sends that signal."""
+    """What ended a process that exited with `code`: its signal or exit code, and the system's word on memory."""
     if code is None:
         return "still running or never started"
     why = signal_name(code)

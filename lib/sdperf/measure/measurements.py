@@ -1,5 +1,5 @@
-"""The measurements every notebook shares: an end-to-end generation timed with its per-stage breakdown,
-the UNet's FLOPs at the workload's shapes, and a variant-vs-baseline comparison (speed ratio and drift)."""
+"""In-process measurements: a generation timed with its per-stage breakdown, the UNet's FLOPs at the workload's
+shapes, and a variant-vs-baseline comparison (speed ratio and drift)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -102,8 +102,7 @@ def _generation_run(label: str, workload: Workload, timing: Timing, clocks: list
 def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repeats: int, label: str = "",
                      latents: torch.Tensor | None = None, grad_mode: str = "inference_mode",
                      first_call_steps: int | None = None, decode_images: bool = True) -> GenerationRun:
-    """Time whole generations (first call apart: a generation of `first_call_steps` steps when given) and, from
-    the same calls, each stage's share; with `decode_images=False` every call stops at the final latents."""
+    """Time whole generations (first call apart, of `first_call_steps` when given) and each stage inside them."""
     latents = initial_latents(pipe, workload) if latents is None else latents
     call, clocks, last = _generation_call(pipe, workload, latents, device, grad_mode, decode_images)
     first = None
@@ -115,8 +114,7 @@ def timed_generation(pipe, workload: Workload, *, device: str, warmup: int, repe
 
 
 def unet_call_inputs(pipe, workload: Workload) -> tuple[tuple, dict]:
-    """(args, kwargs) of one UNet forward as the loop makes it: the classifier-free-guidance batch of this
-    workload's latents in the UNet's dtype and device, its text embeddings, a first-step timestep."""
+    """(args, kwargs) of one UNet forward as the loop makes it: the guidance batch, its embeddings, a timestep."""
     device = next(pipe.unet.parameters()).device
     dtype = next(pipe.unet.parameters()).dtype
     with torch.inference_mode():
@@ -128,7 +126,6 @@ def unet_call_inputs(pipe, workload: Workload) -> tuple[tuple, dict]:
 
 
 def unet_flops(pipe, workload: Workload) -> int:
-    """FLOPs of one UNet forward on the classifier-free-guidance batch of this workload."""
     args, kwargs = unet_call_inputs(pipe, workload)
     return count_flops(pipe.unet, *args, **kwargs)
 
@@ -150,9 +147,7 @@ class _Captured(Exception):
 
 
 def capture_block_inputs(pipe, workload: Workload, block: str = "down_blocks.0") -> tuple[tuple, dict]:
-    """The exact inputs one UNet block receives during the first denoising step of this workload. The generation
-    stops there: the rest of the UNet call and the VAE decode (~4 s of a 1-step generation on cpu) would be
-    thrown away."""
+    """The exact inputs one UNet block receives in the first denoising step; the generation stops there."""
     module = pipe.unet.get_submodule(block)
     seen: list = []
 
@@ -188,8 +183,7 @@ def _first_tensor(out) -> torch.Tensor:
 
 def block_comparison(pipe, workload: Workload, dtype: torch.dtype, *, device: str, warmup: int, repeats: int,
                      block: str = "down_blocks.0") -> dict:
-    """One real UNet block at the workload's real shapes, float32 vs `dtype`: a cheap, measured stand-in
-    when a whole generation in `dtype` would take too long on this device."""
+    """One real UNet block at the workload's shapes, float32 vs `dtype`: a cheap stand-in for whole generations."""
     import copy
 
     args, kwargs = capture_block_inputs(pipe, workload, block)
@@ -214,9 +208,7 @@ IN_PROCESS = "in process: one pipeline, whole generations timed one by one; medi
 
 
 def record_generation(recorder, run: GenerationRun, scenario: str, dtype: str | None = None) -> None:
-    """Latency (median, p10/p90, first call, peak memory), s/image, it/s and the per-stage split of one run
-    timed in the notebook's own process. For measurements that describe one pipeline (serving's single-request
-    calibration), never for ratios between configurations: those go through sdperf.measure.rounds."""
+    """The rows of one run timed in this process: one pipeline's description, never ratios (sdperf.measure.rounds)."""
     b, n = run.workload.batch_size, len(run.timing.times)
     t = run.timing
     common = dict(n=n, dtype=dtype, method=IN_PROCESS, batch_size=b)

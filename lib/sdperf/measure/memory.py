@@ -1,32 +1,11 @@
 """Will a configuration fit in this machine's memory? Its worker's peak, estimated before anything is built, against
-the memory available now.
+the memory available now: one that cannot fit is a `skipped` row naming both, not a kernel the OOM killer takes.
 
-Why. An SDXL profile on a 24 GB machine ended as `DeadKernelError: Kernel died`: the system's OOM
-killer killed the notebook's kernel while its worker built a second pipeline, and nothing said so. A configuration
-that cannot fit is now a `skipped` row that names its estimate and the memory available, decided in the launching
-process before a worker starts.
-
-The estimate (every part an allowance, not a measurement, and said to be one):
-- weights: every network's parameter count x 4 bytes, since a worker always builds the fp32 pipeline first and
-  converts after (the published counts for the real architectures, a meta-device count for the others: nothing
-  is allocated);
-- activations: from the profile's resolution and batch (guidance doubles the UNet's batch): the UNet's
-  self-attention scores at its first cross-attention level, its feature maps kept for the skip connections, and
-  the VAE decoder's full-resolution feature maps and mid-block attention;
-- what the technique adds: extra fp32 copies of the networks it holds beside the eager ones (Technique.extra_copies:
-  an engine two of the UNet, a frozen compiled UNet one, trainable parameters their gradients);
-- the interpreter and the libraries a worker imports.
-Rows of earlier runs refine it: when results.csv holds the configuration's own measured process peak taken at
-what decides memory, the same technique key, batch, machine fingerprint, commit and setting (architecture,
-resolution, guidance, weights, device: Profile.setting), the latest such row is the estimate, kept within
-TRUSTED_BAND of the formula: a peak measured under other settings is never used, and one outlier row can neither
-lower the estimate below 0.6x the formula (the largest undershoot in the committed cpu report: 0.64x, OpenVINO int8
-PTQ) nor push it above 1.5x (its largest overshoot: 1.09x) and so skip the configuration in every later run.
-(tests/test_memory.py holds the formula to within 15% of the fp32 eager process peak the committed cpu report
-measured.)
-
-The memory available is MemAvailable (/proc/meminfo), lowered to the room left under a cgroup memory limit when
-one is set, and to SDPERF_MEMORY_CAP_MIB when that is set (what the tests use to force a refusal).
+The estimate, every part an allowance: fp32 weights (a worker builds the fp32 pipeline first), activations from the
+resolution and batch, the technique's extra copies of networks (Technique.extra_copies), and the runtime. The latest
+process peak results.csv holds for the same key, batch, machine, commit and setting replaces it, held within
+TRUSTED_BAND of the formula so that one outlier row can neither hide a real need nor skip the configuration for good.
+The memory available is the least of MemAvailable, the room under a cgroup limit and SDPERF_MEMORY_CAP_MIB.
 """
 from __future__ import annotations
 
@@ -41,10 +20,8 @@ from sdperf.core.errors import ConfigError
 CAP_ENV = "SDPERF_MEMORY_CAP_MIB"
 MIB = 2**20
 BYTES = {"float32": 4}
-# The interpreter, torch, diffusers and transformers imported by a worker before it builds anything (an allowance).
-RUNTIME_BYTES = 600 * MIB
-# Activations are counted as fp32 (the baseline's precision and the worst case of every other).
-ACT_BYTES = 4
+RUNTIME_BYTES = 600 * MIB  # the libraries a worker imports before it builds anything (an allowance)
+ACT_BYTES = 4  # activations counted as fp32, the worst case
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -63,7 +40,6 @@ class Available:
 
 
 def meminfo_available(path: Path = Path("/proc/meminfo")) -> int | None:
-    """MemAvailable in bytes: what the kernel could hand out without swapping (None where it is not reported)."""
     try:
         for line in path.read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -95,8 +71,7 @@ def _read_int(path: Path) -> int | None:
 
 
 def cgroup_room() -> tuple[int, str] | None:
-    """The room left under the tightest cgroup memory limit above this process (limit minus usage), or None when
-    no limit is set: v2 memory.max/memory.current, else v1 memory.limit_in_bytes/usage_in_bytes."""
+    """The room left under the tightest cgroup (v2 or v1) memory limit above this process, or None when unset."""
     rooms = []
     for d in _cgroup_dirs():
         limit, used = _read_int(d / "memory.max"), _read_int(d / "memory.current")
@@ -122,16 +97,10 @@ def cap_bytes() -> int | None:
 
 def available() -> Available:
     """The least of MemAvailable, the room under a cgroup limit and SDPERF_MEMORY_CAP_MIB, naming which it is."""
-    found = []
-    mem = meminfo_available()
-    if mem is not None:
-        found.append((mem, "MemAvailable in /proc/meminfo"))
-    room = cgroup_room()
-    if room is not None:
-        found.append(room)
-    cap = cap_bytes()
-    if cap is not None:
-        found.append((cap, f"{CAP_ENV}={cap // MIB}"))
+    mem, room, cap = meminfo_available(), cgroup_room(), cap_bytes()
+    found = [] if mem is None else [(mem, "MemAvailable in /proc/meminfo")]
+    found += [] if room is None else [room]
+    found += [] if cap is None else [(cap, f"{CAP_ENV}={cap // MIB}")]
     if not found:  # no /proc (not Linux): physical memory is the only ceiling known
         found.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"))
     b, source = min(found)
@@ -142,8 +111,7 @@ def available() -> Available:
 
 @functools.lru_cache(maxsize=None)
 def parameter_counts(arch: str) -> dict[str, int]:
-    """Parameters per network of `arch`, without allocating them: the published counts of the real architectures
-    (tests check the built networks against them), else the networks instantiated on torch's meta device."""
+    """Parameters per network of `arch`, allocating nothing: the published counts, else a meta-device count."""
     if arch in PUBLISHED_PARAMETERS:
         return dict(PUBLISHED_PARAMETERS[arch])
     import torch
@@ -166,8 +134,8 @@ def _heads(unet: dict, level: int) -> int:
 
 
 def unet_activation_bytes(arch: str, resolution: int, unet_batch: int) -> int:
-    """The UNet's share: self-attention scores (tokens^2 per head) at its first cross-attention level, plus each
-    level's feature maps kept for the skip connections (layers_per_block + 1 per level, down and up)."""
+    """Self-attention scores (tokens^2 per head) at the first cross-attention level, plus each level's feature maps
+    kept for the skip connections (layers_per_block + 1 per level, down and up)."""
     a = ARCHS[arch]
     u, latent = a.unet, resolution // a.vae_scale_factor
     level = next((i for i, t in enumerate(u["down_block_types"]) if "CrossAttn" in t), None)
@@ -181,8 +149,7 @@ def unet_activation_bytes(arch: str, resolution: int, unet_batch: int) -> int:
 
 
 def vae_activation_bytes(arch: str, resolution: int, batch: int) -> int:
-    """The VAE decoder's share: four feature maps of its second-widest-from-the-end block at full resolution (the
-    last up-block's input) and its mid-block attention over the latent's pixels, per image."""
+    """Per image: four full-resolution feature maps and the mid-block attention over the latent's pixels."""
     a = ARCHS[arch]
     latent = resolution // a.vae_scale_factor
     channels = a.vae["block_out_channels"][min(1, len(a.vae["block_out_channels"]) - 1)]
@@ -192,9 +159,7 @@ def vae_activation_bytes(arch: str, resolution: int, batch: int) -> int:
 
 
 def _extra_copies(stack) -> dict[str, int]:
-    """Extra copies of each network the stack's techniques hold (each record's Technique.extra_copies: an engine
-    the exported graph and the engine built from it, a frozen compiled UNet its constants, trainable parameters
-    their gradients, a stage executor its text encoders and VAE); the largest where two overlap."""
+    """Extra copies of each network the stack's techniques hold; the largest where two overlap."""
     copies: dict[str, int] = {}
     for t in stack.techniques:
         for n, k in t.extra_copies.items():
@@ -237,15 +202,12 @@ def formula(profile, stack_key: str, batch_size: int) -> Estimate:
     return Estimate(sum(parts.values()), parts, "formula: fp32 weights + activations + technique + runtime")
 
 
-# The share of the formula a measured peak may move the estimate to (module docstring)
-TRUSTED_BAND = (0.6, 1.5)
+TRUSTED_BAND = (0.6, 1.5)  # the share of the formula a measured peak may move the estimate to
 
 
 @functools.lru_cache(maxsize=8)
 def _peaks(path: str, mtime_ns: int) -> dict:
-    """{(key, batch, machine, commit, setting): the latest row's process peak MiB} of one results.csv as of
-    `mtime_ns` (read once per change: the doctor and a run ask for every rung). Rows without a setting (tables
-    written before it was a column) match nothing."""
+    """{(key, batch, machine, commit, setting): latest process peak MiB} of one results.csv, read once per mtime."""
     import pandas as pd
 
     from sdperf.store.results import read_table
@@ -266,8 +228,7 @@ def _peaks(path: str, mtime_ns: int) -> dict:
 
 
 def measured_peak_mib(profile, stack_key: str, batch_size: int, machine: str, commit: str) -> float | None:
-    """The latest process peak results.csv holds for this configuration at this batch, machine, commit and
-    setting, or None."""
+    """The latest process peak results.csv holds for this configuration, batch, machine, commit and setting."""
     from sdperf.store.results import results_path
 
     path = results_path(profile.name)
@@ -279,8 +240,7 @@ def measured_peak_mib(profile, stack_key: str, batch_size: int, machine: str, co
 
 
 def estimate(profile, stack_key: str = "fp32-eager", batch_size: int = 1) -> Estimate:
-    """The formula, refined by the configuration's own latest measured peak at the same setting, machine and
-    commit, within TRUSTED_BAND of the formula (module docstring)."""
+    """The formula, refined by the configuration's latest measured peak within TRUSTED_BAND (module docstring)."""
     from sdperf.core import environment
 
     est = formula(profile, stack_key, batch_size)
@@ -314,8 +274,7 @@ class NotEnoughMemory(RuntimeError):
 
 
 def require(profile, what: str, stack_key: str = "fp32-eager", batch_size: int = 1) -> None:
-    """Raise NotEnoughMemory, naming the estimate and the memory available, when `what` (a pipeline a notebook's
-    kernel builds for itself) cannot fit: a clear error in the cell instead of a kernel killed for memory."""
+    """Raise NotEnoughMemory when `what` cannot fit: a clear error instead of a kernel killed for memory."""
     fits, why = preflight(profile, stack_key, batch_size)
     if not fits:
         raise NotEnoughMemory(f"{what}: {why.removeprefix('skipped: ')}; free memory (close other processes) or set "

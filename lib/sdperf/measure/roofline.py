@@ -11,8 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from sdperf.measure.timing import Timing, blocked, synchronize
 
-# torch's FLOP counter knows the CUDA attention kernels but not the CPU one that SDPA dispatches to here, so on a
-# CPU it would count every attention as free and overstate nothing but understate the UNet's work.
+# torch's FLOP counter knows the CUDA attention kernels but not SDPA's CPU one: it would count every attention free
 _CPU_SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 if _CPU_SDPA not in flop_counter.flop_registry and _CPU_SDPA.default not in flop_counter.flop_registry:
     @flop_counter.register_flop_formula(_CPU_SDPA)
@@ -20,7 +19,7 @@ if _CPU_SDPA not in flop_counter.flop_registry and _CPU_SDPA.default not in flop
         return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-# How each roofline figure was taken: the method column of its rows.
+# How each roofline figure was taken: the method column of its rows
 ROOF_METHOD = ("one square matmul of the kernel the scenario names, on random inputs at the size shown: "
                "torch.utils.benchmark blocked_autorange median; 2 n^3 operations per call")
 FLOP_METHOD = "torch.utils.flop_counter over one call at the real shapes (multiply-add = 2 FLOPs)"
@@ -49,8 +48,7 @@ def matmul_call(device: str, dtype: torch.dtype, size: int):
 
 
 def fit_size(fn_of_size, size: int, call_budget_s: float, device: str = "cpu", probe: int = 128) -> int:
-    """The largest power-of-two fraction of `size` whose single call should fit `call_budget_s`, scaled
-    (n^3) from one timed call at `probe`: a scalar fallback kernel at full size could take minutes."""
+    """The largest power-of-two fraction of `size` whose call should fit `call_budget_s` (scaled n^3 from `probe`)."""
     fn = fn_of_size(probe)
     fn()
     synchronize(device)
@@ -70,12 +68,10 @@ def achieved(flops: int, seconds: float, peak_flops_per_s: float) -> dict:
 
 
 # --- OpenVINO's own GEMM kernels ---------------------------------------------------------------------------
-# The roof of an OpenVINO executor is the CPU plugin's own kernel, not torch's: its f32/bf16 MatMul, and the int8
-# kernel it fuses NNCF's quantized graph into. A MatMul by a constant weight is what a UNet layer is to the plugin
-# (it becomes a FullyConnected whose weights are repacked once, at compile time), so that is what is timed.
+# An OpenVINO executor's roof is the CPU plugin's own kernel: a MatMul by a constant weight, which is what a UNet
+# layer is to the plugin (a FullyConnected whose weights are repacked once, at compile time).
 OPENVINO_PRECISIONS = ("f32", "bf16", "int8")
-# the CPU plugin's OPTIMIZATION_CAPABILITIES entry each precision needs
-OPENVINO_CAPABILITY = {"f32": "FP32", "bf16": "BF16", "int8": "INT8"}
+OPENVINO_CAPABILITY = {"f32": "FP32", "bf16": "BF16", "int8": "INT8"}  # the OPTIMIZATION_CAPABILITIES entry needed
 # the runtime precisions the GEMM node may report for each (int8: u8 activations x s8 weights)
 OPENVINO_RUNTIME = {"f32": ("f32",), "bf16": ("bf16",), "int8": ("u8", "i8")}
 GEMM_LAYERS = ("FullyConnected", "MatMul")
@@ -116,9 +112,8 @@ def _fake_quantize(node, low: float, high: float):
 
 
 def openvino_matmul_model(x: np.ndarray, w: np.ndarray, precision: str):
-    """An OpenVINO model of input @ constant `w`. For int8 both inputs pass through FakeQuantize first, as in
-    NNCF's quantized models: the activation over u8 [0, ACTIVATION_HIGH], the weight symmetric s8 (step
-    weight_scale(w)); the plugin's low-precision transformations fuse that into its u8 x s8 kernel."""
+    """An OpenVINO model of input @ constant `w`; for int8 both inputs pass through FakeQuantize first, as in NNCF's
+    quantized models (activation u8 [0, ACTIVATION_HIGH], weight symmetric s8), fused into the u8 x s8 kernel."""
     import openvino as ov
     from openvino import opset13 as ops
 
@@ -134,8 +129,7 @@ def openvino_matmul_model(x: np.ndarray, w: np.ndarray, precision: str):
 
 
 def gemm_kernel(compiled) -> dict:
-    """What the plugin really ran for the GEMM, read from the compiled model's execution graph (rt_info):
-    layer type, runtime precision and primitive (e.g. brgemm_avx512_amx_I8, jit_avx512_vnni)."""
+    """What the plugin ran for the GEMM (the execution graph's rt_info): layer type, runtime precision, primitive."""
     nodes = []
     for op in compiled.get_runtime_model().get_ordered_ops():
         info = op.get_rt_info()
@@ -169,9 +163,8 @@ class OpenVINOMatMul:
 
 
 def openvino_matmul(size: int, precision: str, seed: int = 0) -> OpenVINOMatMul:
-    """A size x size MatMul compiled as the engine compiles a UNet (openvino_engine.compile_model: torch's thread
-    count, the precision hint; int8 under the f32 hint, as the NNCF executor is compiled, so its int8 kernel is
-    the only reduced precision). Inputs are random: activations in [0, ACTIVATION_HIGH), weights normal."""
+    """A size x size MatMul compiled as the engine compiles a UNet (openvino_engine.compile_model; int8 under the
+    f32 hint, as the NNCF executor is). Inputs are random: activations in [0, ACTIVATION_HIGH), weights normal."""
     import openvino as ov
 
     from sdperf.optimizations.openvino_engine import compile_model
@@ -215,8 +208,7 @@ class OpenVINORoof:
 
 
 def openvino_matmul_peak(size: int, precision: str, min_run_time: float = 1.0) -> OpenVINORoof:
-    """OpenVINO's own GEMM roof in `precision` at `size`, timed like torch.mm's (blocked_autorange). A kernel that
-    did not run in `precision` (say the int8 graph left in f32) is an error, never a mislabelled roof."""
+    """OpenVINO's GEMM roof in `precision`, timed like torch.mm's; another precision's kernel is an error."""
     mm = openvino_matmul(size, precision)
     kernel = mm.kernel()
     if kernel["runtime_precision"] not in OPENVINO_RUNTIME[precision]:

@@ -1,25 +1,11 @@
 """Every speed ratio of the study, by one method: each configuration in a fresh process, in rounds, against the
 fp32 eager baseline, with the fp32-vs-fp32 noise floor measured the same way.
 
-Why this method. Timed in turn inside one process, two pipelines share an allocator, a page cache and two cores,
-and the eager baseline slowed 27% next to an OpenVINO engine: in-process ratios of engines were biased upward,
-and the same headline read 1.10x, 1.28x or 1.38x depending on which baseline divided it. Here:
-
-- every configuration runs in a worker process of its own (sdperf.measure.worker: build, apply, first call apart, timed
-  repeats, its own peak memory); workers start from a fork server that has imported the libraries and built
-  nothing, or, when a configuration needs another allocator, every worker of the run from a fork server started
-  under its own setting (sdperf.measure.allocator_servers);
-- the configurations run in rounds, one after another, and each round starts and ends with an fp32 eager
-  baseline process (B c1 c2 .. twin B c2 .. twin c1 B ...; the order rotates each round so no configuration
-  always follows the baseline). A configuration's ratio in a round divides the baseline interpolated to the
-  moment the configuration was timed, so a machine that drifts steadily (ageing page cache, a neighbour
-  ramping up) moves both alike and not the ratio;
-- one configuration is the fp32 baseline again (the twin): its ratios are the noise floor of this run, taken
-  exactly like every other ratio. A configuration is "faster" only when its whole range over rounds lies above
-  the noise band, "slower" when it lies below, and "within noise" otherwise;
-- a ratio is reported as its median over rounds with the min-max range, per image at the profile's steps, per
-  UNet step, and per image at the seeds' 50 PLMS steps composed from the measured stages (said so).
-PyTorch's structured diffusion benchmark runner (pytorch/pytorch PR 196713) isolates scenarios the same way.
+Two pipelines in one process share an allocator, a page cache and the cores, so every configuration runs in a worker
+of its own. Each round is opened and closed by an fp32 eager baseline (B c1 c2 .. twin B c2 .. twin c1 B ...), and a
+ratio divides the baseline interpolated to the moment the configuration was timed, so steady drift moves both alike.
+The twin gives the noise floor: "faster" only when the whole range over rounds lies above the noise band, "slower"
+below, else "within noise". A ratio is its median over rounds with the min-max range (RATIOS).
 """
 from __future__ import annotations
 
@@ -50,26 +36,21 @@ RATIOS = (("latency_s", "speedup", "per image at the profile's steps"),
           ("unet_step_s", "unet_step_speedup", "per UNet step"),
           ("s_per_image_seed", "seed_speedup", "per image at 50 PLMS steps (composed from the measured stages)"))
 FASTER, SLOWER, NOISE = results.FASTER, results.SLOWER, results.NOISE  # the verdict column's words
-# A comparison opens on the run's last baseline when nothing ran after it and it closed less than this ago
-REUSE_BASELINE_S = 600
-# A worker that others' load reached (sdperf.measure.contention) is measured again this many times, each once the
-# machine is quiet; one still reached is kept, and the rows of every ratio it enters are marked
+REUSE_BASELINE_S = 600  # a comparison may open on the run's last baseline when it closed less than this ago
+# Re-measures, once the machine is quiet, of a worker others' load reached (sdperf.measure.contention); one still
+# reached is kept and the rows of every ratio it enters are marked
 BESIDE_LOAD_RETRIES = 1
-# Imported once by the fork server, so a worker starts with them loaded (nothing is built there). diffusers and
-# transformers import their model modules lazily, on first use: naming them here saves every worker ~1 s.
-# sdperf.measure.forkserver_lifeline comes first: the fork server dies with its launcher before it spends seconds
-# importing.
+# Imported once by the fork server (nothing is built there); diffusers and transformers load model modules lazily,
+# so they are named. forkserver_lifeline comes first: the server dies with its launcher before it imports the rest.
 PRELOAD = ["sdperf.measure.forkserver_lifeline", "sdperf.measure.worker", "sdperf.measure.measurements",
-           "sdperf.model.pipelines",
-           "sdperf.optimizations.catalog", "diffusers.models.unets.unet_2d_condition",
+           "sdperf.model.pipelines", "sdperf.optimizations.catalog", "diffusers.models.unets.unet_2d_condition",
            "diffusers.models.autoencoders.autoencoder_kl",
            "diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion", "transformers.models.clip.modeling_clip",
            "transformers.models.clip.tokenization_clip"]
 
 
 def method(rounds: int, sittings: int = 1) -> str:
-    """The method every compared ratio names; a run resumed after a kill says its rounds came from more than one
-    sitting (sdperf.measure.ledger), each round whole and against baselines of its own sitting."""
+    """The method every compared ratio names, saying when a killed run's rounds came from several sittings."""
     resumed = f"; rounds from {sittings} sittings (a killed run resumed, each round whole)" if sittings > 1 else ""
     return (f"fresh process per configuration, {rounds} rounds in turn; ratio per round against the fp32 eager "
             f"baseline interpolated to the configuration's time; median [min-max] over rounds{resumed}")
@@ -89,7 +70,6 @@ class Config:
 
 
 def _batch_size(configs: list[Config]) -> int:
-    """The one batch size of a run (1 when it has no configurations)."""
     batches = {c.batch_size for c in configs} or {1}
     if len(batches) > 1:
         raise ValueError(f"one run compares one batch size against its baseline; got {sorted(batches)}")
@@ -98,12 +78,8 @@ def _batch_size(configs: list[Config]) -> int:
 
 def schedule(configs: list[Config], rounds: int, *, twin: bool = True, every: int | None = None,
              done: dict[str, set[int]] | None = None) -> list[tuple[int, Config]]:
-    """(round, config) in running order: a baseline, then each round's configurations (the twin among them,
-    the order rotated by one each round) followed by a baseline. Baseline k closes round k-1 and opens round k.
-    With `every`, a baseline also follows each `every` configurations inside a round, so that in a long round
-    (a whole run's configurations) none is timed further than that from a baseline on either side. `done`: the
-    rounds each configuration (by name) already has (a resumed run): they are left out, and a round with nothing
-    left is skipped whole."""
+    """(round, config) in running order: each round's configurations (twin included, rotated) between baselines,
+    with `every`, one also after each `every` of them; `done`: the rounds each configuration already has."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     if every is not None and every < 1:
@@ -144,8 +120,7 @@ def closing(plan: list[tuple[int, Config]]) -> dict[int, int]:
 # ---------------------------------------------------------------- launching workers
 
 def _fork_context():
-    """The fork server context; the server started from it dies with this process (sdperf.measure.forkserver_lifeline
-    reads this process's pid from the environment it inherits)."""
+    """The fork server context; its server dies with this process (forkserver_lifeline reads our pid from it)."""
     os.environ[lifeline.LAUNCHER_ENV] = str(os.getpid())
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
@@ -153,25 +128,19 @@ def _fork_context():
 
 
 def death_note(code: int, err: str = "", pid: int | None = None, oom_before: int | None = None) -> str:
-    """Why a worker left no result: the signal or exit code that ended it, and whether the system says it ran out
-    of memory (sdperf.measure.lifeline.death_cause). Only SIGKILL, what the kernel's OOM killer sends, suggests memory
-    without that word: SIGABRT (6) is the process aborting itself, e.g. glibc catching a double free when a
-    preloaded allocator meets a library that frees with another one (10's stacks under tcmalloc on cpu)."""
+    """Why a worker left no result (lifeline.death_cause: its signal, and memory where the system says so)."""
     return f"worker died ({lifeline.death_cause(code, pid, oom_before)}) {err}".strip()
 
 
 def too_big(profile, config: Config) -> str | None:
-    """Why `config` cannot be launched now for memory (its estimate over what is available, both named), or None
-    when it fits: a worker that would be killed for memory is a skipped row instead (sdperf.measure.memory)."""
+    """Why `config` cannot be launched now for memory (estimate and room named; sdperf.measure.memory), or None."""
     fits, why = memory.preflight(profile, config.stack, config.batch_size)
     return None if fits else why
 
 
 def _run_forked(spec: dict, out: Path, timeout_s: float | None,
                 setting: str | None = None) -> tuple[int | None, int]:
-    """A worker forked from the fork server (`setting` None) or from the fork server of allocator `setting`
-    (sdperf.measure.allocator_servers); (exit code or None on timeout, pid), with a pid file naming both. Its
-    console output goes to the run's log (worker.to_log), so there is no stderr line to hand back."""
+    """A worker forked from the fork server or allocator `setting`'s; (exit code or None on timeout, pid)."""
     if setting is None:
         proc = _fork_context().Process(target=worker.run_to, args=(spec, out))
     else:
@@ -191,8 +160,7 @@ def _run_forked(spec: dict, out: Path, timeout_s: float | None,
 
 def launch(spec: dict, *, setting: str = "default", allocator_server: bool = False,
            timeout_s: float | None = None) -> tuple[dict, object | None]:
-    """Run one worker; (its result, its output or None). A worker that dies or overruns is a failed result that
-    says why (the signal, and memory where the system says so)."""
+    """Run one worker; (its result, its output or None). One that dies or overruns is a failed result saying why."""
     spec = {**spec, "launcher_pid": os.getpid()}
     oom_before = lifeline.oom_kills()
     with tempfile.TemporaryDirectory(prefix="sdperf-worker-") as tmp:
@@ -220,8 +188,7 @@ def _mid(rows: pd.DataFrame) -> pd.Series:
 
 
 def baseline_at(raw: pd.DataFrame, column: str, t_mid) -> np.ndarray:
-    """The fp32 baseline's `column` interpolated (linearly, in wall time) to `t_mid`, from the run's baseline
-    workers that measured it: how every ratio and every borrowed stage reads the baseline."""
+    """The fp32 baseline's `column` interpolated linearly in wall time to `t_mid`: how every ratio reads it."""
     base = raw[(raw.config == BASELINE) & (raw.status == "ok") & raw[column].notna()]
     base = base.assign(t_mid=_mid(base)).sort_values("t_mid")
     if base.empty:
@@ -234,10 +201,7 @@ WITH_BASELINE_DECODE = ("; a technique that changes only the denoising loop is t
 
 
 def with_baseline_decode(raw: pd.DataFrame, batch_size: int) -> pd.DataFrame:
-    """Complete the per-image figures of workers that skipped the VAE decode (`decoded` False: a loop-only stack)
-    with the fp32 baseline's decode, interpolated in wall time to the worker's timed calls like every ratio's
-    baseline. The decode is the same module on the same latents shape in both, so this is what timing it again
-    would have measured, minus a 4 s call per generation on cpu."""
+    """Complete the figures of workers that skipped the VAE decode (loop-only stacks) with the baseline's decode."""
     if "decoded" not in raw or not (raw.decoded == False).any():  # noqa: E712 (NaN: an older record, decoded)
         return raw
     raw = raw.copy()
@@ -254,8 +218,7 @@ def with_baseline_decode(raw: pd.DataFrame, batch_size: int) -> pd.DataFrame:
 
 
 def per_round_ratios(raw: pd.DataFrame) -> pd.DataFrame:
-    """One row per (configuration, round): each ratio against the baseline interpolated (linearly, in wall time)
-    to the midpoint of the configuration's timed calls."""
+    """One row per (configuration, round): each ratio against the baseline interpolated to its timed calls."""
     ok = raw[raw.status == "ok"]
     mine = ok[ok.config != BASELINE]
     out = pd.DataFrame({"config": mine.config.to_numpy(), "round": mine["round"].to_numpy()})
@@ -267,8 +230,7 @@ def per_round_ratios(raw: pd.DataFrame) -> pd.DataFrame:
 
 
 def noise_band(values) -> tuple[float, float]:
-    """The fp32-vs-fp32 ratios' range, made symmetric (which of two equal processes is called the baseline is
-    arbitrary, so r and 1/r are equally likely)."""
+    """The fp32-vs-fp32 ratios' range, made symmetric: r and 1/r are equally likely between equal processes."""
     v = np.asarray(list(values), dtype=float)
     if v.size == 0:
         return float("nan"), float("nan")
@@ -287,8 +249,7 @@ def speed_verdict(lo: float, hi: float, band: tuple[float, float]) -> str:
 
 
 def summarize(raw: pd.DataFrame, ratios: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
-    """Per configuration: medians over rounds with min-max, cold (round 0) and warm set-up and first call, peak
-    memory, each ratio with its verdict against the noise band; and the noise bands by ratio."""
+    """Per configuration medians over rounds with min-max, set-up, memory and verdicts; and the noise bands."""
     twin = ratios[ratios.config == TWIN]
     bands = {name: noise_band(twin[name]) for _, name, _ in RATIOS}
     rows = []
@@ -322,8 +283,7 @@ def summarize(raw: pd.DataFrame, ratios: pd.DataFrame) -> tuple[pd.DataFrame, di
 
 @dataclass
 class Measured:
-    """What one run of rounds found: every worker's result, the per-round ratios, the summary per configuration,
-    the noise band of each ratio, each configuration's facts and its drift against the baseline's output."""
+    """What one run of rounds found: worker results, per-round ratios, summary, noise bands, facts and drift."""
 
     rounds: int
     raw: pd.DataFrame
@@ -361,10 +321,7 @@ def _entries(records: list[dict], role: str, stack: str) -> list[dict]:
 
 def _plan(configs: list[Config], gone: dict, records: list[dict], rounds: int, b: int,
           now: float, every: int | None = None, sitting: str | None = None) -> list[tuple[int, Config]]:
-    """What is left to launch, given what the ledger already holds: a configuration's rounds already measured
-    (or its failure) are read back and only its missing rounds run; the twin runs once per batch size; a
-    comparison opens on the ledger's last baseline when this sitting wrote it, nothing else ran after it and it is
-    recent (a resumed run opens on a baseline of its own)."""
+    """What is left to launch given the ledger (missing rounds only), opening on its last baseline when recent."""
     todo, seen, done = [], set(), {}
     for c in configs:
         if c.name in gone or c.stack in seen:
@@ -385,8 +342,7 @@ def _plan(configs: list[Config], gone: dict, records: list[dict], rounds: int, b
     if not todo and twin_done:
         return []
     if not todo and all(c.name in gone for c in configs) and configs:
-        # nothing to compare (every configuration needs what this machine lacks): no ratio to judge, so no twin;
-        # the baseline alone, once per round, still measures what the notebook reads from it (its UNet share)
+        # nothing to compare, so no twin; the baseline alone still measures what the notebook reads from it
         return [] if have_base else [(r, Config(BASELINE, batch_size=b)) for r in range(rounds)]
     plan = schedule(todo, rounds, twin=not twin_done, every=every, done=done)
     last = records[-1] if records else None
@@ -410,8 +366,7 @@ def _unavailable(profile, configs: list[Config]) -> dict:
 
 def pending(profile, configs: list[Config], *, ledger: Path, rounds: int | None = None,
             every: int | None = None) -> int:
-    """How many workers run() would launch now for `configs` with `ledger`: what a run's expected time needs
-    (sdperf.run.eta), without launching anything."""
+    """How many workers run() would launch now for `configs` with `ledger` (sdperf.run.eta), launching nothing."""
     rounds = rounds or getattr(profile, "rounds", MIN_ROUNDS)
     b = _batch_size(configs)
     book = ledgers.Ledger(ledger, sitting=environment.run_id())
@@ -423,13 +378,9 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
         overrides: dict | None = None, say: Callable[[str], None] = print,
         launcher: Callable | None = None, artefacts: Path | None = None, ledger: Path | None = None,
         every: int | None = None) -> Measured:
-    """Measure `configs` (and the baseline and its twin) in fresh processes over `rounds` rounds.
-
-    A configuration that cannot run here is checked in this process first and not launched; one that fails in a
-    round is not launched again. `overrides` may set the worker's warmup/repeats (the tests use it). `scratch`
-    holds what every comparison may reuse (weights, inductor's cache), `artefacts` this run's engines, `ledger`
-    the run's shared worker results (sdperf.measure.ledger; a private one when None): what it already holds is read back,
-    not measured again. `every`: a baseline after each that many configurations inside a round (schedule)."""
+    """Measure `configs` (and the baseline and its twin) in fresh processes over `rounds` rounds; one that cannot
+    run or fails is not launched again. `scratch`: what every comparison may reuse; `artefacts`: this run's engines;
+    `ledger`: the run's shared worker results (private when None)."""
     rounds = rounds or getattr(profile, "rounds", MIN_ROUNDS)
     names = [c.name for c in configs]
     clash = {n for n in names if names.count(n) > 1} | ({BASELINE, TWIN} & set(names))
@@ -449,9 +400,7 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
         for c in configs:
             gone.setdefault(c.name, {"status": "skipped", "note": f"its fp32 eager baseline is {base_why}"})
         return _measured(book, configs, gone, rounds, b, base_skipped=base_why)
-    # every worker of a run starts the same way: from the fork server of its allocator setting when one
-    # configuration that runs needs another allocator (it cannot change inside a process), the baseline's from the
-    # default setting's server; else from the study's fork server
+    # when one configuration that runs needs another allocator, every worker starts from its setting's server
     own_servers = {Stack.of(c.stack).allocator for c in configs if c.name not in gone} - {"default"} != set()
     records = book.records(b)
     plan = _plan(configs, gone, records, rounds, b, time.time(), every, book.sitting)
@@ -487,8 +436,7 @@ def run(profile, configs: list[Config], *, rounds: int | None = None, scratch: P
 
 
 def _quiet_launch(launcher: Callable, spec: dict, config: Config, say, **kw) -> tuple[dict, object | None]:
-    """One worker, measured again (BESIDE_LOAD_RETRIES) once the machine is quiet when other processes took more
-    than their share of its CPUs while it was timed; a result still reached says so in its `contention`."""
+    """One worker, measured again (BESIDE_LOAD_RETRIES) once the machine is quiet when others' load reached it."""
     result, output = launcher(spec, **kw)
     for _ in range(BESIDE_LOAD_RETRIES):
         if result.get("status") != "ok" or not contention.contended(result.get("contention")):
@@ -502,8 +450,7 @@ def _quiet_launch(launcher: Callable, spec: dict, config: Config, say, **kw) -> 
 
 
 def beside_load(raw: pd.DataFrame) -> dict[str, str]:
-    """{configuration: why its figures may be wrong} for each one with a worker that others' load reached: its
-    own, or a baseline of one of its rounds (its ratios divide that baseline); the twin's reach the noise band."""
+    """{configuration: why its figures may be wrong} where others' load reached its worker or its round's baseline."""
     if "contention" not in raw or raw.empty:
         return {}
     ok = raw[raw.status == "ok"]
@@ -526,8 +473,7 @@ def beside_load(raw: pd.DataFrame) -> dict[str, str]:
 
 
 def reached_words(rows: pd.DataFrame) -> str:
-    """The mark for figures taken from these workers' results (one configuration's processes) when others' load
-    reached any of them, else ''."""
+    """The mark for figures from these workers (one configuration's) when others' load reached any, else ''."""
     if "contention" not in rows or rows.empty:
         return ""
     share = contention.threshold()
@@ -541,8 +487,7 @@ def reached_words(rows: pd.DataFrame) -> str:
 
 def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: int, b: int,
               base_skipped: str | None = None) -> Measured:
-    """The comparison of `configs` from the ledger: the run's baselines and twin at this batch size, and each
-    configuration's records under its display name here (`base_skipped`: why the baseline could not run)."""
+    """The comparison of `configs` from the ledger (`base_skipped`: why the baseline could not run)."""
     records = book.records(b)
     rows = [{"config": BASELINE, **r} for r in _entries(records, ledgers.BASELINE_ROLE, BASELINE_KEY)]
     if base_skipped is not None and not rows:
@@ -581,9 +526,7 @@ def _measured(book: ledgers.Ledger, configs: list[Config], gone: dict, rounds: i
 def alone(profile, configs: list[Config], *, rounds: int | None = None, scratch: Path | None = None,
           overrides: dict | None = None, say: Callable[[str], None] = print,
           launcher: Callable | None = None) -> pd.DataFrame:
-    """Each configuration (any batch sizes) in a fresh process once per round, in turn, the order rotated each
-    round, with no baseline: how 00 describes the fp32 pipeline itself (its stages, its batch sweep) by the same
-    worker as every comparison. Returns every worker's result, one row per (configuration, round)."""
+    """Each configuration in a fresh process once per round, rotated, without a baseline: one row per round."""
     rounds = rounds or getattr(profile, "rounds", MIN_ROUNDS)
     launcher = launcher or launch
     records = []

@@ -30,10 +30,7 @@ class Study:
         return self.profile.device
 
     def pipeline(self, dtype: str = "float32"):
-        """A freshly built pipeline of the profile's architecture in `dtype` (same seed, same weights: read from
-        the profile's scratch weights cache, which the worker processes share, once a build has saved them).
-        Refused before anything is built when its estimated peak cannot fit the memory available (sdperf.measure.memory):
-        a NotEnoughMemory error naming both, not a kernel killed for memory."""
+        """A freshly built pipeline in `dtype` (the workers' weights cache); NotEnoughMemory when it cannot fit."""
         memory.require(self.profile, f"building the {self.profile.arch} pipeline in this kernel ({self.notebook})")
         weights = scratch_dir(self.profile.name) / "weights"
         return build_pipeline(self.profile, dtype=DTYPES[dtype], weights_cache=weights)
@@ -43,14 +40,10 @@ class Study:
 
     def save_figure(self, fig, name: str, *, what: str | None = None, baseline: str | None = None,
                     method: str | None = None, n: str | None = None, taken_in: dict | None = None):
-        """Save `fig` with its caption: `what` it shows, the `baseline` its ratios divide (NO_BASELINE when they
-        divide nothing), the `method` that took the numbers, and `n`, what they are over (from the data, not typed).
-        The device comes from this study's environment record, or from `taken_in`, the record of the machine that
-        took the numbers when that was another (a committed model's training). A missing or empty field raises
-        ValueError before anything is written."""
+        """Save `fig` with its caption (what, baseline, method, n; the device is this study's or `taken_in`'s, the
+        machine that took the numbers). A missing or empty field raises ValueError before anything is written."""
         device = figure_captions.device_text(self.env if taken_in is None else taken_in)
-        caption = figure_captions.Caption(what=what, device=device,
-                                          baseline=baseline, method=method, n=n)
+        caption = figure_captions.Caption(what=what, device=device, baseline=baseline, method=method, n=n)
         return plots.save_figure(fig, self.profile.name, self.notebook, name, caption)
 
     def conditions(self, batch_size: int = 1, scope: str = "whole generation") -> str:

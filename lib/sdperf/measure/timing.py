@@ -1,9 +1,7 @@
 """How every number in the study is timed: warm-up apart, repeats, median with p10/p90, peak memory.
 
-On CUDA each repeat is bracketed by CUDA events (the GPU's own clock); on the CPU by a monotonic clock
-(CPU work is synchronous). torch.utils.benchmark times the short kernels (`blocked`): its `timeit` adds two
-hidden warm-up calls per measurement, which would triple the cost of a multi-second generation and blur
-what "first call" means, so whole calls are timed one by one here.
+CUDA events on a GPU, a monotonic clock on the CPU; torch.utils.benchmark only for short kernels (`blocked`): its
+hidden warm-up calls would blur what "first call" means.
 """
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ class Timing:
     first_call: float
     peak_memory_bytes: int | None = None
     memory_kind: str = ""
-    contention: dict | None = None  # what other processes took of the CPUs over the timed calls (measure.contention)
+    contention: dict | None = None  # what other processes took of the CPUs over the timed calls
 
     @property
     def median(self) -> float:
@@ -109,16 +107,12 @@ def _time_once_cuda(fn: Callable[[], object]) -> float:
 
 
 def time_once(fn: Callable[[], object], device: str) -> float:
-    """Seconds of one call: CUDA events on a GPU, a monotonic clock on the CPU."""
     return (_time_once_cuda if device == "cuda" else _time_once_cpu)(fn)
 
 
 def interleaved(calls: dict[str, Callable[[], object]], *, device: str, warmup: int = 1,
                 repeats: int = 3) -> dict[str, Timing]:
-    """Each call's first call timed alone, `warmup - 1` untimed calls each, then `repeats` rounds that call each
-    in turn (A B, B A, A B, ...). A process gets faster as it ages (allocator, page faults) and a neighbour may
-    come and go: in turn, such drift hits every call alike instead of whichever ran last, so ratios stay honest.
-    Peak memory is not read here (the calls share the process): see `peak_of`."""
+    """Like measure, each call in turn (A B, B A, ...) so a process's drift hits all alike; no peak (`peak_of`)."""
     _check_counts(warmup, repeats)
     synchronize(device)
     first = {k: time_once(fn, device) for k, fn in calls.items()}
@@ -150,9 +144,7 @@ def _check_counts(warmup: int, repeats: int) -> None:
 
 def measure(fn: Callable[[], object], *, device: str, warmup: int = 1, repeats: int = 3,
             first: Callable[[], object] | None = None) -> Timing:
-    """First call timed alone (it carries compile/build/allocator warm-up; `first` when given, a cheaper call
-    that warms the same code), then `warmup - 1` untimed calls (`warmup` counts the first), then `repeats` timed
-    calls; peak memory covers the steady-state calls."""
+    """First call (or `first`) timed alone, `warmup - 1` untimed calls, then `repeats` timed ones with their peak."""
     _check_counts(warmup, repeats)
     once = _time_once_cuda if device == "cuda" else _time_once_cpu
     synchronize(device)
@@ -168,8 +160,7 @@ def measure(fn: Callable[[], object], *, device: str, warmup: int = 1, repeats: 
 
 
 def blocked(fn: Callable[[], object], *, device: str, min_run_time: float = 1.0) -> Timing:
-    """For short kernels (matmul roof): torch.utils.benchmark's blocked_autorange, one entry per block,
-    with the process's thread count (the Timer's default of one thread would halve a 2-core machine)."""
+    """For short kernels (matmul roof): blocked_autorange, one entry per block, at the process's thread count."""
     synchronize(device)
     t0 = time.perf_counter()
     fn()
@@ -183,10 +174,7 @@ def blocked(fn: Callable[[], object], *, device: str, min_run_time: float = 1.0)
 # --- per-stage clock ---------------------------------------------------------------------------------------
 @dataclass
 class StageClock:
-    """Records the time of each stage call inside one generation (text encoder, UNet step, ...).
-
-    On CUDA it records events and reads them once at the end, so it adds no synchronization of its own.
-    """
+    """The time of each stage call inside one generation; on CUDA events, read once at the end (no added sync)."""
 
     device: str
     _open: list = field(default_factory=list)

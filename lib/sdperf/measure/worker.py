@@ -1,17 +1,7 @@
 """One configuration measured in a process of its own: build, apply, first call, timed repeats, peak memory.
 
-Two pipelines in one process share its allocator, its page cache and two cores: timed in turn inside one process,
-an eager fp32 UNet step grew 27% next to an OpenVINO engine while the engine's grew 6%. So every configuration
-that is compared runs here, alone, in a fresh process started by sdperf.measure.rounds, and hands back what it measured
-as one JSON file (and its output tensors when asked), written atomically: a killed worker leaves nothing that
-could pass for a result.
-
-What it reports, all from this process only: build (the fp32 pipeline at the profile's seed), set-up (the
-techniques applied: export, build, quantize), the first call apart (lazy compilation lands there), the timed
-repeats of whole generations with each stage's calls timed inside them (text encoder, UNet step, scheduler step,
-VAE decode), the per-image time composed at the seeds' 50 PLMS steps from those stage times, peak RSS of the
-steady-state calls and of the whole process, and the wall-clock window of the timed calls (the parent
-interpolates the baseline to it).
+Started by sdperf.measure.rounds, it hands back one JSON file (and its output tensors when asked), written
+atomically, with each stage's calls and the wall-clock window of the timed calls (the baseline is read there).
 """
 from __future__ import annotations
 
@@ -49,8 +39,7 @@ def _stage(stages, name: str, column: str) -> float:
 
 
 def composed_seconds(stages, unet_calls: int) -> float:
-    """One generation's time composed from its measured stages at `unet_calls` denoising iterations: text encoder
-    and VAE decode once, UNet and scheduler step once per iteration."""
+    """One generation composed from its measured stages at `unet_calls` denoising iterations."""
     per_call = _stage(stages, "unet", "median_call_s") + _stage(stages, "scheduler", "median_call_s")
     return (_stage(stages, "text_encoder", "seconds_per_image_call") + unet_calls * per_call
             + _stage(stages, "vae_decode", "seconds_per_image_call"))
@@ -88,8 +77,7 @@ def patterned(stages, medians: dict[str, float], kinds: list[str]) -> float:
 
 
 def _call_pattern(pipe, stack, run, workload, seed_steps: int) -> dict:
-    """For a stack whose UNet calls differ in cost (feature caching): each kind's median, the kinds of the
-    seed-step generation, and the generation composed from them (the plain median would be the cheap kind's)."""
+    """For a stack whose UNet calls differ in cost: each kind's median and the generations composed from them."""
     kinds_run = stack.call_kinds(loop_timesteps(pipe, workload.steps))
     medians = call_kind_medians(run.unet_calls, kinds_run)
     kinds_seed = stack.call_kinds(loop_timesteps(pipe, seed_steps))
@@ -159,11 +147,11 @@ def measure(spec: dict) -> tuple[dict, object | None]:
         seed_s, composed_s, s["unet_step_s"] = pattern["seed_s"], pattern["composed_s"], pattern["unet_step_s"]
     result = {
         "status": "ok", "note": "", "build_s": build_s, "setup_s": setup_s,
-        "setup_peak_mib": None if setup_peak is None else setup_peak / 2**20,
-        "first_call_s": s["first_call_s"], "first_call_steps": profile.first_call_steps or workload.steps, "latency_s": s["latency_s"], "p10_s": s["p10_s"], "p90_s": s["p90_s"],
-        "n": len(run.timing.times), "s_per_image": s["s_per_image"], "unet_step_s": s["unet_step_s"],
-        "it_per_s": s["it_per_s"], "iterations": s["iterations"], "steps": workload.steps,
-        "seed_steps": stack.steps or SEED_STEPS, "seed_unet_calls": seed_calls,
+        "setup_peak_mib": None if setup_peak is None else setup_peak / 2**20, "first_call_s": s["first_call_s"],
+        "first_call_steps": profile.first_call_steps or workload.steps, "latency_s": s["latency_s"],
+        "p10_s": s["p10_s"], "p90_s": s["p90_s"], "n": len(run.timing.times), "s_per_image": s["s_per_image"],
+        "unet_step_s": s["unet_step_s"], "it_per_s": s["it_per_s"], "iterations": s["iterations"],
+        "steps": workload.steps, "seed_steps": stack.steps or SEED_STEPS, "seed_unet_calls": seed_calls,
         "s_per_image_seed": seed_s / b, "s_per_image_composed": composed_s / b,
         "unet_kind_s": None if pattern is None else pattern["unet_kind_s"],
         "seed_call_kinds": None if pattern is None else pattern["seed_call_kinds"],
@@ -171,8 +159,8 @@ def measure(spec: dict) -> tuple[dict, object | None]:
         "vae_decode_s": _stage(run.stages, "vae_decode", "seconds_per_image_call") if decoded else None,
         "peak_memory_mib": s["peak_memory_mib"], "memory_kind": run.timing.memory_kind,
         "process_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "contention": run.timing.contention, "t_start": started, "t_end": finished, "threads": torch.get_num_threads(), "pid": os.getpid(),
-        "allocator": stack.allocator, "allocator_in_effect": allocator.in_effect(stack.allocator),
+        "contention": run.timing.contention, "t_start": started, "t_end": finished, "threads": torch.get_num_threads(),
+        "pid": os.getpid(), "allocator": stack.allocator, "allocator_in_effect": allocator.in_effect(stack.allocator),
         "facts": _jsonable(ctx.facts),
     }
     return result, run.output
@@ -187,9 +175,7 @@ def sdperf_environment() -> dict[str, str]:
 
 
 def _adopt(env: dict[str, str] | None) -> None:
-    """Take the launcher's SDPERF_* variables as they are now. A fork server keeps the environment of the moment
-    it started, so a process that changed them since (a test's folders, a new run id) would otherwise get
-    workers that read profiles and write results somewhere else."""
+    """Take the launcher's SDPERF_* variables as they are now: a fork server keeps those of the moment it started."""
     if env is None:
         return
     for k in [k for k in os.environ if k.startswith(ENV_PREFIX) and k not in env]:
@@ -201,9 +187,7 @@ LOG_ENV = "SDPERF_LOG"
 
 
 def to_log() -> None:
-    """Send this process's console output (libraries' progress bars, tracer warnings, C++ log lines) to the log of
-    the part of `sdperf run` that launched it (LOG_ENV, a notebook's or the rounds' .log beside its executed copy):
-    the console shows the study's own progress: a forked worker inherits the console of its fork server."""
+    """Send this process's console output to LOG_ENV, so the console shows only the study's own progress."""
     path = os.environ.get(LOG_ENV)
     if not path:
         return
@@ -219,9 +203,7 @@ def to_log() -> None:
 
 
 def run_to(spec: dict, out: Path) -> None:
-    """measure(), with its result (or the error that stopped it) written atomically into `out`. First of all, the
-    worker dies with its parent (the fork server, or the launcher itself) and ends at once if its launcher is
-    already gone (sdperf.measure.lifeline): no worker outlives its run."""
+    """measure(), its result or error written atomically into `out`; the worker dies with its parent (lifeline)."""
     from sdperf.measure import lifeline
 
     lifeline.die_with_parent()
