@@ -1,15 +1,9 @@
 """Controls that every quality run carries, so the budget itself is tested each time.
 
 A budget that reads "within" for everything proves nothing; one that reads "over" for an identical twin is broken.
-So each run judges, beside the techniques and by the same code:
-- a negative control, the fp32 twin: the converged solve made again by a fresh pipeline (every interval must
-  contain 0 and the verdict must be "within");
-- positive controls of known harm, which must read "over": a 4-step solve of the same sampler, and Gaussian noise
-  added to the UNet's output at every step at the profile's doses (cpu: two, one of them near the budget line;
-  smoke: the gross harm alone), the same noise on the conditional and unconditional halves, so the dose is a share
-  of the unit-variance noise the UNet predicts, not amplified by guidance.
-If any control reads otherwise, the run says the budget cannot be trusted and no stack is admitted (`trusted`).
-Controls are not techniques of the catalog (nothing here makes anything faster): they live here, found by key.
+So each run judges the fp32 twin (the converged solve made again: "within") and known harms ("over"): a 4-step
+solve, and Gaussian noise of the profile's doses on the UNet's output at every step (the same on both guidance
+halves, so a share of the unit-variance noise the UNet predicts). Otherwise no stack is admitted (`trusted`).
 """
 from __future__ import annotations
 
@@ -59,8 +53,7 @@ def is_control(key: str) -> bool:
 
 
 def add_output_noise(pipe, dose: float, seed: int = 0):
-    """Adds N(0, dose^2) to the UNet's output at every call, seeded, the same draw on both guidance halves (the
-    loop stacks [uncond, cond]); returns the hook's handle (remove() undoes it)."""
+    """Adds seeded N(0, dose^2) to the UNet's output at every call, the same on both guidance halves; the hook."""
     if dose < 0:
         raise ValueError(f"noise dose {dose!r} is not valid; choose a std >= 0")
     g = torch.Generator("cpu").manual_seed(seed)

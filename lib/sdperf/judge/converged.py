@@ -1,30 +1,15 @@
 """The converged fp32 solve: what every technique's quality on the reference model is judged against.
 
-A sampler's picture is a numerical solution of the model's probability-flow ODE from the image's noise; fp32
-PLMS at 50 steps (the seeds' setting) is one such solve, and at guidance 7.5 on the reference model not a converged
-one (it sits points of adherence below the same model solved to convergence). Judged against it, any technique that
-changes the sampler "gains" that deficit for free. So the reference here is the same fp32 model's solution run to
-convergence, from where the noise is: DPM-Solver++(2M) on Karras et al.'s noise levels (SOLVER), whose first step
-is at the last training timestep (t=999) and whose last at the first (t=0), whatever the model's scheduler config
-says. The SD 1.5 config's leading spacing would start it below (t=951 at 25 and 50 steps, t=801 at 200) and end it
-above (t=39 at 25), and a solve that never starts at the noise's level cannot converge to the solution from it,
-however many steps it takes. Uniform trailing spacing starts at t=999 but leaves its last step from
-t=1000/N to 0, an error that shrinks only as fast as that step: on the reference model it needed 100 steps where
-Karras's levels need 25.
+A sampler's picture solves the model's probability-flow ODE from the image's noise; fp32 PLMS-50 (the seeds'
+setting) is not converged at guidance 7.5, so judged against it any technique that changes the sampler "gains"
+that deficit for free. The reference is the model's solution run to convergence from where the noise is:
+DPM-Solver++(2M) on Karras et al.'s noise levels (SOLVER), from t=999 to t=0 whatever the scheduler config says
+(leading spacing never starts at the noise's level; trailing spacing's last step shrinks only as fast as 1/N).
 
-N is the first count in LADDER that passes two checks, each against SHARE of the fastest judged candidate's
-distance from the same solve:
-- doubling: the solve at 2N moves the final latents (mean squared error per element, the DPM-Solver papers'
-  measure) by less than that;
-- an independent solver (INDEPENDENT: Euler, another family, on another grid, from the same noise and the same
-  first timestep) lands within that of the solve at N. Doubling alone is fooled by a start or an end both solves
-  share; a solver of another family on its own fine grid is not.
-Both are stored with their numbers (`Convergence.rows`), so a reader sees why N is enough, and so is the distance of
-FORMER (the study's earlier reference, the model's leading spacing) to the independent solve.
-
-Solves are pure functions of the model's files, the captions, the noise seeds, the guidance, the solver and its
-steps: they are cached on disk under a key of exactly those (`Solver.key`), one file per chunk of CHUNK images, so
-a later run (or a longer one) reuses what an earlier one computed, and a run says how many it read back.
+N is the first count in LADDER whose two checks land within SHARE of the fastest judged candidate's distance: the
+solve at 2N moves the final latents (MSE per element) by less than that, and an independent solver (INDEPENDENT,
+another family on another grid: doubling alone is fooled by a start or an end both solves share) lands within that
+of the solve at N. Both are stored (`Convergence.rows`). Solves are cached on disk (`Solver.key`).
 """
 from __future__ import annotations
 
@@ -68,8 +53,7 @@ class Solve:
         return len(self.images)
 
     def problem(self, n: int) -> str | None:
-        """Why this solve, read back from a cache, is not `n` whole images: a count, a dtype or a rank other than
-        the render's, or a latent that is not finite; None when it is."""
+        """Why this solve, read back from a cache, is not `n` whole finite images of the render's dtypes, or None."""
         lat, img = self.latents, self.images
         if lat.dtype != torch.float32 or lat.ndim != 4 or img.dtype != np.uint8 or img.ndim != 4 or img.shape[-1] != 3:
             return (f"it holds latents {lat.dtype} {tuple(lat.shape)} and images {img.dtype} {tuple(img.shape)}, not "
@@ -93,16 +77,13 @@ Render = Callable[[str, int, list[str], list[int]], Solve]
 
 
 def cache_dir(scratch: Path) -> Path:
-    """The reference model's solves cache under a profile's scratch folder, shared by 12's curve and every judged
-    technique's reference (its keys hold the model's hash: another model never reads these)."""
+    """The reference model's solves cache under a profile's scratch folder, shared by 12's curve and the judging."""
     return Path(scratch) / "reference-techniques" / "converged"
 
 
 @dataclass
 class Solver:
-    """Cached fp32 solves of one model at one guidance. `render` makes the images; `model_hash` names the model's
-    files (a different model never reads another's solves); `schedule` is the model's noise-schedule config, from
-    which a sampler's first and last timesteps are read (`span`)."""
+    """Cached fp32 solves of one model at one guidance; `schedule`: the noise-schedule config `span` reads."""
 
     render: Render
     model_hash: str
@@ -126,11 +107,8 @@ class Solver:
         """The solves of these captions, chunk by chunk from the cache where present, rendered and stored where not."""
         if len(captions) != len(seeds):
             raise ValueError(f"{len(captions)} captions but {len(seeds)} seeds")
-        parts = []
-        for i in range(0, len(captions), CHUNK):
-            c, s = captions[i:i + CHUNK], seeds[i:i + CHUNK]
-            parts.append(self._chunk(sampler, steps, c, s))
-        return Solve.cat(parts)
+        return Solve.cat([self._chunk(sampler, steps, captions[i:i + CHUNK], seeds[i:i + CHUNK])
+                          for i in range(0, len(captions), CHUNK)])
 
     def _chunk(self, sampler: str, steps: int, captions: list[str], seeds: list[int]) -> Solve:
         path = self.cache / f"{self.key(sampler, steps, captions, seeds)}.npz" if self.cache else None
@@ -146,10 +124,7 @@ class Solver:
 
 
 def read(path: Path, n: int) -> tuple[Solve | None, dict]:
-    """(the solve of `n` images stored at `path`, the extra arrays stored with it), or (None, {}) when there is
-    none or it is not whole: an entry whose digest does not match, that cannot be read (truncated, not a zip) or
-    that does not hold `n` finite images of the render's dtypes is set aside (sdperf.store.verified) and rendered
-    again."""
+    """(the solve of `n` images at `path`, the extra arrays stored with it), or (None, {}) if none or not whole."""
     from sdperf.store import verified
 
     def load(p):
@@ -162,13 +137,10 @@ def read(path: Path, n: int) -> tuple[Solve | None, dict]:
 
 
 def store(path: Path, solve: Solve, **extra: np.ndarray) -> bool:
-    """Written whole or not at all (a temp file renamed into place) and sealed: a killed run leaves no torn cache
-    entry, and a write that fails (a full disk) keeps the solve computed now (sdperf.store.verified.write).
-    `extra` arrays are stored beside the latents and images (sdperf.judge.renders keeps a build's facts)."""
+    """Written whole or not at all and sealed (sdperf.store.verified.write), `extra` arrays beside the latents."""
     from sdperf.store import verified
 
-    return verified.write(path, lambda tmp: _savez(tmp, latents=solve.latents.numpy(), images=solve.images,
-                                                   **extra))
+    return verified.write(path, lambda tmp: _savez(tmp, latents=solve.latents.numpy(), images=solve.images, **extra))
 
 
 def _savez(path: str, **arrays: np.ndarray) -> None:
@@ -210,10 +182,7 @@ def converge(solver: Solver, captions: list[str], seeds: list[int], fastest: tup
              ladder: tuple[int, ...] = LADDER, share: float = SHARE,
              independent: tuple[str, int] = (INDEPENDENT, INDEPENDENT_STEPS),
              former: tuple[str, int] | None = FORMER, sampler: str = SOLVER) -> Convergence:
-    """The first count N in `ladder` at which both legs hold on these captions: the solve at 2N moves by less than
-    `share` of the fastest candidate's distance from it, and the `independent` solve lies within `share` of the
-    fastest candidate's distance from it. Without such an N the last count is returned, not converged. `former`
-    (a sampler and its steps) is measured against the independent solve too, for the record."""
+    """The first count N in `ladder` at which both legs hold (see the module), else the last, not converged."""
     name, fast_steps = fastest
     fast = solver.solve(captions, seeds, fast_steps, sampler=name)
     ind_name, ind_steps = independent

@@ -1,13 +1,11 @@
 """NeMo's FID-vs-CLIP protocol in miniature, on the reference model: adherence and domain FID over guidance.
 
-NeMo draws COCO captions, makes one image per caption at each guidance scale 1.5-8 with 50 PLMS steps, and plots
-FID against CLIP score. Here: `n` captions of the domain (domain_quality.PROMPT_SEED), caption i with noise seed i at every
-scale (common random numbers: points differ by guidance, not by noise), 50 PLMS steps; adherence (the CLIP
-analogue) with a BCa bootstrap interval over images, domain FID against held-out renders with a percentile
-bootstrap interval over the generated images, recentred on the estimate (resampling with replacement inflates FID).
+NeMo makes one image per COCO caption at each guidance 1.5-8 with 50 PLMS steps and plots FID against CLIP score.
+Here `n` domain captions, caption i with noise seed i at every scale, adherence standing in for CLIP score.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -20,17 +18,12 @@ from sdperf.refmodel import domain, domain_quality, evaluator
 
 NEMO_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
 MODEL = "the study's reference model (sdperf.refmodel, trained here; not SD 1.5)"
-
-
 SAMPLER = "plms"  # the curve's sampler, as the solves' cache names it (sdperf.judge.converged.Solver)
 
 
 def run(pipe, net: evaluator.Evaluator, real: domain_quality.Real, guidance_scales, n: int, steps: int,
         keep: int = 4, cache: Path | None = None, model_hash: str = "") -> tuple[pd.DataFrame, dict[float, np.ndarray]]:
-    """(one row per guidance scale, the first `keep` images of each scale for the samples grid). With `cache`, the
-    images are the reference model's solves cache's (pure in model, captions, noise, guidance, sampler and steps,
-    sdperf.judge.converged): a later run reads them back instead of rendering 2,400 images again, and its rows
-    say how many came from the cache (their time per image is then not measured: NaN)."""
+    """(a row per guidance scale, its first `keep` images); images read back from `cache` have no time (NaN)."""
     from sdperf.judge import converged
 
     items = domain_quality.prompts(n)
@@ -58,15 +51,12 @@ def run(pipe, net: evaluator.Evaluator, real: domain_quality.Real, guidance_scal
 
 
 def plot(table: pd.DataFrame, title: str):
-    """FID against adherence (NeMo's axes, CLIP -> adherence), and each against guidance, with 95% intervals. In
-    the first panel each point is coloured by its guidance scale, named in a legend beside the figure: points
-    close together (high adherence) would bury text labels."""
+    """FID against adherence (NeMo's axes, CLIP -> adherence), and each against guidance, with 95% intervals."""
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     ax = axes[0]
     xerr = np.vstack([table.adherence - table.adherence_lo, table.adherence_hi - table.adherence])
     yerr = np.vstack([table.domain_fid - table.fid_lo, table.fid_hi - table.domain_fid])
-    ax.errorbar(table.adherence, table.domain_fid, xerr=xerr, yerr=yerr, fmt="-", color="0.55", capsize=3,
-                zorder=1)
+    ax.errorbar(table.adherence, table.domain_fid, xerr=xerr, yerr=yerr, fmt="-", color="0.55", capsize=3, zorder=1)
     colors = plt.cm.viridis(np.linspace(0, 1, len(table)))
     for g, x, y, c in zip(table.guidance, table.adherence, table.domain_fid, colors):
         ax.scatter([x], [y], color=c, s=45, edgecolors="black", linewidths=0.6, zorder=3, label=f"{g:g}")
@@ -102,12 +92,8 @@ def grid(kept: dict[float, np.ndarray], captions: list[str]):
 
 
 def training_plot(folder, manifest: dict):
-    """The three stages' training losses (mean per logged window) from the stored training.json, with their
-    stage times from the manifest: what the committed model went through."""
-    import json
-    from pathlib import Path
-
-    curves = json.loads((Path(folder) / "training.json").read_text())
+    """The stages' training losses (mean per logged window) from the stored training.json, with their times."""
+    curves = _curves(folder)
     times = manifest.get("times_s", {})
     fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.2), squeeze=False)
     for ax, (stage, curve) in zip(axes[0], curves.items()):
@@ -126,21 +112,17 @@ def training_plot(folder, manifest: dict):
 METHOD = ("n captions of the reference domain, caption i with noise seed i at every scale, PLMS; adherence: mean "
           "over images [BCa bootstrap 95%]; domain FID: evaluator features vs held-out renders [percentile "
           "bootstrap 95% over generated images, recentred on the estimate]")
-
-
 RENDER_TIME_METHOD = ("wall time of this scale's generation and decoding in batches of 100 prompts, in the "
                       "notebook's kernel, / images (a cost of the curve, not a timing comparison)")
 
 
 def for_study(study, s, folder=None):
-    """Load and verify the committed reference model, run the curve at the profile's quality.reference_* settings
-    (`s`: sdperf.quality.quality_settings.QualitySettings), store its rows and figures. The model runs on the CPU."""
+    """The curve of the committed model at the profile's quality.reference_* settings, on the CPU, stored."""
+    from sdperf.core.paths import scratch_dir
+    from sdperf.judge import converged
     from sdperf.refmodel import storage
 
     guidance_scales, n, steps = s.reference_guidance_scales, s.reference_n_images, s.reference_steps
-    from sdperf.core.paths import scratch_dir
-    from sdperf.judge import converged
-
     pipe, net, manifest = storage.load(folder)
     real = domain_quality.Real.of(net, manifest["recipe"]["evaluator_held_out"])
     table, kept = run(pipe, net, real, guidance_scales, n, steps, cache=converged.cache_dir(scratch_dir(
@@ -176,14 +158,14 @@ def for_study(study, s, folder=None):
     return table, manifest
 
 
-def _training_n(folder) -> str:
-    """What the training figure's points are: logged windows per stage, read from training.json."""
-    import json
-    from pathlib import Path
+def _curves(folder) -> dict:
+    return json.loads((Path(folder) / "training.json").read_text())
 
-    curves = json.loads((Path(folder) / "training.json").read_text())
+
+def _training_n(folder) -> str:
+    """What the training figure's points are: logged windows per stage."""
     return "; ".join(f"{stage}: {len(c)} logged windows up to step {c[-1]['step'] if c else 0}"
-                     for stage, c in curves.items())
+                     for stage, c in _curves(folder).items())
 
 
 def _record(study, table: pd.DataFrame, manifest: dict) -> None:
@@ -205,8 +187,7 @@ def _record(study, table: pd.DataFrame, manifest: dict) -> None:
 
 
 def verdict(table: pd.DataFrame) -> str:
-    """The curve's shape in words, from the numbers: where adherence goes, where FID is lowest, which
-    differences the intervals resolve."""
+    """The curve's shape in words: where adherence goes, where FID is lowest, what the intervals resolve."""
     t = table.sort_values("guidance").reset_index(drop=True)
     first, last = t.iloc[0], t.iloc[-1]
     best_a = t.loc[t.adherence.idxmax()]

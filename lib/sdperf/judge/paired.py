@@ -1,22 +1,11 @@
 """Paired measures of one image set against the converged solve of the same captions and noise, and the budget.
 
-Per image, each with a 95% bootstrap interval (sdperf.refmodel.domain_quality: BCa for means of per-image deltas):
-- adherence delta: the share of caption claims the evaluator finds, technique minus converged;
-- soft adherence delta: the evaluator's probability of each claim (evaluator.soft_adherence), which does not
-  saturate near 1 as the 0/1 checks do, so a slight blur or colour drift registers;
-- latent MSE to the converged latents (the DPM-Solver++/DPM-Solver-v3 convergence measure);
-- image PSNR and SSIM against the converged image (torchmetrics' SSIM, Gaussian window);
-- distribution distances against the evaluator's held-out renders: domain FID (biased at small n) and KID
-  (torchmetrics' unbiased polynomial-kernel MMD), each as technique minus converged with both sets resampled with
-  the same indices (a paired bootstrap), recentred on the estimate.
-
-The budget (`decide`): adherence and soft adherence may each lose at most ADHERENCE_BUDGET (1 point); an interval
-wholly above the line is "within", wholly below "over", across it "undecided". FID and KID may rise at most
-DISTANCE_BUDGET_REL of the converged images' own value; they vote only where their interval resolves that margin
-(half-width at most the margin): at the study's image counts FID often cannot, and then the row says so and FID
-does not decide. Latent MSE, PSNR and SSIM describe the change and decide nothing (a solver's error in latent space
-is not a loss of quality by itself). Any deciding measure "over" makes the verdict "over"; all "within" makes it
-"within"; otherwise "undecided".
+Each with a 95% bootstrap interval: adherence and soft adherence deltas, latent MSE, image PSNR and SSIM against
+the converged images, domain FID and KID deltas against held-out renders (both sets resampled with the same
+indices, recentred). The budget (`decide`): adherence and soft adherence may each lose at most ADHERENCE_BUDGET
+(interval wholly above the line "within", wholly below "over", across it "undecided"); FID and KID may rise at most
+DISTANCE_BUDGET_REL of the converged images' own, voting only where their interval resolves that margin. Latent
+MSE, PSNR and SSIM decide nothing (a solver's latent error is not a loss of quality by itself). Any "over" decides.
 """
 from __future__ import annotations
 
@@ -32,7 +21,6 @@ DISTANCE_BUDGET_REL = 0.10  # FID / KID may rise at most 10% of the converged im
 HALF_WIDTH_GOAL = 0.005  # n large enough that the adherence interval's half-width is at most 0.5 point
 N_DISTANCE_RESAMPLES = 200
 WITHIN, OVER, UNDECIDED = "within budget", "over budget", "undecided"
-DECIDING = ("adherence", "soft_adherence", "fid", "kid")
 
 
 @dataclass
@@ -81,10 +69,7 @@ def ssim(images: np.ndarray, base: np.ndarray) -> np.ndarray:
 
 
 class KidTo:
-    """features -> KID against `real`: the unbiased MMD^2 with torchmetrics' cubic polynomial kernel, for sets of
-    unequal sizes (torchmetrics' own estimator divides both by the real set's size, so it needs equal subsets),
-    the real set's own term computed once for every set and resample scored against it; `resampled` scores many
-    resamples of one set from its kernel matrices, computed once."""
+    """features -> KID against `real`: the unbiased MMD^2 with torchmetrics' cubic kernel, for unequal set sizes."""
 
     def __init__(self, real: torch.Tensor):
         from torchmetrics.image.kid import poly_kernel
@@ -102,8 +87,7 @@ class KidTo:
             - 2 * float(self.kernel(self.real, f).mean())
 
     def resampled(self, fake: torch.Tensor, counts: np.ndarray) -> np.ndarray:
-        """The KID of each resample that `counts` (domain_quality.draws) describes: a resample's kernel sum is c' K c and
-        its diagonal c . diag(K) for its draw counts c, so one kernel matrix of the set serves every resample."""
+        """The KID of each resample `counts` describes: with draw counts c, its kernel sum is c' K c - c . diag(K)."""
         f, w = fake.double(), torch.as_tensor(counts, dtype=torch.float64)
         n = float(w[0].sum())
         k_ff = self.kernel(f, f)
@@ -123,8 +107,7 @@ def kid(fake: torch.Tensor, real: torch.Tensor) -> float:
 
 def distance_delta(variant: torch.Tensor, base: torch.Tensor, of, seed: int = 0,
                    n_resamples: int = N_DISTANCE_RESAMPLES) -> tuple[float, float, float]:
-    """(of(variant) - of(base), low, high): both sets resampled with the same indices each time, recentred; `of`
-    (domain_quality.FidTo, KidTo) scores all the resamples of a set at once."""
+    """(of(variant) - of(base), low, high): both sets resampled with the same indices, recentred (`of`: FidTo/KidTo)."""
     counts = domain_quality.draws(np.random.default_rng(seed), len(base), n_resamples)
     deltas = of.resampled(variant, counts) - of.resampled(base, counts)
     d = of(variant) - of(base)
@@ -144,8 +127,7 @@ def resolved(lo: float, hi: float, margin: float) -> bool:
 
 
 def measures(judged: Judged, base: Judged, real: domain_quality.Real) -> dict:
-    """Every paired measure of `judged` against the converged `base`, with intervals; the distances' margins from
-    `base`'s own FID and KID against `real`."""
+    """Every paired measure of `judged` against the converged `base`, with intervals and verdicts."""
     out = dict(n_images=len(judged))
     out["adherence"], out["adherence_lo"], out["adherence_hi"] = domain_quality.mean_interval(judged.adherence)
     out["adherence_delta"], out["adherence_delta_lo"], out["adherence_delta_hi"] = \
@@ -163,21 +145,18 @@ def measures(judged: Judged, base: Judged, real: domain_quality.Real) -> dict:
     out["ssim"], out["ssim_lo"], out["ssim_hi"] = domain_quality.mean_interval(ssim(judged.images, base.images))
     fid_of = domain_quality.fid_to(real)
     out["domain_fid"] = fid_of(judged.features)
-    out["fid_delta"], out["fid_delta_lo"], out["fid_delta_hi"] = distance_delta(judged.features, base.features,
-                                                                              fid_of)
+    out["fid_delta"], out["fid_delta_lo"], out["fid_delta_hi"] = distance_delta(judged.features, base.features, fid_of)
     kid_of = kid_to(real.features)
     base_fid, base_kid = fid_of(base.features), kid_of(base.features)
     out["kid"] = kid_of(judged.features)
-    out["kid_delta"], out["kid_delta_lo"], out["kid_delta_hi"] = distance_delta(judged.features, base.features,
-                                                                              kid_of)
+    out["kid_delta"], out["kid_delta_lo"], out["kid_delta_hi"] = distance_delta(judged.features, base.features, kid_of)
     out["fid_margin"], out["kid_margin"] = DISTANCE_BUDGET_REL * base_fid, DISTANCE_BUDGET_REL * max(base_kid, 0.0)
     out.update(decide(out))
     return out
 
 
 def decide(m: dict) -> dict:
-    """Each deciding measure's verdict (or why it does not vote) and the overall verdict, from the interval columns
-    alone (a table read back from results.csv decides the same as the one measured)."""
+    """Each deciding measure's verdict (or why it does not vote) and the overall one, from the interval columns."""
     votes = {"adherence": interval_verdict(m["adherence_delta_lo"], m["adherence_delta_hi"], -ADHERENCE_BUDGET),
              "soft_adherence": interval_verdict(m["soft_adherence_delta_lo"], m["soft_adherence_delta_hi"],
                                                 -ADHERENCE_BUDGET)}
@@ -193,8 +172,7 @@ def decide(m: dict) -> dict:
 
 
 def settled(adherence: np.ndarray, soft: np.ndarray) -> bool:
-    """Whether more images would change nothing the budget reads: each of the adherence and soft adherence
-    intervals is clear of the budget line or at most HALF_WIDTH_GOAL wide on each side."""
+    """Whether both adherence intervals are clear of the budget line or at most HALF_WIDTH_GOAL wide each side."""
     for deltas in (adherence, soft):
         _, lo, hi = domain_quality.mean_interval(deltas)
         if not (lo >= -ADHERENCE_BUDGET or hi < -ADHERENCE_BUDGET or (hi - lo) / 2 <= HALF_WIDTH_GOAL):

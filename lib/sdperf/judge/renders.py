@@ -1,16 +1,8 @@
 """A judged technique's renders on the reference model, cached on disk across runs of one machine.
 
-Judging a technique against the converged solve (sdperf.judge.techniques) renders its images batch by batch,
-and on a 2-core CPU that is most of 10's and 12's time. A batch's latents and images are a pure function of what
-goes in: the model's files, the technique's key, the code that builds and runs it (this package's technique, model
-and generation modules and sdperf.judge.technique_setup, hashed by content, so a commit that only touches the
-judging or the report keeps the cache), the libraries it runs on, the steps, guidance, captions, noise seeds and
-call shape (prompts per call, padding, grad mode), and the machine (an int8 kernel or an engine's summation order
-differs from one CPU to the next). A batch is stored under a key of exactly those, whole or not at all, so a resumed
-or repeated run on this machine renders and builds only what it lacks, and every row says how many of its images
-were read back.
-
-The controls are never cached: they check this run's rendering and judging, every run.
+A batch is a pure function of the model's files, the key, the code that builds and runs it (CODE, by content), the
+libraries, steps, guidance, captions, noise seeds, call shape and the machine (int8 kernels differ between CPUs),
+and is stored whole under a key of exactly those. The controls are never cached: they check this run's rendering.
 """
 from __future__ import annotations
 
@@ -30,8 +22,7 @@ from sdperf.optimizations.catalog import Stack
 # the code a render runs, relative to the sdperf package: a change to any of these files is a new key
 CODE = ("optimizations", "model", "imagegen/render.py", "refmodel/domain_quality.py", "judge/technique_setup.py",
         "refmodel/sdref.py", "refmodel/storage.py", "config/architectures.py")
-# the libraries every render runs on; a technique's own are its record's (Technique.packages): a new version of
-# any is a new key (absent ones are named absent)
+# the libraries every render runs on, beside a technique's own (Technique.packages): a new version is a new key
 LIBRARIES = ("torch", "diffusers", "transformers", "numpy")
 
 
@@ -94,8 +85,7 @@ class Cache:
         return self.folder / f"{self.name(captions, seeds)}.npz" if self.folder is not None else None
 
     def get(self, captions: list[str], seeds: list[int]) -> Solve | None:
-        """The batch when stored whole for exactly these captions and seeds; the facts its build recorded fill in
-        what `facts` lacks (no build ran here when every batch is read back)."""
+        """The batch when stored whole for these captions and seeds; its build's facts fill in what `facts` lacks."""
         path = self._path(captions, seeds)
         if path is None:
             return None

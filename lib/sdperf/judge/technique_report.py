@@ -1,9 +1,6 @@
 """The speed-vs-quality table of 12: each technique's paired quality delta on the reference model beside its
-stand-alone speed-up on SD 1.5 (random init) and the published quality cost where one exists.
-
-Two models, said in every column title: quality on the study's trained reference model (sdperf.refmodel), speed
-on the profile's SD architecture at random init, as notebooks 01-09 measured it in fresh processes on this machine
-at this commit (sdperf.select.standalone, by catalog key). A technique not timed alone here says so instead of a number.
+stand-alone speed-up on SD 1.5 at random init (sdperf.select.standalone, as notebooks 01-09 measured it on this
+machine) and the published quality cost where one exists. A technique not timed alone says so instead of a number.
 """
 from __future__ import annotations
 
@@ -16,19 +13,14 @@ from sdperf.judge import techniques
 
 QUALITY_MODEL = "reference model (trained here, sdref)"
 NOT_TIMED = "not timed alone on this machine at this commit"
-
-
 COLUMNS = ("n_images", "cached_images", "steps", "adherence", "adherence_delta", "adherence_delta_lo",
            "adherence_delta_hi", "soft_adherence_delta", "soft_adherence_delta_lo", "soft_adherence_delta_hi",
-           "latent_mse", "ssim",
-           "psnr_db_median", "fid_delta", "fid_delta_lo", "fid_delta_hi", "fid_verdict", "kid_delta", "kid_delta_lo",
-           "kid_delta_hi", "kid_verdict", "quality_verdict", "verdict_by_guidance")
+           "latent_mse", "ssim", "psnr_db_median", "fid_delta", "fid_delta_lo", "fid_delta_hi", "fid_verdict",
+           "kid_delta", "kid_delta_lo", "kid_delta_hi", "kid_verdict", "quality_verdict", "verdict_by_guidance")
 
 
 def table(study, quality: pd.DataFrame) -> pd.DataFrame:
-    """One row per key (the converged reference, the controls, fp32 PLMS-50, then each technique alone): quality
-    deltas against the converged solve with intervals and verdicts, the SD 1.5 speed-up with its range, the
-    published cost."""
+    """One row per key: quality deltas with intervals and verdicts, the SD 1.5 speed-up, the published cost."""
     from sdperf.select.standalone import standalone
 
     keys = [k for k in quality.key if _technique(k)]
@@ -64,8 +56,7 @@ def _technique(key: str) -> bool:
 
 
 def plot(study, quality: pd.DataFrame):
-    """Forest plot: each key's paired adherence and soft-adherence delta against the converged solve with its 95%
-    interval, the budget dashed; controls and the seeds' sampler drawn with the techniques."""
+    """Forest plot: each key's paired adherence and soft-adherence delta with its 95% interval, the budget dashed."""
     t = quality[(quality.status == "ok") & ~quality.key.astype(str).str.startswith(techniques.REFERENCE)].iloc[::-1]
     colors = {techniques.WITHIN: "tab:green", techniques.OVER: "tab:red", techniques.UNDECIDED: "tab:orange"}
     fig, axes = plt.subplots(1, 2, figsize=(12, 0.32 * len(t) + 1.8), sharey=True)

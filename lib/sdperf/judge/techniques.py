@@ -1,24 +1,11 @@
 """What each catalog technique costs in quality on the trained reference model, judged against the converged fp32
-solve of the same captions and noise, alone and stacked, with controls.
+solve of the same captions and noise (sdperf.judge.converged), alone and stacked, with controls.
 
 Random weights cannot say what int8, fewer steps, DeepCache or token merging do to a picture; the reference model
-can. The reference is not fp32 PLMS-50 (the seeds' setting, itself a poor solve at guidance 7.5) but the same fp32
-model's converged solution (sdperf.judge.converged: DPM-Solver++(2M) from the last training timestep, at the
-step count both legs of its convergence check accept, cached on disk). Each key is judged for what it alone
-changes:
-- a stack that names a sampler (`scheduler:<name>@<steps>`, alone or with other parts) runs that sampler at its steps;
-- a stack without one (a precision, an executor, int8, attention, caching, merging, a stage engine) runs the
-  converged solver at its steps, so its own error is all that moves;
-- fp32 PLMS at the seeds' steps (SEEDS_SAMPLER) is judged as a row of its own: its deficit is a finding;
-- the controls (sdperf.judge.controls) run every time and must read as they must, or no stack is admitted.
-Per key and guidance (the seeds' 7.5 and the profile's other judged guidances), every paired measure of
-sdperf.judge.paired with its interval, n sized by power: images come in batches of `n_step` until the
-adherence and soft-adherence intervals are clear of the budget line or half a point wide, or `n_max` is reached
-(the row then says its interval could not be resolved at that n). A key's verdict is its worst over the guidances.
-
-Rows go to results.csv under the calling notebook with the key, so 10 (which needs its candidates' verdicts) and
-12 (which shows them all) share one measurement per run: `for_study` measures only what this machine and commit
-lack, and verdicts are recomputed from the interval columns when read back (never parsed from prose).
+can. Each key is judged for what it alone changes: a stack that names a sampler runs it at its steps, any other
+the converged solver at its steps; fp32 PLMS-50 (SEEDS_SAMPLER) is a row of its own; the controls run every time.
+Per key and guidance, every paired measure of sdperf.judge.paired, n sized by power; a key's verdict is its worst
+over the guidances. 10 and 12 share one measurement per run through results.csv (`for_study`).
 """
 from __future__ import annotations
 
@@ -85,20 +72,18 @@ class Plan:
         return cls(guidances=tuple(s.reference_judge_guidances), n_max=s.reference_delta_images,
                    n_step=s.reference_delta_step, doses=tuple(s.reference_noise_doses),
                    ladder=tuple(s.reference_convergence_steps), check_images=s.reference_check_images,
-                   independent_steps=s.reference_independent_steps,
-                   key_budget_s=s.reference_key_budget_s, calibration_samples=s.reference_calibration_samples,
-                   fallbacks=s.reference_fallbacks)
+                   independent_steps=s.reference_independent_steps, key_budget_s=s.reference_key_budget_s,
+                   calibration_samples=s.reference_calibration_samples, fallbacks=s.reference_fallbacks)
 
     def text(self) -> str:
         few = sampler_key(converged.SOLVER, controls.FEW_STEPS)
         return (f"guidance {', '.join(f'{g:g}' for g in self.guidances)}; images in batches of {self.n_step} up to "
-                f"{self.n_max}; controls: fp32 twin, {few}, UNet-output noise {', '.join(f'{d:g}' for d in self.doses)}")
+                f"{self.n_max}; controls: fp32 twin, {few}, UNet-output noise "
+                f"{', '.join(f'{d:g}' for d in self.doses)}")
 
 
 def fastest_sampler(keys: list[str]) -> tuple[str, int]:
-    """The sampler ('<scheduler>[:<spacing>]') with the fewest steps among FASTEST_DEFAULT and the judged keys'
-    schedulers: the candidate whose distances from the doubled and the independent solve set the convergence
-    tolerance."""
+    """The fewest-steps sampler among FASTEST_DEFAULT and the keys' schedulers: it sets the convergence tolerance."""
     from sdperf.optimizations import catalog
 
     found = [(t.steps, t.sampler) for k in keys for t in catalog.Stack.of(k).techniques
@@ -128,8 +113,7 @@ class _Reference:
 
 
 class OverBudget(Exception):
-    """A key whose first batch would take longer than the plan's key_budget_s on this machine (half precision
-    without native CPU support, say): it is skipped, naming the prediction, instead of holding the run for it."""
+    """A key whose first batch would take longer than the plan's key_budget_s here: skipped, naming the prediction."""
 
     def __init__(self, predicted_s: float, per_call_s: float, calls: int, budget_s: float, n: int,
                  timed_on: str = "its second call"):
@@ -151,9 +135,7 @@ def _worst(verdicts) -> str:
 
 def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = None, scratch: Path | None = None,
             say: Callable[[str], None] = print) -> pd.DataFrame:
-    """One row per (key, guidance), each against the converged solve; `keys` are catalog stack keys or the plan's
-    control keys (sdperf.judge.controls). The reference's own rows are appended, its convergence check is in
-    `attrs`."""
+    """One row per (stack or control key, guidance) against the converged solve, the reference's own appended."""
     from sdperf.measure.comparison import release
     from sdperf.optimizations.catalog import Stack
     from sdperf.model.pipelines import build_from_weights, timestep_span
@@ -177,8 +159,8 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
     solver_pipe = functools.cache(fresh)  # the solves' own fp32 pipelines, one per sampler: nothing patches them
 
     def render_solve(sampler: str, steps: int, caps: list[str], sds: list[int], g: float) -> converged.Solve:
-        z, x = domain_quality.generate_with_latents(solver_pipe(sampler), caps, sds, g, steps, batch=SOLVE_BATCH, pad=False)
-        return converged.Solve(z, x)
+        return converged.Solve(*domain_quality.generate_with_latents(solver_pipe(sampler), caps, sds, g, steps,
+                                                                     batch=SOLVE_BATCH, pad=False))
 
     fastest = fastest_sampler(list(stacks))
     schedule = solver_pipe(converged.SOLVER).scheduler.sdperf_model_config  # the model's noise schedule
@@ -239,16 +221,15 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
                 say(f"{key} @ {g:g}: n={r['n_images']}{said}, adherence {r['adherence_delta']:+.4f} "
                     f"[{r['adherence_delta_lo']:+.4f}, {r['adherence_delta_hi']:+.4f}], soft "
                     f"{r['soft_adherence_delta']:+.4f}, latent MSE {r['latent_mse']:.4f}: {r['quality_verdict']}")
-        except OverBudget as exc:  # every guidance: the same calls cost the same at another guidance
-            say(f"{key}: skipped: {exc}")
+        except Exception as exc:  # recorded, at every guidance not done; the other keys still run
+            if isinstance(exc, OverBudget):  # the same calls cost the same at another guidance
+                status, note = "skipped", f"skipped: {exc}"
+                say(f"{key}: {note}")
+            else:
+                status, note = "failed", f"{type(exc).__name__}: {exc}"[:500]
+                say(f"{key}: failed: {note[:300]}")
             done = {r["guidance"] for r in rows if r["key"] == key}
-            rows += [dict(row, guidance=g, status="skipped", note=f"skipped: {exc}") for g in plan.guidances
-                     if g not in done]
-        except Exception as exc:  # recorded with its error; the other keys still run
-            msg = f"{type(exc).__name__}: {exc}"
-            say(f"{key}: failed: {msg[:300]}")
-            done = {r["guidance"] for r in rows if r["key"] == key}
-            rows += [dict(row, guidance=g, status="failed", note=msg[:500]) for g in plan.guidances if g not in done]
+            rows += [dict(row, guidance=g, status=status, note=note) for g in plan.guidances if g not in done]
         finally:
             built.clear()
             release()
@@ -258,14 +239,12 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
         n = plan.n_step if most is None or pd.isna(most) else int(most)  # no key judged here: one batch's worth
         base = ref.first(n)
         first, last = ref.solver.span(converged.SOLVER, ref.convergence.steps)
-        table = pd.concat([table, pd.DataFrame([dict(key=reference_key(ref.convergence.steps),
-                                                      label=ref.convergence.text(), family="reference", guidance=g,
-                                                      status="ok", steps=ref.convergence.steps, n_images=n,
-                                                      first_timestep=first, last_timestep=last,
-                                                      **_absolute(base, real))])], ignore_index=True)
+        own = dict(key=reference_key(ref.convergence.steps), label=ref.convergence.text(), family="reference",
+                   guidance=g, status="ok", steps=ref.convergence.steps, n_images=n, first_timestep=first,
+                   last_timestep=last, **_absolute(base, real))
+        table = pd.concat([table, pd.DataFrame([own])], ignore_index=True)
     table.attrs.update(manifest_commit=manifest["commit"], convergence=pd.DataFrame(conv_rows),
-                       former=pd.DataFrame(former_rows),
-                       cache_hits=sum(r.solver.hits for r in refs.values()),
+                       former=pd.DataFrame(former_rows), cache_hits=sum(r.solver.hits for r in refs.values()),
                        cache_made=sum(r.solver.made for r in refs.values()))
     return table
 
@@ -273,14 +252,11 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
 def _sequential(pipe: Callable, steps: int, grad_mode: str, guidance: float, ref: _Reference, plan: Plan,
                 real: domain_quality.Real, batch: int = RENDER_BATCH, aligned: bool = False, pad: bool = True,
                 cache: renders.Cache | None = None) -> dict:
-    """Images in batches of plan.n_step until the adherence intervals settle or plan.n_max is reached (`pipe()`
-    gives the pipeline, built when first called; `aligned`: each time the whole prefix again, in the reference's
-    own chunks; `pad`: every call at `batch` prompts, the static shape an engine needs; the controls' fp32
-    pipelines are called like the solves, never padded). With `cache`, a batch stored by an earlier run is read
-    back instead of rendered (and the pipeline is not built for it); a batch rendered here is stored."""
+    """Images in batches of plan.n_step until paired.settled or plan.n_max; `aligned`: the whole prefix again each
+    time, in the reference's chunks; `pad`: every call at `batch` prompts; `cache`: earlier batches read back."""
     def render(caps: list[str], seeds: list[int]) -> converged.Solve:
-        return converged.Solve(*domain_quality.generate_with_latents(pipe(), caps, seeds, guidance, steps, batch=batch,
-                                                               grad_mode=grad_mode, pad=pad))
+        return converged.Solve(*domain_quality.generate_with_latents(pipe(), caps, seeds, guidance, steps,
+                                                                     batch=batch, grad_mode=grad_mode, pad=pad))
 
     done: list[converged.Solve] = []
     n = 0
@@ -303,9 +279,7 @@ def _sequential(pipe: Callable, steps: int, grad_mode: str, guidance: float, ref
 
 def _batch(lo: int, stop: int, render: Callable, build: Callable, ref: _Reference, plan: Plan, batch: int,
            cache: renders.Cache | None) -> converged.Solve:
-    """Images lo..stop: read back from `cache` when stored there; else the pipeline is built first (`build()`,
-    untimed: a calibration or an export is set-up, not the renders the time gate predicts), the batch rendered (the
-    first one through the gate) and stored."""
+    """Images lo..stop from `cache`, else rendered (the build untimed: set-up is not what the gate predicts)."""
     caps, seeds = ref.captions[lo:stop], ref.seeds[lo:stop]
     hit = cache.get(caps, seeds) if cache is not None else None
     if hit is not None:
@@ -320,10 +294,7 @@ def _batch(lo: int, stop: int, render: Callable, build: Callable, ref: _Referenc
 
 
 def _gated_first_batch(render, ref: _Reference, plan: Plan, batch: int) -> list[converged.Solve]:
-    """The first batch, one call of `batch` prompts at a time (the same calls as in one go); after its second call
-    (the first may carry a compile or a lazy build) the whole batch's time is predicted and, over
-    plan.key_budget_s, OverBudget is raised with the prediction. A first call that alone takes longer than the
-    budget ends it at once (the rest can only add): a key without a fast kernel here costs one call, not two."""
+    """The first batch call by call: OverBudget when the second call (or the first alone) predicts it over budget."""
     stop = min(plan.n_step, plan.n_max)
     calls, done = -(-stop // batch), []
     for j, i in enumerate(range(0, stop, batch)):
@@ -347,7 +318,6 @@ def _facts(facts: dict) -> str:
     return "; ".join(f"{k}={v}" for k, v in facts.items() if k not in ("setup_peak_mib",))[:300]
 
 
-# ---------------------------------------------------------------- rows
 SCENARIO = "quality vs the converged solve"
 CACHED = ("of the row's images, those read back from the render cache of an earlier run on this machine "
           "(sdperf.judge.renders: same model, technique code, libraries, captions and noise); the rest were "
@@ -399,7 +369,7 @@ SPAN_METHOD = "the sampler's timesteps at its step count on the model's noise sc
 
 
 def _span_rows(common: dict, r: dict, n: int | None) -> list[dict]:
-    """The first and last timestep a row's sampler called the UNet at (the training's last is 999)."""
+    """The first and last timestep a row's sampler called the UNet at."""
     out = []
     for end in ("first", "last"):
         v = r.get(f"{end}_timestep")
@@ -414,15 +384,13 @@ def _legs_method(what: str) -> str:
 
 
 def convergence_rows(conv: pd.DataFrame | None, former: pd.DataFrame | None) -> list[dict]:
-    """Both legs of the convergence check per step count tried, and the former reference's distance to the
-    independent solve, as results rows."""
+    """Both legs of the convergence check per step count, and the former reference's distance, as results rows."""
     rows = []
     for c in ([] if conv is None else conv.to_dict("records")):
         sc = f"{CONVERGENCE}: {converged.SOLVER}, guidance {c['guidance']:g}"
         key = reference_key(c["steps"])
         chosen = bool(c["steps"] == c["chosen"] and c["converged"])
-        double = dict(scenario=sc, key=key, n=c["n_images"],
-                      method=_legs_method(f"the {c['doubled']}-step solve"))
+        double = dict(scenario=sc, key=key, n=c["n_images"], method=_legs_method(f"the {c['doubled']}-step solve"))
         ind = dict(double, method=_legs_method(f"the independent {c['independent']} solve from the same noise"))
         passes = {leg: "within" if c[leg] < converged.SHARE else "NOT within" for leg in ("share", "independent_share")}
         rows += [dict(double, metric="convergence_moved_mse", value=c["moved_mse"], unit="",
@@ -463,8 +431,7 @@ def convergence_rows(conv: pd.DataFrame | None, former: pd.DataFrame | None) -> 
 
 
 def reuse_sentence(results) -> str | None:
-    """What the quality judging read back from the render cache of an earlier run on this machine instead of
-    rendering (sdperf.judge.renders), from the rows' reference_cached_images column; None without such rows."""
+    """What the judging read back from the render cache instead of rendering; None without such rows."""
     rows = results[results["metric"] == "reference_cached_images"] if "metric" in results else results.iloc[:0]
     rows = rows[(rows["status"] == "ok") & ~rows["key"].astype(str).map(
         lambda k: controls.is_control(k) or k.startswith(REFERENCE))]
@@ -488,8 +455,7 @@ def _finite(x: float) -> float | None:
 
 
 def from_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """The table `measure` returned (one row per key and guidance), rebuilt from results rows, verdicts recomputed
-    from the interval columns (paired.decide)."""
+    """`measure`'s table rebuilt from results rows, verdicts recomputed from the interval columns (paired.decide)."""
     if rows.empty or "scenario" not in rows:
         return pd.DataFrame()
     t = rows[rows.scenario.astype(str).str.startswith(SCENARIO + ": ")]
@@ -519,18 +485,15 @@ def from_rows(rows: pd.DataFrame) -> pd.DataFrame:
                 row["psnr_db_p10"] = math.inf if pd.isna(p.p10) else p.p10
             if "adherence_delta_lo" in row and "fid_margin" in row:
                 row.update(paired.decide(row))
-            if "reference_sampler_steps" in by:
-                row["steps"] = int(by["reference_sampler_steps"].value)
-            if "reference_cached_images" in by:
-                row["cached_images"] = int(by["reference_cached_images"].value)
+            for metric, col in (("reference_sampler_steps", "steps"), ("reference_cached_images", "cached_images")):
+                if metric in by:
+                    row[col] = int(by[metric].value)
         out.append(row)
     return pd.DataFrame(out)
 
 
 def convergence_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """The convergence check as a table from results rows: per guidance and step count tried, both legs (moved and
-    the fastest's distance against the doubled solve, and against the independent one), their shares, the
-    timesteps and whether the count was chosen."""
+    """The convergence check from results rows: per guidance and step count, both legs and whether it was chosen."""
     if rows.empty or "scenario" not in rows:
         return pd.DataFrame()
     t = rows[rows.scenario.astype(str).str.startswith(CONVERGENCE + ": ")]
@@ -567,9 +530,7 @@ def former_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def convergence_sentence(rows: pd.DataFrame) -> str | None:
-    """The reference in words, from results rows at the first guidance checked: its solve, where it starts and
-    ends, both legs with their distances and shares, and the former reference's distance to the same independent
-    solve; None without rows."""
+    """The reference in words at the first guidance checked, with both legs and the former's; None without rows."""
     conv = convergence_from_rows(rows)
     if conv.empty:
         return None
@@ -614,8 +575,7 @@ def converged_at(convergence: pd.DataFrame, guidances: tuple[float, ...]) -> tup
 
 
 def overall(table: pd.DataFrame, guidances: tuple[float, ...] = (GUIDANCE,)) -> pd.DataFrame:
-    """One row per key: the numbers at the first judged guidance, the verdict the worst over all of them (a key is
-    within only where it is within at every guidance), and each guidance's verdict."""
+    """One row per key: the numbers at the first guidance, the verdict the worst over all, each one's verdict."""
     if table.empty:
         return table
     first, out = guidances[0], []
@@ -635,8 +595,7 @@ def overall(table: pd.DataFrame, guidances: tuple[float, ...] = (GUIDANCE,)) -> 
 
 
 def trust(table: pd.DataFrame, plan: Plan, convergence: pd.DataFrame | None = None) -> tuple[bool, list[str]]:
-    """Whether every control read what it must, at every guidance, and (given the convergence check's table) the
-    reference passed both legs of its convergence check there: a reference that is not converged admits nothing."""
+    """Whether every control read what it must and (given `convergence`) the reference converged, per guidance."""
     cs = controls.defaults(plan.doses)
     ok, bad = (True, []) if convergence is None else converged_at(convergence, plan.guidances)
     for g in plan.guidances:
@@ -650,17 +609,15 @@ def trust(table: pd.DataFrame, plan: Plan, convergence: pd.DataFrame | None = No
 
 def for_study(study, keys: list[str], plan: Plan, *, folder: Path | None = None,
               say: Callable[[str], None] = print) -> pd.DataFrame:
-    """The per-key quality table of `keys` for this run (overall verdicts; the per-guidance table, the controls'
-    verdict and the convergence check in attrs): rows of this machine and commit are read back, what they lack is
-    measured (the controls and the seeds' sampler always with the first measurement) and recorded."""
+    """The per-key quality table of `keys` (per guidance, trust and convergence in attrs): rows of this machine and
+    commit read back, what they lack measured (with the controls and the seeds' sampler) and recorded."""
     from sdperf.optimizations.catalog import Stack
     from sdperf.core.paths import scratch_dir
     from sdperf.refmodel import storage
 
     for k in keys:  # unknown keys fail before anything is read or loaded
         Stack.of(k)
-    wanted = [c.key for c in controls.defaults(plan.doses)] + [SEEDS_SAMPLER] + [k for k in keys
-                                                                                 if k != SEEDS_SAMPLER]
+    wanted = [c.key for c in controls.defaults(plan.doses)] + [SEEDS_SAMPLER] + [k for k in keys if k != SEEDS_SAMPLER]
 
     def judged(wanted: list[str]) -> pd.DataFrame:
         have = _matching(from_rows(study.recorder.current()), plan)
@@ -700,8 +657,7 @@ def for_study(study, keys: list[str], plan: Plan, *, folder: Path | None = None,
 
 
 def fallbacks(table: pd.DataFrame) -> dict[str, list[str]]:
-    """{technique key over the budget alone: what the field uses instead (its techniques' catalog `fallbacks`)},
-    read from an overall table's quality_verdict column (controls and the reference never have any)."""
+    """{technique key over the budget alone: what the field uses instead (its catalog `fallbacks`)}."""
     from sdperf.optimizations.catalog import Stack
 
     out = {}

@@ -1,9 +1,7 @@
-"""What a verdict on the reference model may say about SD 1.5, technique by technique, beside the published SD 1.5 costs.
+"""What a verdict on the reference model may say about SD 1.5, technique by technique, beside the published costs.
 
-Quality is measured on the study's small trained model (sdperf.refmodel), speed on the real SD architectures at
-random init: a reader must be told which quality findings carry over to SD 1.5 and which may not. The reasons are
-properties of each kind of technique, stated in its catalog record (Technique.transfer, not inferred from
-numbers); the published costs come from the published table (sdperf.config.published) with their sources.
+Quality is measured on the small trained model, speed on the real SD architectures, so a reader must be told which
+findings carry over: each catalog record says why (Technique.transfer); the costs are sdperf.config.published's.
 """
 from __future__ import annotations
 
@@ -16,8 +14,7 @@ UNKNOWN = ("unknown", "no statement for this technique")
 
 
 def statement(key: str) -> tuple[str, str]:
-    """(does the reference model's verdict on `key` transfer to SD 1.5?, why), from its catalog record
-    (Technique.transfer); a stack says what its first output-changing part says, the one most likely not to."""
+    """(does the verdict on `key` transfer to SD 1.5?, why); a stack's is its first output-changing part's."""
     try:
         techs = Stack.of(str(key)).techniques
     except ConfigError:
@@ -28,8 +25,7 @@ def statement(key: str) -> tuple[str, str]:
 
 
 def table(quality: pd.DataFrame) -> pd.DataFrame:
-    """One row per judged technique (sdperf.judge.techniques.overall's table): its verdict here, whether that
-    transfers to SD 1.5 and why, and the published SD 1.5 cost where one exists."""
+    """Per judged technique of `quality`: its verdict, whether it transfers and why, the published SD 1.5 cost."""
     from sdperf.config import published
     from sdperf.judge import controls, techniques
 
@@ -49,8 +45,7 @@ def table(quality: pd.DataFrame) -> pd.DataFrame:
 
 
 def sentence(rows: pd.DataFrame) -> str | None:
-    """The first screen's statement of what quality was judged against and what of it transfers to SD 1.5, from
-    results rows (None before any row of the converged-solve scheme exists)."""
+    """The first screen's statement of what quality was judged against and what transfers; None without rows."""
     from sdperf.judge import techniques
 
     t = techniques.from_rows(rows)

@@ -1,14 +1,8 @@
 """A captioned image domain the study generates itself: one or two shapes on a plain background.
 
-Every scene is a pure function of (seed, index), so the domain is unlimited and reproducible, and its ground truth
-is exact: which shape of which colour and size sits in which quadrant, and the background. Captions say all of it
-in words ("a small red circle at the top left and a large blue square at the bottom right on a dark background"),
-so a text-to-image model must read every word to draw the scene, guidance has something to sharpen, and the
-failures a speed-up can cause are visible and countable: a wrong colour (bleeding), a missing or extra object
-(count), a shape in the wrong quadrant (position), a blurred shape that reads as another (blur).
-
-Images are drawn at 4x the resolution and downsampled with a box filter, so edges are anti-aliased as a
-photograph's would be and small shapes stay distinguishable at 32 px.
+Every scene is a pure function of (seed, index), so the domain is unlimited and its ground truth exact. Captions say
+all of it, so a model must read every word and a speed-up's failures are countable (a wrong colour, a missing or
+extra object, a wrong quadrant). Images are drawn at SUPERSAMPLE x the resolution and box-filtered down.
 """
 from __future__ import annotations
 
@@ -95,11 +89,8 @@ def render_many(items: list[Scene], resolution: int) -> np.ndarray:
     return np.stack([render(s, resolution) for s in items])
 
 
-# ---------------------------------------------------------------- ground truth
-
 def labels(s: Scene) -> np.ndarray:
-    """Per quadrant (shape: NONE or 1 + SHAPES index, colour index, size index; IGNORE where empty), then the
-    background index: 13 integers."""
+    """Per quadrant (shape: NONE or 1 + SHAPES index, colour, size: IGNORE where empty), then the background."""
     out = [NONE, IGNORE, IGNORE] * len(POSITIONS)
     for t in s.things:
         out[3 * t.position: 3 * t.position + 3] = [1 + SHAPES.index(t.shape), tuple(COLOURS).index(t.colour),
@@ -130,7 +121,6 @@ def vocabulary() -> list[str]:
 
 def distinct_captions() -> int:
     """How many different captions the domain has (positions unordered, jitter not in words)."""
-    per_thing = len(SHAPES) * len(COLOURS) * len(SIZES)
-    n_pos = len(POSITIONS)
+    per_thing, n_pos = len(SHAPES) * len(COLOURS) * len(SIZES), len(POSITIONS)
     pairs = n_pos * (n_pos - 1) // 2
     return (n_pos * per_thing + pairs * per_thing ** 2) * len(BACKGROUNDS)

@@ -1,9 +1,7 @@
 """Judging images of the reference domain: adherence and domain FID with bootstrap intervals, paired deltas.
 
-Images come from the study's one generation path (`sdperf.imagegen.render.render_workloads`: the loop of
-`sdperf.model.generation`, one noise seed per image, many prompts of one guidance scale per UNet call). Prompts are
-captions of scenes drawn from PROMPT_SEED, which no training stage or held-out set uses; the FID's real side is the
-evaluator's held-out renders.
+Images come from the study's one generation path (`sdperf.imagegen.render`); prompts are captions drawn from
+PROMPT_SEED, which no training stage or held-out set uses.
 """
 from __future__ import annotations
 
@@ -25,11 +23,8 @@ def prompts(n: int) -> list[domain.Scene]:
 
 def generate(pipe, captions: list[str], seeds: list[int], guidance: float, steps: int,
              batch: int = 100, grad_mode: str = "inference_mode", pad: bool = True) -> np.ndarray:
-    """uint8 NHWC images, caption i with latent seed i, `batch` prompts per UNet call, under `grad_mode`.
-    With `pad` a last, shorter batch is padded with repeats of its last prompt (and the padding dropped), so every
-    UNet call has one shape: what an engine compiled for static shapes needs. An fp32 pipeline has no static shape
-    to fill: without `pad` the last call is just shorter (a 64-image chunk padded to 100 cost 43.1 s, unpadded
-    24.4 s, reference model at PLMS-50)."""
+    """uint8 NHWC images, caption i with latent seed i, `batch` prompts per UNet call, under `grad_mode`; `pad`
+    repeats a short last batch's last prompt (dropped after), so every call has an engine's static shape."""
     return generate_with_latents(pipe, captions, seeds, guidance, steps, batch, grad_mode, pad)[1]
 
 
@@ -61,9 +56,7 @@ class Real:
 
     @classmethod
     def of(cls, net: evaluator.Evaluator, n: int) -> "Real":
-        """Computed once per process for these evaluator weights, n and resolution (2,000 renders through the
-        evaluator: 3.3 s on one thread), then handed out as a copy: every judging call
-        (sdperf.judge.techniques.measure, the reference curve, the training's last check) asks for the same set."""
+        """Computed once per process for these evaluator weights, n and resolution, then handed out as a copy."""
         from sdperf.optimizations.artefacts import weights_digest
 
         key = (weights_digest(net), int(n), int(net.resolution))
@@ -83,15 +76,12 @@ def _mu_sigma(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def draws(rng: np.random.Generator, n: int, n_resamples: int) -> np.ndarray:
-    """How often each of n items is drawn in each resample with replacement (n_resamples x n), from the draws
-    `rng.integers(n, size=n)` makes one resample after another: a statistic of sums (a mean, a covariance, a kernel
-    sum) is then a weighted sum over the items, computed for every resample at once."""
+    """How often each of n items is drawn in each resample with replacement (n_resamples x n): weights of sums."""
     return np.stack([np.bincount(rng.integers(n, size=n), minlength=n) for _ in range(n_resamples)])
 
 
 class FidTo:
-    """features -> FID against `real` (sdperf.quality.fid's Frechet distance), the real side's statistics computed
-    once for every set and resample scored against it; `resampled` scores many resamples of one set in one go."""
+    """features -> FID against `real` (sdperf.quality.fid), the real side's statistics computed once."""
 
     def __init__(self, real: Real):
         self.mu, self.sigma = _mu_sigma(real.features)
@@ -102,8 +92,7 @@ class FidTo:
         return fid.frechet_distance(*_mu_sigma(fake), self.mu, self.sigma)
 
     def resampled(self, fake: torch.Tensor, counts: np.ndarray) -> np.ndarray:
-        """The FID of each resample of `fake` that `counts` (draws) describes: its mean and unbiased covariance
-        from weighted sums, as torchmetrics derives them from a set's sums."""
+        """The FID of each resample of `fake` that `counts` (draws) describes, from weighted sums."""
         from sdperf.quality import fid
 
         x, w = fake.double(), torch.as_tensor(counts, dtype=torch.float64)
@@ -124,12 +113,7 @@ def domain_fid(fake: torch.Tensor, real: Real) -> float:
 
 
 def recentred(estimate: float, resampled, confidence: float = None) -> tuple[float, float]:
-    """A percentile bootstrap interval moved so that the resamples' mean sits on the estimate.
-
-    Resampling images with replacement repeats some of them, which inflates FID (its mean term alone gains about
-    tr(Sigma)/n): on the reference model's 500 images the raw percentiles of FID lay wholly above the estimate
-    (32.6 vs [43.5, 58.6]). The spread of the resamples is what the bootstrap measures well, so the interval keeps
-    it and drops the shift: a statement about FID's variability at this n, around the value reported."""
+    """A percentile bootstrap interval shifted so the resamples' mean sits on the estimate (resampling inflates FID)."""
     confidence = CONFIDENCE if confidence is None else confidence
     values = np.asarray(resampled, dtype=float)
     lo, hi = np.percentile(values, [100 * (1 - confidence) / 2, 100 * (1 + confidence) / 2])
@@ -138,8 +122,7 @@ def recentred(estimate: float, resampled, confidence: float = None) -> tuple[flo
 
 
 def fid_interval(fake: torch.Tensor, real: Real, seed: int = 0, n_resamples: int = 200) -> tuple[float, float]:
-    """FID's spread from the generated sample (the real side fixed): a percentile bootstrap over the generated
-    images, recentred on the estimate (see `recentred`)."""
+    """FID's spread from the generated sample (the real side fixed), recentred on the estimate."""
     fid_of = fid_to(real)
     return recentred(fid_of(fake), fid_of.resampled(fake, draws(np.random.default_rng(seed), len(fake), n_resamples)))
 

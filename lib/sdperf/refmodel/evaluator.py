@@ -1,16 +1,8 @@
 """A small CNN that reads a scene's ground truth back from an image: the study's CLIP and Inception in one.
 
-It predicts, for each quadrant, which shape is there (or none), its colour and size, and the background. From that:
-- **prompt adherence**: the share of a caption's claims the evaluator finds in an image (each object present at its
-  position, its shape, colour and size; the object count; the background), GenEval's object/attribute checks on
-  a domain where they are exact;
-- **domain FID**: the Frechet distance of its penultimate features (EMBED numbers per image) between generated
-  images and held-out renders, as FID on MNIST uses a LeNet's, computed by `sdperf.quality.fid`;
-- **its own accuracy** on held-out renders (the adherence of real images to their own captions, and per head),
-  which must reach `MIN_ACCURACY` before any verdict of it is used.
-
-It trains on fresh renders every step (the domain is unlimited), lightly blurred and noised so that a correct but
-slightly soft generated image is not judged wrong.
+It predicts each quadrant's shape (or none), colour and size, and the background: hence **prompt adherence**
+(GenEval's object/attribute checks, exact here) and **domain FID** (on its EMBED features, as FID on MNIST uses a
+LeNet's). It trains on fresh renders, lightly blurred and noised so that a slightly soft image is not judged wrong.
 """
 from __future__ import annotations
 
@@ -26,9 +18,8 @@ from sdperf.refmodel import domain, loop
 
 EMBED = 64  # penultimate features: the domain FID's feature space
 HELD_OUT_SEED = 1_000_003  # the held-out renders' seed; no training stage draws from it
-MIN_ACCURACY = 0.98
-GATED = ("shape", "colour", "size", "background", "adherence")  # what MIN_ACCURACY applies to (whole-scene
-#                                                                exact match is reported, not gated)
+MIN_ACCURACY = 0.98  # on held-out renders, before any verdict of the evaluator is used
+GATED = ("shape", "colour", "size", "background", "adherence")  # what MIN_ACCURACY applies to (not "scene")
 N_QUADRANTS = len(domain.POSITIONS)
 N_SHAPE, N_COLOUR, N_SIZE, N_BACKGROUND = 1 + len(domain.SHAPES), len(domain.COLOURS), len(domain.SIZES), \
     len(domain.BACKGROUNDS)
@@ -68,8 +59,7 @@ def to_input(images: np.ndarray | torch.Tensor) -> torch.Tensor:
     x = torch.as_tensor(images)
     if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[-1] != 3:
         raise ValueError(f"expected uint8 images of shape (N, H, W, 3), got {x.dtype} {tuple(x.shape)}")
-    # contiguous NCHW: a channels-last view of the caller's buffer made oneDNN's result depend on that buffer (the
-    # same images, copied, scored up to 1.6e-6 apart), so a twin of identical images would not read exactly 0
+    # contiguous NCHW: on a channels-last view oneDNN's result depends on the buffer, so twins would not read 0
     return x.permute(0, 3, 1, 2).contiguous().float().div(127.5).sub(1.0)
 
 
@@ -102,8 +92,7 @@ def predict(net: Evaluator, images, batch: int = 256) -> np.ndarray:
 
 @torch.inference_mode()
 def probabilities(net: Evaluator, images, batch: int = 256) -> dict[str, np.ndarray]:
-    """Each head's softmax per image (shape, colour, size: (N, quadrants, classes); background: (N, classes)):
-    what `soft_adherence` reads, where `predict` keeps only the argmax."""
+    """Each head's softmax per image (shape, colour, size: (N, quadrants, classes); background: (N, classes))."""
     net.eval()
     parts: dict[str, list] = {}
     for i in range(0, len(images), batch):
@@ -119,14 +108,8 @@ def features(net: Evaluator, images, batch: int = 256) -> torch.Tensor:
     return torch.cat([net.features(to_input(images[i:i + batch])).double() for i in range(0, len(images), batch)])
 
 
-# ---------------------------------------------------------------- verdicts
-
 def adherence_checks(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    """Per image, the share of its caption's claims (domain.attributes) found in the prediction.
-
-    Each object of the caption gives four claims: something is at its quadrant, and it has the caption's shape,
-    colour and size there (a missing object fails all four). Then the set of occupied quadrants equals the
-    caption's (no extra, none missing), and the background."""
+    """Per image, the share of its caption's claims (domain.attributes) found in the prediction."""
     predicted, truth = np.atleast_2d(predicted), np.atleast_2d(truth)
     p = predicted[:, :3 * N_QUADRANTS].reshape(len(predicted), N_QUADRANTS, 3)
     t = truth[:, :3 * N_QUADRANTS].reshape(len(truth), N_QUADRANTS, 3)
@@ -141,10 +124,7 @@ def adherence_checks(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 
 def soft_adherence(probs: dict[str, np.ndarray], truth: np.ndarray) -> np.ndarray:
-    """Per image, the evaluator's mean probability of each claim `adherence_checks` counts, the same claims: an
-    object at its quadrant (1 - P(none)), its shape, colour and size there, the occupied set (the product over
-    quadrants of P(occupied as claimed)), the background. It does not saturate as the 0/1 checks do near 1: a slight
-    blur or colour drift that leaves every argmax right still lowers it."""
+    """Per image, the mean probability of each claim `adherence_checks` counts: unlike them, it does not saturate."""
     truth = np.atleast_2d(truth)
     t = truth[:, :3 * N_QUADRANTS].reshape(len(truth), N_QUADRANTS, 3)
     mentioned = t[..., 0] != domain.NONE
@@ -180,8 +160,6 @@ def held_out(n: int, resolution: int) -> tuple[list[domain.Scene], np.ndarray]:
     return items, domain.render_many(items, resolution)
 
 
-# ---------------------------------------------------------------- training
-
 def _augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """Mild blur on a third of the images and a little Gaussian noise on all."""
     from torchvision.transforms.functional import gaussian_blur
@@ -209,8 +187,7 @@ def worst(acc: dict[str, float]) -> float:
 
 def train(seed: int, resolution: int, steps: int, batch: int, checkpoint: Path, lr: float = 3e-3,
           n_held_out: int = 2000, show: bool = True) -> Trained:
-    """Train on fresh renders of `seed` (step s draws scenes [s * batch, (s + 1) * batch)), resumably, and test on
-    the held-out renders."""
+    """Train on fresh renders of `seed` (step s: scenes [s * batch, (s + 1) * batch)), resumably; test on held out."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = Evaluator(resolution)

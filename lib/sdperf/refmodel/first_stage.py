@@ -1,9 +1,7 @@
 """The reference model's first stage: its AutoencoderKL, and the training set encoded into latents once.
 
-The autoencoder learns to reconstruct fresh renders (L1 reconstruction plus a small KL term, SD's first-stage
-objective without its perceptual and adversarial terms, which need pretrained networks). The UNet then trains on
-the posterior means of `train_scenes` renders, scaled to unit variance as SD's 0.18215 does for its VAE; that scale
-goes into the VAE's config, where StableDiffusionPipeline reads it.
+The autoencoder reconstructs fresh renders (L1 plus a small KL term: SD's objective without pretrained networks).
+The UNet trains on posterior means scaled to unit variance (SD's 0.18215), the scale stored in the VAE's config.
 """
 from __future__ import annotations
 
@@ -49,8 +47,7 @@ def train_vae(recipe: Recipe, checkpoint: Path, show: bool = True):
 
 @torch.inference_mode()
 def reconstruction_accuracy(vae, net, n: int, resolution: int) -> dict[str, float]:
-    """The evaluator's reading of the autoencoder's reconstructions of n held-out renders (posterior means): what
-    the diffusion model can at best reach, since every image it makes goes through this decoder."""
+    """The evaluator's reading of the autoencoder's reconstructions of n held-out renders: the UNet's ceiling."""
     from sdperf.imagegen.render import to_uint8
     from sdperf.refmodel import evaluator
 
@@ -63,8 +60,7 @@ def reconstruction_accuracy(vae, net, n: int, resolution: int) -> dict[str, floa
 
 @torch.inference_mode()
 def encode_training_set(recipe: Recipe, vae, tokenizer, batch: int = 500) -> dict:
-    """The UNet's data: scaled latents, the token ids of each distinct caption, which caption each latent has,
-    and the ids of the empty caption (the unconditional input)."""
+    """The UNet's data: scaled latents, each distinct caption's token ids, each latent's caption, the empty ids."""
     items = domain.scenes(recipe.seed + TRAIN_SET_SEED_OFFSET, recipe.train_scenes)
     means = []
     for i in range(0, len(items), batch):

@@ -1,9 +1,7 @@
 """A resumable training loop: checkpoints written atomically, so a killed stage resumes where it saved.
 
-Every stage of `sdperf train-reference` is `run(path, parts, steps, step_fn)`: `parts` are the objects whose state
-must survive a kill (modules, optimizers, learning-rate schedules, EMA copies, random generators), `step_fn(step)`
-takes step `step` and returns its loss. A step's data is drawn from the step number alone, and the noise
-generator's state is one of the parts, so a resumed run takes the same steps an uninterrupted one would.
+`parts` hold every state that must survive a kill, and `step_fn(step)` draws its data from the step number alone,
+so a resumed run takes an uninterrupted one's steps.
 """
 from __future__ import annotations
 
@@ -59,11 +57,8 @@ def cosine_with_warmup(optimizer, warmup: int, total: int):
 
 def run(path: Path, parts: dict, steps: int, step_fn, every: int = 200, desc: str = "", show: bool = True,
         on_save=None, write: bool = True) -> list[dict]:
-    """Take steps [saved step, steps) and return the training curve [{step, loss}] (mean loss per CURVE_EVERY).
-
-    The checkpoint at `path` is written every `every` steps and at the end; `on_save(step)` runs after each write
-    (a test kills the process there). Under torchrun every rank collects the parts' states (a part may gather
-    across ranks) and only the rank with `write` writes them."""
+    """Take steps [saved step, steps), checkpointing every `every` and at the end (then `on_save(step)`; under
+    torchrun only the rank with `write` writes), and return the curve [{step, loss}] (mean per CURVE_EVERY)."""
     from tqdm.auto import tqdm
 
     path = Path(path)

@@ -1,10 +1,7 @@
 """A model folder's manifest.json, checked so that it covers the folder: what loads is exactly what was hashed.
 
-A manifest that lists files proves nothing about the files it leaves out: with an empty list nothing was checked and
-a tampered UNet loaded; an entry `../../etc/passwd` made the check read outside the folder. So `verify` refuses a
-manifest with no files, entries that are not plain relative paths inside the folder (absolute, `..`, or a symlink
-out of it), and any file in the folder the manifest does not list. Files are hashed in chunks, never read whole.
-No torch here: `weights:` folders are checked with this before diffusers loads them.
+A manifest proves nothing about the files it leaves out, so `verify` refuses an empty one, entries not inside the
+folder and any unlisted file. No torch here: `weights:` folders are checked before diffusers loads them.
 """
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ def sha256(path: Path) -> str:
 
 
 def folder_files(folder: Path) -> list[str]:
-    """Every file under `folder` (the manifest aside) as a relative posix path, symlinks included but not followed
-    into: what a loader could read from the folder."""
+    """Every file under `folder` but the manifest, as relative posix paths, symlinks included but not followed."""
     folder = Path(folder)
     found = []
     for root, dirs, files in os.walk(folder, followlinks=False):
@@ -83,8 +79,7 @@ def check_cover(folder: Path, files: dict) -> None:
 
 
 def verify(folder: Path) -> dict:
-    """The manifest, after checking that it covers the folder and that every listed file has its sha256;
-    ConfigError naming the missing, changed, unlisted or escaping files."""
+    """The manifest, after checking that it covers the folder and every listed file's sha256; ConfigError else."""
     folder = Path(folder)
     manifest = read(folder)
     files = manifest["files"]
@@ -107,7 +102,6 @@ def write_files(folder: Path) -> dict:
 
 
 def verify_weights(source: str, local: bool) -> None:
-    """A local weights folder that carries a manifest.json (the reference model, or any folder hashed like it) is
-    verified before anything loads from it: a manifest is a promise only if someone checks it."""
+    """A local weights folder that carries a manifest.json is verified before anything loads from it."""
     if local and (Path(source) / MANIFEST).is_file():
         verify(Path(source))

@@ -1,9 +1,7 @@
 """The reference model's parts: SD's own components at the `sdref` architecture, and the module training updates.
 
-`build(seed)` is `pipelines.build_random("sdref")`, the same seeded init every random-init comparison uses, so
-"trained" and "random init" differ only in training. `Conditioned` is the UNet with the text encoder in front of it:
-the study's training step (`sdperf.training.step`) calls it exactly as it calls a UNet, with token ids where the text
-embeddings would go, so one backward pass trains both and DDP sees one module.
+`build(seed)` is the seeded init every random-init comparison uses. `Conditioned` puts the text encoder in front of
+the UNet: the training step calls it as a UNet with token ids, so one backward pass trains both.
 """
 from __future__ import annotations
 

@@ -1,14 +1,12 @@
 """Where the trained reference model lives, how it is written, and how a reader checks it is what was trained.
 
-`models/reference/` is a diffusers folder (model_index.json, unet/, vae/, text_encoder/, tokenizer/, scheduler/), so
-a profile's `weights:` can name it and every technique applies unchanged, plus `evaluator/` and `manifest.json`:
-the sha256 of every file, the exact command, commit, versions, machine and recipe that made them, the training
-times and the judgement. The weights are stored in float16 (half the repository's size) and load as float32;
-every figure of the study is about those stored weights. `verify` refuses a folder whose files differ from the
-manifest, naming them, and a manifest that does not cover its folder (sdperf.refmodel.manifest).
+`models/reference/` is a diffusers folder (a profile's `weights:` can name it) plus `evaluator/` and `manifest.json`
+(every file's sha256, and the command, commit, versions, machine, recipe, times and judgement that made them).
+Weights are stored in float16 and load as float32; every figure is about those stored weights.
 """
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import json
 import platform
@@ -34,10 +32,7 @@ def default_dir() -> Path:
 
 def save_pipeline(pipe, out: Path) -> None:
     """The pipeline as a diffusers folder, weights in STORED_DTYPE (the pipeline itself is left as it was)."""
-    import copy
-
-    stored = copy.deepcopy(pipe).to(dtype=STORED_DTYPE)
-    stored.save_pretrained(str(out), safe_serialization=True)
+    copy.deepcopy(pipe).to(dtype=STORED_DTYPE).save_pretrained(str(out), safe_serialization=True)
 
 
 def save_evaluator(trained, out: Path, seed: int, steps: int) -> None:
@@ -73,8 +68,7 @@ def provenance(command: str) -> dict:
 
 
 def write_manifest(out: Path, record: dict) -> dict:
-    """Hash every file under `out` (the manifest aside, hidden files included: verify demands them all) into the
-    record and write it last: a folder with a manifest is complete."""
+    """Hash every file under `out` into the record and write it last: a folder with a manifest is complete."""
     out = Path(out)
     manifest = dict(record, files=_manifest.write_files(out))
     loop.save_json(out / MANIFEST, manifest)
@@ -90,16 +84,14 @@ def read_manifest(folder: Path) -> dict:
 
 
 def verify(folder: Path) -> dict:
-    """The manifest, after checking that it covers the folder and every listed file's sha256; ConfigError naming
-    the missing, changed, unlisted or escaping ones."""
+    """The manifest, after sdperf.refmodel.manifest.verify; a folder without one is told how to build it."""
     folder = Path(folder)
-    read_manifest(folder)  # a folder without one: how to build it
+    read_manifest(folder)
     return _manifest.verify(folder)
 
 
 def load(folder: Path | None = None, scheduler: str | None = "plms"):
-    """(pipeline, evaluator, manifest) of the verified reference model; `scheduler` None builds no pipeline (a
-    caller that builds its own per sampler), and the first item is then None."""
+    """(pipeline, evaluator, manifest) of the verified reference model; `scheduler` None: no pipeline (None)."""
     from sdperf.model.pipelines import build_from_weights
 
     folder = Path(folder or default_dir())

@@ -1,9 +1,7 @@
 """`sdperf train-reference`: the evaluator, the autoencoder, the latents, the UNet, then the judged, hashed folder.
 
-Each stage leaves its result in a work folder named by the recipe's digest (`models/.reference-work-<digest>`, not
-committed) and is skipped when its result is there; the training stages checkpoint as they go. So a killed command,
-started again, goes on where it stopped. The output folder is written last, its manifest after every other file,
-into a temporary sibling that is renamed into place: a folder with a manifest is a finished model.
+Each stage leaves its result in a work folder named by the recipe's digest and is skipped when it is there, so a
+killed command goes on where it stopped; the output is written, manifest last, into a sibling renamed into place.
 """
 from __future__ import annotations
 
@@ -82,8 +80,7 @@ def _assemble(recipe: Recipe, work: Path, vae, scale: float):
     return pipe
 
 
-def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, command: str = "",
-        say=print) -> dict:
+def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, command: str = "", say=print) -> dict:
     """Train (or resume) and write `out`; returns its manifest."""
     import torch
 
@@ -99,8 +96,7 @@ def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, 
         raise RuntimeError(f"the evaluator's held-out accuracy {meta['accuracy']} is below "
                            f"{recipe.evaluator_min_accuracy} on some head; its verdicts would mean nothing "
                            "(train it longer: evaluator_steps)")
-    vae, vae_curve = clock.stage("autoencoder", lambda: first_stage.train_vae(recipe, work / "vae-checkpoint.pt",
-                                                                             show))
+    vae, vae_curve = clock.stage("autoencoder", lambda: first_stage.train_vae(recipe, work / "vae-checkpoint.pt", show))
     check = work / "autoencoder-check.json"
     if not check.is_file():
         loop.save_json(check, clock.stage("autoencoder", lambda: first_stage.reconstruction_accuracy(
@@ -139,7 +135,8 @@ def run(recipe: Recipe, out: Path, work: Path | None = None, show: bool = True, 
     loop.save_json(store_dir / "training.json", {"evaluator": meta["curve"], "autoencoder": vae_curve,
                                                  "unet": unet_curve})
     record = dict(storage.provenance(command), recipe=recipe.to_dict(), times_s=dict(clock.times),
-                  evaluator=meta["accuracy"], autoencoder_reconstructions=rec_acc, judge=verdict, scaling_factor=scale, parameters=sizes)
+                  evaluator=meta["accuracy"], autoencoder_reconstructions=rec_acc, judge=verdict, scaling_factor=scale,
+                  parameters=sizes)
     manifest = storage.write_manifest(store_dir, record)
     if out.exists():
         shutil.rmtree(out)
@@ -161,9 +158,7 @@ def default_out(quick: bool) -> Path:
 
 
 def check_target(target: Path, recipe: Recipe, force: bool) -> None:
-    """Refuse, before any training, to replace a model made by another recipe (the committed reference model is
-    one `--quick --out models/reference` away from a 30-second model whose new manifest verifies); the same recipe
-    rebuilds the same model, so it may go on. `--force` replaces it anyway."""
+    """Refuse, before any training, to replace a model made by another recipe, unless `--force`."""
     if target.exists() and not (target / storage.MANIFEST).is_file():
         raise ConfigError(f"--out {str(target)!r} exists and is not a reference model folder; choose a new folder")
     if force or not target.exists():

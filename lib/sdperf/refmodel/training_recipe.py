@@ -1,11 +1,7 @@
 """Every setting of `sdperf train-reference`, checked before anything is built; its digest names the work folder.
 
-The defaults were sized from steps timed on 2 cores (one thread, batch 64: an evaluator step ~0.2 s, an autoencoder
-step at batch 32 ~0.5 s, a UNet + text-encoder step at batch 32 ~0.45 s, measured while another process ran) so
-that the whole command fits 45 minutes. On a quiet 2-core Xeon the first full run (vae_steps 1000, unet_steps 4000)
-took 36.1 min: evaluator 75 s, autoencoder 218 s, latents 41 s, UNet 1,678 s (2.4 steps/s), judging 155 s. It
-judged adherence 0.694 at guidance 7.5, below the 0.8 bar, because the autoencoder was the ceiling; hence the
-longer autoencoder below. `QUICK` is the same code at a few steps, for the tests.
+The defaults are sized so that the whole command fits 45 minutes on 2 cores; the autoencoder trains long because
+it is the model's ceiling. `QUICK` is the same code at a few steps, for the tests (not a usable model).
 """
 from __future__ import annotations
 
@@ -31,16 +27,14 @@ class Recipe:
     evaluator_held_out: int = 2000
     evaluator_min_accuracy: float = 0.98  # on every head and on adherence; below it the command stops
     # the autoencoder (fresh renders every step; reconstruction + a small KL term, as SD's first stage)
-    vae_steps: int = 3000  # 1000 left the decoder mixing colours (evaluator adherence of its reconstructions
-    #                       0.790); continued to 2000 it reached 0.972 (colour 1.000, shape 0.942)
+    vae_steps: int = 3000  # fewer left the decoder mixing colours
     vae_batch: int = 32
     vae_lr: float = 1e-3
     vae_kl: float = 1e-6
-    vae_min_adherence: float = 0.95  # the evaluator's adherence on its reconstructions of held-out renders: the
-    #                                 model's ceiling, checked before the UNet stage spends its ~25 minutes
+    vae_min_adherence: float = 0.95  # the evaluator's adherence on the reconstructions: checked before the UNet stage
     # the UNet and text encoder, trained together on pre-encoded latents under torchrun
     train_scenes: int = 40_000
-    unet_steps: int = 3500  # 2.4 steps/s at batch 64 on 2 ranks: ~24 min
+    unet_steps: int = 3500
     unet_batch: int = 64  # in all, split between the ranks
     unet_lr: float = 1e-3
     warmup: int = 200
@@ -60,18 +54,15 @@ class Recipe:
             if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and name != "seed") or value < 0:
                 raise ConfigError(f"reference recipe {name}={value!r} is not valid; choose an integer >= 1"
                                   + (" (seed: >= 0)" if name == "seed" else ""))
-        for name in ("evaluator_lr", "vae_lr", "unet_lr", "vae_kl", "check_guidance"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"reference recipe {name}={value!r} is not valid; choose a finite number > 0")
-        for name in ("evaluator_min_accuracy", "vae_min_adherence"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
-                raise ConfigError(f"reference recipe {name}={value!r} is not valid; choose a number in [0, 1]")
-        for name in ("caption_dropout", "ema"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0 < value < 1:
-                raise ConfigError(f"reference recipe {name}={value!r} is not valid; choose a number in (0, 1)")
+        for names, ok, what in ((("evaluator_lr", "vae_lr", "unet_lr", "vae_kl", "check_guidance"),
+                                 lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+                                (("evaluator_min_accuracy", "vae_min_adherence"),
+                                 lambda v: not isinstance(v, bool) and 0 <= v <= 1, "a number in [0, 1]"),
+                                (("caption_dropout", "ema"), lambda v: 0 < v < 1, "a number in (0, 1)")):
+            for name in names:
+                value = getattr(self, name)
+                if not isinstance(value, (int, float)) or not ok(value):
+                    raise ConfigError(f"reference recipe {name}={value!r} is not valid; choose {what}")
         if self.resolution % 16:
             raise ConfigError(f"reference recipe resolution={self.resolution} is not valid; choose a multiple of 16")
         if self.unet_batch % self.world_size:
@@ -95,7 +86,6 @@ class Recipe:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
-# The same stages at a few steps: the tests' end-to-end run (not a usable model).
-QUICK = Recipe(evaluator_min_accuracy=0.0, vae_min_adherence=0.0, evaluator_steps=6, evaluator_batch=16, evaluator_held_out=32, vae_steps=6, vae_batch=8,
-               train_scenes=64, unet_steps=6, unet_batch=8, warmup=2, checkpoint_every=2, check_images=8,
-               check_steps=4)
+QUICK = Recipe(evaluator_min_accuracy=0.0, vae_min_adherence=0.0, evaluator_steps=6, evaluator_batch=16,
+               evaluator_held_out=32, vae_steps=6, vae_batch=8, train_scenes=64, unet_steps=6, unet_batch=8, warmup=2,
+               checkpoint_every=2, check_images=8, check_steps=4)

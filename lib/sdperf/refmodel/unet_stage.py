@@ -2,11 +2,8 @@
 
     torchrun --standalone --nproc_per_node 2 -m sdperf.refmodel.unet_stage --work DIR
 
-Each rank builds the same seeded UNet and text encoder (`sdref.Conditioned`), wraps them in DDP (gloo on the CPU)
-and takes the study's own training step (`sdperf.training.step.Trainer`: noise, timestep, noise-prediction MSE,
-clipped AdamW). Step s of rank r draws its latents and caption dropout from the seed (recipe seed, s, r) alone; the
-noise generators' states go into the checkpoint (gathered to rank 0, which alone writes it), so a killed run resumes
-into the same steps. An exponential moving average of the weights (torch.optim.swa_utils) is what is kept.
+Each rank trains the same seeded `sdref.Conditioned` in DDP by the study's own step (`sdperf.training.step`); step
+s of rank r draws its data from (recipe seed, s, r) alone, so a killed run resumes into the same steps. EMA is kept.
 """
 from __future__ import annotations
 
@@ -17,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 LATENTS, CHECKPOINT, RESULT, DONE = "latents.pt", "unet-checkpoint.pt", "unet-ema.pt", "unet-done.json"
 
@@ -31,8 +29,6 @@ class RankNoise:
         state = self.generator.get_state()
         if self.world == 1:
             return {"states": [state]}
-        import torch.distributed as dist
-
         states = [None] * self.world
         dist.all_gather_object(states, state)
         return {"states": states}
@@ -50,13 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     if world > 1:
-        import torch.distributed as dist
-
         dist.init_process_group("gloo")
     train(Path(args.work), rank, world, show=rank == 0 and not args.no_progress, kill_after_save=args.kill_after_save)
     if world > 1:
-        import torch.distributed as dist
-
         dist.barrier()
         dist.destroy_process_group()
     return 0
