@@ -1,8 +1,5 @@
 """The `sdperf` command: run the study, list profiles, show the environment, rebuild the report, generate images.
-
-Heavy modules (torch, papermill, pandas) are imported by the command that needs them, so a mistyped profile
-is answered in well under a second.
-"""
+Heavy modules are imported by the command that needs them, so a mistyped profile is answered in under a second."""
 from __future__ import annotations
 
 import argparse
@@ -16,8 +13,7 @@ from sdperf.core.errors import ConfigError, short
 from sdperf.config.profiles import AUTO, PROFILE_ENV, available_profiles, load_profile
 from sdperf.run.plan import check_sections
 
-PROFILE_COLUMNS = ["arch", "resolution", "steps", "scheduler", "batch_sizes", "dtype", "device", "repeats",
-                   "weights"]
+PROFILE_COLUMNS = ["arch", "resolution", "steps", "scheduler", "batch_sizes", "dtype", "device", "repeats", "weights"]
 
 
 def _run(args) -> int:
@@ -30,9 +26,7 @@ def _run(args) -> int:
 
 @contextlib.contextmanager
 def _terminate_as_interrupt():
-    """SIGTERM (a scheduler's stop, `kill`) unwinds like Ctrl-C, so the notebook in flight puts back its previous
-    stamp and drops its staged rows instead of dying mid-write (sdperf.run.runner.run_one). Either signal silences
-    stderr at once (_silence_stderr): what unwinds after it is cleanup, not news."""
+    """SIGTERM unwinds like Ctrl-C (the notebook in flight drops its staged rows); either silences stderr at once."""
     import signal
 
     def interrupt(signum, frame):
@@ -55,10 +49,7 @@ _REAL_STDERR: int | None = None  # a copy of fd 2 kept once stderr is silenced, 
 
 
 def _silence_stderr() -> None:
-    """Point fd 2 (so sys.stderr too) at /dev/null, keeping a copy of the real one. After Ctrl-C the unwinding
-    papermill client, its closing kernel connection and asyncio's abandoned tasks printed ~230 lines of tracebacks
-    around "sdperf: interrupted"; the files on disk are already right (sdperf.run.runner.run_one), so nothing of that is
-    news. Idempotent; the process ends right after."""
+    """Point fd 2 at /dev/null, keeping a copy: the tracebacks of unwinding after Ctrl-C are not news. Idempotent."""
     global _REAL_STDERR
     if _REAL_STDERR is not None:
         return
@@ -71,8 +62,7 @@ def _silence_stderr() -> None:
 
 
 def _say_interrupted() -> None:
-    """The one line an interrupted command prints, on a line of its own (a progress bar may be half drawn on the
-    line before, with no line end)."""
+    """The one line an interrupted command prints, on a line of its own (after a half-drawn progress bar)."""
     _silence_stderr()
     os.write(_REAL_STDERR, b"\nsdperf: interrupted\n")
 
@@ -145,7 +135,6 @@ def _report(args) -> int:
 
 
 def _answer(args) -> int:
-    """Print the answer table of reports/<profile>; with --readme, rewrite that file's answer block from it."""
     from sdperf.report import answer
     from sdperf.report.report import one_machine
     from sdperf.store.results import read_results
@@ -184,8 +173,7 @@ def _check_report(args) -> int:
 
 
 def _check_lock(args) -> int:
-    """Exit 0 when every pin has an installable file for the target, 1 naming each pin that has none, 3 when the only
-    gaps are pins on an index that could not be reached."""
+    """Exit 0 when every pin has an installable file for the target, 1 naming those without, 3 if only unreachable."""
     from sdperf.tooling import lock_check
     from sdperf.tooling.locks import read_lock
 

@@ -1,9 +1,7 @@
 """The study's answer as the README states it: a markdown table written from a report's rows, never typed.
 
-`sdperf answer --profile cpu --readme README.md` rewrites the README's block between BEGIN and END from the
-committed `reports/cpu/results.csv`, and tests/test_readme.py fails when the two differ, so the README's figures
-are always the committed report's. The rows are the page's headline (10's best admissible and best lossless stacks,
-measured whole) and the best-order ladder's rungs, each with its quality verdict on the trained reference model.
+`sdperf answer --profile cpu --readme README.md` rewrites the README's block between BEGIN and END from the committed
+`reports/cpu/results.csv`: 10's headline stacks and the best-order ladder's rungs, each with its quality verdict.
 """
 from __future__ import annotations
 
@@ -35,8 +33,7 @@ def lossless(key) -> bool:
 
 
 def seeds_quality(results) -> dict | None:
-    """fp32 PLMS-50's own judged rows at the seeds' guidance (sdperf.judge.techniques): the one source of a
-    lossless stack's quality (its pictures are the same), or None if not judged."""
+    """fp32 PLMS-50's own judged rows at the seeds' guidance: a lossless stack's quality, or None if not judged."""
     from sdperf.judge import techniques
 
     t = techniques.from_rows(results)
@@ -46,9 +43,7 @@ def seeds_quality(results) -> dict | None:
     if t.empty or "quality_verdict" not in t:
         return None
     r = t.iloc[-1]
-    return {"adherence_delta": {"value": r["adherence_delta"], "lo": r["adherence_delta_lo"],
-                                "hi": r["adherence_delta_hi"]},
-            "fid_delta": {"value": r["fid_delta"], "lo": r["fid_delta_lo"], "hi": r["fid_delta_hi"]},
+    return {**{m: {"value": r[m], "lo": r[f"{m}_lo"], "hi": r[f"{m}_hi"]} for m in ("adherence_delta", "fid_delta")},
             "verdict": str(r["quality_verdict"]), "n": int(r["n_images"])}
 
 
@@ -95,8 +90,7 @@ def _headline_quality(key: str, m: dict, seeds: dict | None) -> str:
 
 
 def rows(results: pd.DataFrame) -> list[dict]:
-    """The answer's rows, best admissible first: what, stack key, per image and per UNet step over fp32 eager
-    PLMS-50 (median [min-max] over rounds), quality on the reference model against the converged fp32 solve."""
+    """The answer's rows, best admissible first: stack, speed-ups over fp32 eager PLMS-50 and quality verdict."""
     from sdperf.judge import techniques
 
     ladder = results[results["notebook"] == LADDER] if len(results) else results
@@ -126,8 +120,7 @@ def rows(results: pd.DataFrame) -> list[dict]:
 
 
 def _where(results: pd.DataFrame) -> str:
-    """Where and how the rows were taken, from the rows: machine, commit, run, and the setting and batch of 10's
-    headline rows."""
+    """Where the rows were taken: machine, commit, run, and the setting and batch of 10's headline rows."""
     r = results.sort_values("time_utc", kind="stable").iloc[-1]
     head = scenarios.of_kind(results[results["notebook"] == LADDER], *scenarios.HEADLINES)
     setting = head["setting"].dropna().iloc[0] if "setting" in head and head["setting"].notna().any() else r["profile"]
@@ -156,7 +149,6 @@ def block(results: pd.DataFrame) -> str:
 
 
 def replace_block(text: str, results: pd.DataFrame) -> str:
-    """`text` with its BEGIN ... END block written again from `results`."""
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
         raise MissingBlock(f"no answer block: the file must hold a line {BEGIN!r} and, after it, {END!r}")

@@ -1,8 +1,6 @@
 """One verdict per notebook, written from its rows in results.csv: a reader's first screen, with no typed number.
 
-Each sentence names its number, its range over rounds, what it divides (the baseline), the method of the row and
-whether it clears the fp32-vs-fp32 noise floor, as the rows themselves record them (every compared row's `verdict`
-column, faster / within noise / slower, against the band its notebook's noise-floor row holds). Rows not measured
+Each sentence names its number, range, baseline, method and noise verdict as the rows record them; rows not measured
 are counted with their first reason, so a notebook whose rungs do not apply here does not read as a success.
 """
 from __future__ import annotations
@@ -19,8 +17,7 @@ TWIN = "fp32-eager"  # the fp32 twin: the noise floor's row, not a configuration
 
 
 class Legend:
-    """Methods cited by short labels: each full text appears once, in the legend under the findings (issue 33: a
-    sentence that carried its method's 60 words made the first screen unreadable)."""
+    """Methods cited by short labels, each full text once in the legend under the findings (keeps them short)."""
 
     def __init__(self):
         self.texts: list[str] = []
@@ -47,21 +44,18 @@ def _range(row, digits: int = 2, unit: str = "x") -> str:
 
 
 def _not_measured(rows: pd.DataFrame) -> str:
-    """'; 2 not applicable, 1 failed': what the notebook could not measure (each reason is in its table and the
-    summary below: a first screen of 14 sentences has no room for them)."""
+    """'; 2 not applicable, 1 failed': what the notebook could not measure (the reasons are in its table)."""
     parts = [f"{n} {status.replace('_', ' ')}" for status in NOT_MEASURED
              if (n := int((rows["status"] == status).sum()))]
     return "; " + ", ".join(parts) if parts else ""
 
 
 def _method(legend: Legend | None, method) -> str:
-    """'[M2]' when the caller keeps a legend, else the method's text in full."""
     return legend.cite(method) if legend is not None else f"(method: {_esc(method)})"
 
 
 def speed_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | None:
-    """The fastest configuration per image at 50 PLMS steps over fp32 eager, and how the others fall against the
-    noise floor."""
+    """The fastest configuration per image at 50 PLMS steps over fp32 eager, and how the others fall against noise."""
     ok = rows[(rows["status"] == "ok") & (rows["metric"] == "seed_speedup_vs_fp32") & (rows["key"] != TWIN)
               & rows["value"].notna()]
     if ok.empty:
@@ -89,8 +83,7 @@ def baseline_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | 
 
 
 def quality_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | None:
-    """The reference model's verdicts against the converged solve: the seeds' PLMS-50, the controls, and how many
-    techniques stayed within the budget, each recomputed from the rows' interval columns (never from prose)."""
+    """The reference model's verdicts against the converged solve, recomputed from the rows' interval columns."""
     from sdperf.optimizations import catalog
     from sdperf.judge import controls, techniques
 
@@ -123,8 +116,7 @@ def quality_verdict(rows: pd.DataFrame, legend: Legend | None = None) -> str | N
 
 
 def _before_the_converged_reference(rows: pd.DataFrame) -> str | None:
-    """Rows of runs before issue 31 (judged against fp32 PLMS-50, their verdict only in the note): counted as they
-    were written, and said to be against that reference, until the study is run again."""
+    """Rows judged against fp32 PLMS-50 (their verdict only in the note): counted as written, against that reference."""
     deltas = rows[(rows["metric"] == "reference_adherence_delta") & (rows["status"] == "ok") & (rows["key"] != TWIN)]
     if deltas.empty:
         return None
@@ -181,8 +173,7 @@ QUALITY = "12_fid_clip"  # the notebook whose finding states the run's reference
 
 
 def reference_detail(results: pd.DataFrame) -> str | None:
-    """What every quality verdict is judged against, under 12's finding: the converged reference and both legs of
-    its convergence check, from the run's rows (whichever notebook recorded them)."""
+    """What every quality verdict is judged against: the converged reference and both legs of its convergence check."""
     from sdperf.judge import techniques
 
     text = techniques.convergence_sentence(results)
@@ -203,9 +194,7 @@ def verdicts(results: pd.DataFrame, names: list[str], legend: Legend | None = No
 
 
 def rows_of(results: pd.DataFrame, name: str) -> pd.DataFrame:
-    """The rows a notebook's finding reads: its own; for QUALITY also the run's judgments against the converged
-    solve that 10 recorded (10 and 12 share one measurement per run, so the controls and fp32 PLMS-50 usually sit
-    under 10: 12's finding must still state them)."""
+    """The rows a notebook's finding reads: its own; for QUALITY also the converged-solve judgments 10 recorded."""
     mine = results[results["notebook"] == name]
     if name != QUALITY or "scenario" not in results:
         return mine

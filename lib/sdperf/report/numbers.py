@@ -1,8 +1,7 @@
 """How the page writes a measured number and its range over rounds: one rule for the findings and the headline.
 
-A ratio or a time reads '1.42x [1.41-1.46]' / '8.33 s [7.74-10.18]'. A difference (no unit: an adherence or FID
-delta) is signed and its range comma-separated, '-0.026 [-0.037, -0.017]', because '-0.037--0.017' hides which
-sign is which.
+'1.42x [1.41-1.46]', '8.33 s [7.74-10.18]'; a difference (no unit) is signed, its range comma-separated:
+'-0.026 [-0.037, -0.017]', because '-0.037--0.017' hides which sign is which.
 """
 from __future__ import annotations
 

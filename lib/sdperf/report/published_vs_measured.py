@@ -1,12 +1,7 @@
 """Published vs measured: every seed claim and anchor the study compares with, in one table built from rows.
 
-The published side is the rows of the study's one published table (sdperf.config.published) that name where their
-measured counterpart lives: the seeds' ladders, engines, batching, training scaling, compile and int8 anchors, the
-quality anchors, the serving claims and the published CPU ladders, each with its source URL, hardware, settings and
-why the two figures can differ. The measured side is never typed: each claim names where its figure lives in
-results.csv (notebook, catalog key or scenario prefix, batch, metric; optionally a denominator row), and the figure,
-its range and its method are read from the rows given, so the table changes when the rows do. A claim whose rows
-are missing, skipped, failed or not applicable reads "not measured here: <the row's own reason>".
+The published side is sdperf.config.published's claims; the measured side is never typed but read from the results
+rows each claim names (a `Lookup`), or "not measured here: <the row's own reason>".
 """
 from __future__ import annotations
 
@@ -28,12 +23,9 @@ CLAIM_NAMES = {"what": "claim", "value": "published", "unit": "published_unit", 
 
 
 def claims() -> pd.DataFrame:
-    """Every published claim the study compares with, in the published table's order: its source, published figure
-    (NaN for a claim without one) and where its measured figure lives (`measured_<field>`)."""
+    """Every published claim, in the published table's order, with where its measured figure lives (`measured_*`)."""
     return published.compared().rename(columns=CLAIM_NAMES)
 
-
-# ---------------------------------------------------------------- finding the measured rows
 
 @dataclass
 class Lookup:
@@ -58,8 +50,7 @@ def _text(col: pd.Series) -> pd.Series:
 
 
 def _rows(results: pd.DataFrame, look: Lookup) -> pd.DataFrame:
-    """Every row of `look`, any metric and status: by its catalog key (or, for a row stored without one, a scenario
-    named by the key), by scenario prefix, in its notebook and at its batch size."""
+    """Every row of `look`, any metric and status: by catalog key or scenario prefix, notebook and batch size."""
     r = results
     if r.empty:
         return r
@@ -110,8 +101,6 @@ def _over(claim) -> Lookup:
     return Lookup(claim.measured_notebook, over if is_key else "", "" if is_key else over, claim.measured_batch,
                   claim.measured_metric)
 
-
-# ---------------------------------------------------------------- formatting from the rows
 
 def _num(v: float) -> str:
     """Three significant digits, trailing zeros kept (1.20, not 1.2); thousands in full."""
@@ -186,8 +175,6 @@ def measure(results: pd.DataFrame, claim) -> tuple[float | None, str, str]:
 
 
 def table(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per claim: source and URL, published figure with its hardware and settings, the figure measured
-    here (from `results` only) with its range and method, and why the two can differ."""
     if "batch_size" not in results:  # rows not read through sdperf.store.results (a table built by hand)
         results = with_verdicts(results.reindex(columns=list(dict.fromkeys([*results.columns, *ROW_COLUMNS])))
                                 .drop(columns=["batch_size"]))
@@ -196,9 +183,8 @@ def table(results: pd.DataFrame) -> pd.DataFrame:
     for c in claims().itertuples():
         x, measured, method = measure(results, c)
         out.append({"source": c.source, "url": c.url, "url_note": c.url_note, "hardware": c.hardware,
-                    "settings": c.settings, "claim": c.claim,
+                    "settings": c.settings, "claim": c.claim, "published_unit": c.published_unit,
                     "published": None if pd.isna(c.published) else float(c.published),
-                    "published_unit": c.published_unit,
                     "published_detail": c.published_detail, "measured_x": x, "measured": measured,
                     "measured_what": c.measured_what if x is not None else "", "method": method,
                     "why_they_differ": c.why_they_differ})

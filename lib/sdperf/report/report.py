@@ -1,7 +1,6 @@
 """reports/<profile>/index.html: one self-contained page a reader can open from the folder, offline.
 
-Every number is shown beside the conditions it was taken in; rows that were not measured say why, in place of
-the number. Tables come from pandas (escaped); the page around them is plain HTML with inline CSS.
+Every number is shown beside the conditions it was taken in; rows not measured say why in place of the number.
 """
 from __future__ import annotations
 
@@ -60,8 +59,6 @@ def fmt(value) -> str:
     """Four significant digits: enough to compare, few enough to read."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
     if not isinstance(value, float):
         return str(value)
     text = f"{value:.4g}"
@@ -99,21 +96,15 @@ LONG_TOKEN = 30  # characters: a word longer than this (a path, a repr, a stack 
 
 
 def _long_token_columns(df) -> list:
-    """Columns holding a word longer than LONG_TOKEN. Only their cells may break inside a word (CSS `td.long`): a
-    90-character path in a note would otherwise set the table's minimum width past the page, while letting every
-    column break anywhere splits short words ("float3|2") when the table is squeezed."""
+    """Columns holding a word longer than LONG_TOKEN: only their cells may break inside a word (CSS `td.long`)."""
     return [col for col in df.columns
             if df[col].astype(str).str.split().explode().fillna("").str.len().max() > LONG_TOKEN]
 
 
 def _scrolling(table_html: str) -> str:
-    """A table never widens the page: long words wrap (`_long_token_columns`), and a table still wider than the
-    text column (many columns) scrolls sideways inside this container instead of the page
-    (sdperf.report.report_check measures exactly that)."""
+    """A table never widens the page: one still wider than the text column scrolls sideways inside this container."""
     return f"<div class='table-scroll'>{table_html}</div>"
 
-
-# ---------------------------------------------------------------- inputs
 
 def _read_json(path: Path) -> dict | None:
     try:
@@ -123,8 +114,7 @@ def _read_json(path: Path) -> dict | None:
 
 
 def read_stamps(profile: str) -> dict[str, dict]:
-    """Each notebook's stamp (its last complete run); where a later run of it was killed, `interrupted` holds that
-    run's marker (sdperf.store.stamps), and a notebook whose only run was killed reads 'interrupted'."""
+    """Each notebook's last complete stamp; `interrupted` holds a later killed run's marker (status if none ran)."""
     from sdperf.store.stamps import interrupted
 
     folder = paths.profile_reports(profile) / "notebooks"
@@ -157,8 +147,6 @@ def failure_text(stamp: dict) -> str:
     return f"{where} ({err.get('ename', '?')}: {err.get('evalue', '')})"
 
 
-# ---------------------------------------------------------------- sections
-
 def _beside_load_rows(rows) -> str:
     """A notebook's rows measured beside other load (sdperf.measure.contention), in words; '' when none."""
     from sdperf.measure.contention import BESIDE_LOAD
@@ -179,9 +167,7 @@ def _summary_section(names: list[str], stamps: dict, results) -> str:
         status = stamp.get("status", "unknown")
         counts = results[results["notebook"] == name]["status"].value_counts()
         problem = failure_text(stamp) if status == "failed" else interrupted_text(stamp)
-        loaded = _beside_load_rows(results[results["notebook"] == name])
-        if loaded:
-            problem = "; ".join(filter(None, [problem, loaded]))
+        problem = "; ".join(filter(None, [problem, _beside_load_rows(results[results["notebook"] == name])]))
         if status == "ok" and counts.get("failed", 0):  # the notebook ran; some of its rows did not
             status = "partial"
             failed = results[(results["notebook"] == name) & (results["status"] == "failed")]
@@ -209,8 +195,7 @@ NOT_RECORDED = "not recorded (environment.json from an earlier sdperf)"
 
 
 def _threads_allocator_gpu_facts(env: dict) -> dict:
-    """The environment record's thread settings, allocator and GPU as table rows; a record written before they
-    were recorded says so instead of leaving them out."""
+    """The environment record's thread settings, allocator and GPU as table rows (NOT_RECORDED when absent)."""
     threads = env.get("thread_settings") or {}
     facts = {f"threads: {k.replace('_', ' ')}": threads.get(k, NOT_RECORDED)
              for k in ("intra_op_threads", "inter_op_threads", "parallel_backend", "omp_max_threads",
@@ -228,7 +213,6 @@ def _threads_allocator_gpu_facts(env: dict) -> dict:
 
 
 def _beside_facts(env: dict) -> dict:
-    """What the last run was told to measure beside (--beside-survivors, --beside-load), as table rows."""
     if "beside_survivors" not in env:
         return {"measured beside": NOT_RECORDED}
     survivors = env.get("beside_survivors") or []
@@ -283,8 +267,7 @@ NO_CAPTION = "No caption recorded: this figure was drawn before captions existed
 
 
 def _figures(profile: str, name: str) -> str:
-    """Each figure of notebook `name` with its stored caption (sdperf.store.figure_captions) and its SVG link; loaded
-    eagerly, so a full-page capture shows every figure."""
+    """Each figure of notebook `name` with its stored caption and its SVG link, loaded eagerly."""
     figs = []
     for png in sorted(paths.figures_dir(profile).glob(f"{name}__*.png")):
         svg = png.with_suffix(".svg")
@@ -296,8 +279,7 @@ def _figures(profile: str, name: str) -> str:
 
 
 def _caption_text(png: Path) -> tuple[str, str, str]:
-    """(caption text, alt text, class attribute) of a figure: its stored caption, or why there is none, marked
-    class='missing' (the report check counts such a figure as uncaptioned)."""
+    """(caption text, alt text, class attribute): its stored caption, or why there is none, marked class='missing'."""
     from sdperf.store import figure_captions
 
     try:
@@ -360,8 +342,6 @@ LADDER_METRICS = {"latency": "s / image", "speedup_vs_fp32": "x fp32 eager", "sp
 
 
 def _ladder_section(profile: str, results) -> str:
-    """The study's headline, first on the page: every rung of both ladders with its speed-ups and drift, or why
-    it did not run, and the ladder figure."""
     import pandas as pd
 
     rows = results[results["notebook"] == LADDER]
@@ -373,13 +353,10 @@ def _ladder_section(profile: str, results) -> str:
         not_measured = g[g["status"].isin(NOT_MEASURED)]
         line = {"rung": scenario.removesuffix(", batch 1")}
         if len(not_measured):
-            line["status"] = not_measured["status"].iloc[0]
-            line["why not measured"] = not_measured["note"].iloc[0]
+            line.update({"status": not_measured["status"].iloc[0], "why not measured": not_measured["note"].iloc[0]})
         else:
-            line["status"] = "ok"
             vals = dict(zip(g["metric"], g["value"]))
-            for metric, label in LADDER_METRICS.items():
-                line[label] = fmt(vals.get(metric))
+            line.update({"status": "ok", **{label: fmt(vals.get(m)) for m, label in LADDER_METRICS.items()}})
         out.append(line)
     df = pd.DataFrame(out).fillna("")
     classes = pd.DataFrame({c: df["status"].where(df["status"].isin(NOT_MEASURED), "") for c in df.columns})
@@ -388,16 +365,13 @@ def _ladder_section(profile: str, results) -> str:
             + _styled_table(df, classes, "ladder") + _figures(profile, LADDER))
 
 
-
-
 def _range(v: dict, metric: str, digits: int = 2, unit: str = "x") -> str:
     r = v.get(metric)
     return "not measured" if r is None else value_range(r["value"], r.get("lo"), r.get("hi"), digits, unit)
 
 
 def headline_sentences(results, legend=None) -> list[str]:
-    """The study's answer, one sentence per chosen stack, written from 10's headline rows (no typed numbers); with
-    a `legend` (sdperf.report.findings.Legend) the method is cited by its label, its text given once below."""
+    """The study's answer, one sentence per chosen stack, from 10's headline rows; methods cited into `legend`."""
     rows = results[results["notebook"] == LADDER] if len(results) else results
     out = []
     for kind in scenarios.HEADLINES:
@@ -435,8 +409,7 @@ def headline_sentences(results, legend=None) -> list[str]:
 
 
 def no_admissible_sentence(results) -> str | None:
-    """When the search judged stacks and none stayed within the quality budget, the answer says so, with how many
-    were judged and how they failed (from 10's search rows), instead of leaving the reader to infer it."""
+    """When the search judged stacks and none was admissible: how many were judged and how they failed, else None."""
     rows = results[results["notebook"] == LADDER] if len(results) else results
     if rows.empty or not scenarios.of_kind(rows, scenarios.BEST_STACK).empty:
         return None
@@ -453,8 +426,6 @@ def no_admissible_sentence(results) -> str | None:
 
 
 def _findings_section(results, names: list[str], legend=None) -> str:
-    """One verdict per notebook (sdperf.report.findings), each linking to its section; the legend under them
-    holds every method the answer above and these sentences cite."""
     from sdperf.report.findings import Legend, verdicts
 
     legend = Legend() if legend is None else legend
@@ -481,9 +452,7 @@ def _published_cell(r) -> str:
 
 
 def _published_section(results) -> str:
-    """Every seed claim and anchor the study compares with (sdperf.report.published_vs_measured): the published figure
-    with its hardware, settings and a link to its source, beside the figure measured here read from `results`
-    (or why it was not), the method, and why the two can differ. No text is cut short."""
+    """Every claim of sdperf.report.published_vs_measured beside the figure measured here. No text is cut short."""
     from sdperf.report import published_vs_measured as pvm
 
     t = pvm.table(results)
@@ -520,9 +489,7 @@ def _published_section(results) -> str:
 
 
 def one_machine(results):
-    """(rows of one machine fingerprint and one commit, a notice about the rest): those of the newest row, i.e. of
-    the latest run. A table mixing two CPUs or two commits would divide numbers that were never comparable, so the
-    rest are refused and counted, not shown."""
+    """(the rows of the newest row's machine and commit, a notice counting the rest): never mix incomparable rows."""
     if results.empty or "machine" not in results or "commit" not in results:
         return results, ""
     newest = results.sort_values("time_utc", kind="stable").iloc[-1]
@@ -539,8 +506,6 @@ def one_machine(results):
 
 
 def _doctor_section(profile: str, results) -> str:
-    """`sdperf doctor`'s verdict at the top: which rungs could run on the machine behind these rows and why the
-    others could not, so a missing rung below reads as "not applicable here", not as forgotten."""
     from sdperf.measure import doctor
 
     found = _read_json(paths.profile_reports(profile) / doctor.RECORD_NAME)
@@ -564,8 +529,6 @@ def _doctor_section(profile: str, results) -> str:
 
 
 def _not_yet_measured_section(profile, results) -> str:
-    """A profile nobody has run yet (every GPU profile, on this project's CPU machines) gets a page that says so and
-    how to fill it, above the published figures its rows will be set against, instead of an empty page."""
     if len(results):
         return ""
     where = "on a GPU" if profile.device != "cpu" else "on this machine"
@@ -597,8 +560,7 @@ def _page(title: str, body: list[str]) -> str:
 
 
 def notebooks_of(names: list[str], stamps: dict[str, dict]) -> list[str]:
-    """The notebooks among `names`: a part of `sdperf run` stamped like one (the rounds measured up front,
-    sdperf.run.eta.ROUNDS_STAMP_NAME) has its time in the summary table and no finding of its own."""
+    """The notebooks among `names`, not the parts of `sdperf run` stamped like one (eta.ROUNDS_STAMP_NAME)."""
     return [n for n in names if not (stamps.get(n) or {}).get("part")]
 
 

@@ -1,21 +1,7 @@
 """A browser check of reports/<profile>/index.html: what a reader sees, not what the HTML says.
 
-The page is opened in headless Chromium (Debian's `chromium`, driven by playwright; playwright's own browser
-download is never used) at a fixed viewport, every <details> opened, and it fails, listing every problem, when:
-- an <img> has not loaded (naturalWidth 0 once the page has loaded). A `loading=lazy` image below the first screen
-  counts: a print or a full-page capture shows it empty; it is named as lazy when the file itself does load;
-- a table's right edge goes past the page width. A wide table inside a horizontally scrolling container (any
-  ancestor with overflow-x other than visible) is clipped to that container and scrolls there: that is not
-  overflow of the page, and only the container's edge is measured;
-- the document itself scrolls horizontally (its outermost overflowing elements are named);
-- a <figure> has no <figcaption>, one marked `class="missing"` (a placeholder saying why there is none), or one
-  that only repeats the file name: with the image's file name, stem and alt text and the text of links (e.g.
-  "SVG") removed, fewer than MIN_CAPTION_WORDS words remain.
-- the answer and the findings list (`ul.findings`, the last of the two) end below FIRST_SCREENS screens of a
-  WIDTH x SCREEN_HEIGHT window, with every <details> closed as a reader first sees it (issue 33: a reader scans
-  the answer and one sentence per notebook without scrolling past the second screen);
-A full-page screenshot of the page as a reader opens it (details closed, images as they loaded) is written for a
-human to look at.
+Headless Chromium (via playwright) fails the page, listing every problem, when an <img> does not load, a table or the
+document is wider than the page, a <figure> lacks a real caption, or the findings end below FIRST_SCREENS screens.
 """
 from __future__ import annotations
 
@@ -82,8 +68,7 @@ def find_chromium() -> str | None:
     return next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
 
 
-# Runs in the page after every <details> is opened. Returns what the Python side turns into Problems, so each rule
-# is stated once, here, in the units the browser lays out in (CSS px at the fixed viewport).
+# Runs in the page after every <details> is opened; each rule is stated once, here, in CSS px.
 MEASURE_JS = """
 (minWords) => {
   const pageWidth = document.documentElement.clientWidth;
@@ -160,7 +145,7 @@ SETTLE_JS = """
                         setTimeout(done, timeoutMs); })))
 """
 
-# Lazy images that had not loaded: made eager, to tell "lazy, but the file is fine" from "the file does not load".
+# Lazy images not loaded yet, made eager: "lazy, but the file is fine" vs "the file does not load".
 EAGER_JS = """
 async (timeoutMs) => {
   const waiting = [...document.images].filter(i => !(i.complete && i.naturalWidth > 0) && i.loading === 'lazy');
@@ -216,8 +201,7 @@ def check_page(page_path: Path, screenshot: Path | None = None, width: int = WID
     return CheckResult(page_path, problems, screenshot, counts, shot_note)
 
 
-# Where the findings list ends on the page as first opened (document px; 0 where the page has none). The answer
-# comes before it (report.write), so a findings list that ends in time has the answer above it.
+# Where the findings list, which follows the answer, ends on the page as first opened (document px; 0 if none).
 FIRST_SCREENS_JS = """
 () => { const el = document.querySelector('ul.findings');
         return el ? Math.round(el.getBoundingClientRect().bottom + window.scrollY) : 0; }
@@ -225,8 +209,7 @@ FIRST_SCREENS_JS = """
 
 
 def _first_screens(end_px: int) -> list[Problem]:
-    """The answer and the findings must end within FIRST_SCREENS screens (a page without findings, such as the
-    smoke page of a partial run, makes no claim to check here)."""
+    """The answer and the findings must end within FIRST_SCREENS screens (a page without findings makes no claim)."""
     limit = FIRST_SCREENS * SCREEN_HEIGHT
     if end_px and end_px > limit:
         return [Problem("page", "ul.findings", f"the answer and the findings end at {end_px} px, past "
@@ -236,9 +219,7 @@ def _first_screens(end_px: int) -> list[Problem]:
 
 
 def _screenshot(page, path: Path) -> str:
-    """The page as a reader opens it (details closed), down to SHOT_MAX_HEIGHT px. With every table open the
-    report is over 100,000 px tall, which Chromium cannot capture in one image in reasonable time; the tables are
-    measured open all the same."""
+    """The page as a reader opens it (details closed, as all open is too tall to capture), to SHOT_MAX_HEIGHT px."""
     height = page.evaluate("document.documentElement.scrollHeight")
     clip = {"x": 0, "y": 0, "width": page.viewport_size["width"], "height": min(height, SHOT_MAX_HEIGHT)}
     page.screenshot(path=str(path), full_page=True, clip=clip, timeout=LOAD_TIMEOUT_MS)

@@ -1,14 +1,7 @@
-"""How long a run will take: each part's expected seconds from its last timed run, said before the run starts and
-counted down as it goes.
+"""How long a run will take: each part's expected seconds, said before the run starts and counted down as it goes.
 
-Why. A cpu study is an hour of a 2-core machine; a user deciding whether to start it (or whether a silent hour means
-a hang) needs the whole run's expected time first, and what is left after each part. The parts are the rounds
-measured up front (sdperf.run.prefetch) and each notebook. A part's expectation comes from its last timed run on this
-machine (its stamp, sdperf.runner); failing that, from the last run of the profile on record (the committed
-report's stamps, on the CPU named there); failing that, from the profile's own estimate (its `expected:` section,
-figures measured by a whole run on the machine it names), each said so, since another CPU may be several times
-faster or slower. The rounds' expectation is per worker process, times the workers still to run (a resumed run has
-fewer).
+A part's figure (the rounds up front, each notebook) comes from its last timed run here, else the profile's last run
+on record, else its `expected:` section, each saying which, since another CPU may be several times faster.
 """
 from __future__ import annotations
 
@@ -32,8 +25,7 @@ class Expected:
 
 
 def _seconds(value) -> float | None:
-    """A duration as written in a stamp or a profile: a finite number >= 0, else None (a hand-edited or damaged
-    figure is no figure, not a traceback or a negative time left)."""
+    """A duration as written in a stamp or a profile: a finite number >= 0, else None (damaged is no figure)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return None
     return float(value)
@@ -76,8 +68,7 @@ def _estimate(estimate: dict | None, *path: str) -> float | None:
 
 def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "",
              estimate: dict | None = None) -> Expected:
-    """Notebook `name`'s expected seconds from its stamp, when that run completed ok (a failed run stopped early
-    and would promise too little); else from the profile's `estimate` (its expected: section) when it has one."""
+    """Notebook `name`'s expected seconds from its stamp when that run completed ok, else from the `estimate`."""
     stamp = _read(stamp_path)
     if stamp is None or stamp.get("status") != "ok":
         seconds = _estimate(estimate, "notebooks_s", name)
@@ -91,8 +82,7 @@ def notebook(stamp_path: Path, name: str, machine: str, cpu_on_record: str = "",
 
 def rounds(stamp_path: Path, workers_left: int, machine: str, cpu_on_record: str = "",
            estimate: dict | None = None) -> Expected:
-    """The rounds up front: seconds per worker of their last run (else the profile's estimate per worker), times the
-    workers this run still launches."""
+    """The rounds up front: seconds per worker of their last run (or estimate), times the workers still to launch."""
     stamp = _read(stamp_path)
     if workers_left <= 0:
         return Expected(ROUNDS, 0.0, "all measured already")
@@ -117,8 +107,7 @@ def minutes(seconds: float | None) -> str:
 
 
 def plan_text(parts: list[Expected]) -> str:
-    """The line `sdperf run` prints before it starts: the whole run's expected time, what it rests on, and which
-    parts have no run on record (then the total is a lower bound, said so)."""
+    """The line `sdperf run` prints first: the expected time, what it rests on, and the parts with no run on record."""
     if not parts:  # every selected notebook is up to date: the run only rebuilds the page
         return "expected time: none: every selected notebook already ran for this commit (--force measures again)"
     known = [p for p in parts if p.seconds is not None]

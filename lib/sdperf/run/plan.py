@@ -1,7 +1,5 @@
-"""What a run will do, decided before anything runs: which notebooks (by name, number or subject), with which
-parameters from the profile's `notebooks:` section, and whether the profile's training, quality and serving sections
-are valid. The runner executes this plan and the up-front measurements (sdperf.run.prefetch) read it, so both live
-on it rather than on each other.
+"""What a run will do, decided before anything runs: which notebooks, with which parameters from the profile's
+`notebooks:` section, and whether its other sections are valid; the runner and sdperf.run.prefetch both read it.
 """
 from __future__ import annotations
 
@@ -13,9 +11,7 @@ from sdperf.core.errors import ConfigError, short
 
 
 def check_sections(profile: Profile) -> None:
-    """The training, quality and serving sections, each validated by the package that owns it, so a bad value
-    fails before the first notebook instead of inside 11, 12 or 13 (hours into a full cpu run). Here, above
-    sdperf.config.profiles, because those packages read the Profile that profiles defines."""
+    """The training, quality and serving sections, each validated by its package, before the first notebook."""
     from sdperf.quality.quality_settings import settings as quality
     from sdperf.serving.serving_settings import load as serving
     from sdperf.training.training_settings import from_profile as training
@@ -26,8 +22,6 @@ def check_sections(profile: Profile) -> None:
 
 
 def check_techniques(profile: Profile) -> None:
-    """Every entry of the profile's technique list is a catalog key or a valid stack of them, so a typo fails here,
-    naming the valid keys, instead of in the notebook that would have compared it."""
     from sdperf.optimizations import catalog
 
     for key in profile.techniques:
@@ -64,9 +58,7 @@ def select(only: list[str] | None, names: list[str]) -> list[str]:
 
 
 def check_notebook_parameters(profile: Profile, selected: list[str], notebooks_dir: Path | None = None) -> None:
-    """The profile's `notebooks:` section names study notebooks, and for each notebook of this run parameters
-    that its `parameters` cell declares: a typo fails here, naming the valid choices, instead of papermill
-    silently adding a variable the notebook never reads."""
+    """The profile's `notebooks:` section names study notebooks and parameters their `parameters` cell declares."""
     known = notebook_names()
     for name, params in profile.notebooks.items():
         if name not in known:
@@ -109,10 +101,7 @@ def _is_key(text: str) -> bool:
 
 
 def check_catalog_keys(where: str, value, declared: dict) -> None:
-    """A key-valued parameter's keys, checked against the catalog before anything runs (an unknown key once failed
-    only in the notebook's seventh cell, minutes in). A parameter holds keys when its notebook's default does (every
-    element a catalog key), when its help says so ("catalog"), or, for any other parameter, a value that begins
-    with a catalog prefix is taken for one."""
+    """A key-valued parameter's keys (by default, help or catalog prefix), checked against the catalog."""
     import ast
 
     from sdperf.optimizations import catalog
@@ -137,17 +126,13 @@ def check_catalog_keys(where: str, value, declared: dict) -> None:
                 raise ConfigError(f"{where}: {exc}") from None
 
 
-# a parameters cell's annotation -> the YAML values it accepts; a list holds scalars only (every notebook's lists are
-# of keys, names or sizes), so no nested or huge structure reaches papermill, which writes every value into the
-# notebook as Python source
-_SCALARS = (str, int, float, bool)
+_SCALARS = (str, int, float, bool)  # a list's items: papermill writes every value as Python source
 MAX_LIST_ITEMS = 1000
 MAX_TEXT = 10_000
 
 
 def check_parameter_type(where: str, value, annotation: str | None) -> None:
-    """A profile's value for a notebook parameter has the type the parameters cell annotates (`name: list = ...`):
-    a mapping or a nested list where a list of keys belongs fails here, naming it, not inside the notebook."""
+    """A profile's value for a notebook parameter has the type the parameters cell annotates (`name: list = ...`)."""
     kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "list": (list,)}
     expected = kinds.get(annotation or "")
     if expected is None:  # unannotated (papermill says "None"): a scalar or a list, as the notebooks' values are
@@ -166,5 +151,4 @@ def check_parameter_type(where: str, value, annotation: str | None) -> None:
 
 
 def notebook_parameters(profile: Profile, name: str) -> dict:
-    """What papermill injects into notebook `name`: the profile, and the profile's own settings for it."""
     return {"profile": profile.name, **profile.notebooks.get(name, {})}

@@ -1,18 +1,7 @@
 """A run's stand-alone comparisons measured up front, in one schedule, before its notebooks read them.
 
-Each comparing notebook (01-10) asks sdperf.measure.rounds for its configurations, and each such call brackets its rounds
-with fp32 baseline processes of its own: nine comparisons paid ~28 baseline processes (~10 min on cpu) and a fork
-server each. `sdperf run` knows which notebooks will run and, from their parameters (the profile's `notebooks:`
-section over each notebook's defaults), which catalog keys each compares stand-alone at batch 1. It measures them
-all in ONE rounds.run call into the run's ledger (sdperf.measure.ledger): every round holds every configuration once, in
-turn, the twin among them, and a baseline follows every `EVERY` configurations, so none is timed further than
-that from a baseline on either side. When a notebook then asks, rounds.run finds its configurations in the ledger
-and reads them back: the same workers, rounds, interpolated baseline and noise floor, with fewer baselines.
-
-07's batch sweep (its best lossless engine at its larger batch sizes, sdperf.select.engine_sweep) follows, decided from
-the same batch-1 rounds as 07 will decide it: one schedule per batch size, whose fp32 processes 00 then describes
-as well. What a notebook decides only while it runs (the ladder's stacks, chosen from the others' results) it still
-measures itself, and a notebook run alone (papermill, JupyterLab) measures everything itself, as before.
+Rather than each notebook's rounds bracketing themselves with fp32 baselines of their own, `sdperf run` measures every
+key they compare at batch 1 in ONE rounds.run call into the run's ledger (sdperf.measure.ledger); they read it back.
 """
 from __future__ import annotations
 
@@ -31,21 +20,15 @@ from sdperf.core.paths import scratch_dir
 from sdperf.config.profiles import Profile
 from sdperf.run.plan import notebook_parameters
 
-EVERY = 13  # configurations between two baselines inside a round (~2.7 min of processes on cpu; cpu's 23 configurations
-#            and the twin make 24, two chunks of 12 as with 12; 13 leaves room for one more without a third chunk)
-# 09 times its first `own_processes` schedulers in processes of their own and prices the rest from the baseline's
-# workers; 10's allocator rung (fp32 eager under each allocator) forks its workers from a server started under their
-# allocator (sdperf.measure.allocator_servers), and so do the other workers of a schedule holding one, so the rung
-# shares the schedule's baselines instead of paying its own.
-OWN_PROCESSES = "own_processes"
+EVERY = 13  # configurations between two baselines inside a round
+OWN_PROCESSES = "own_processes"  # 09 times this many schedulers in processes of their own
 COMPILE_NOTEBOOK, PRECISION_NOTEBOOK, LADDER_NOTEBOOK = "04_torch_compile", "01_half_precision", "10_ladder"
 STEPS_NOTEBOOK, DEEPSPEED_NOTEBOOK = "09_fewer_steps", "06_deepspeed"
 ENGINE_NOTEBOOK = "07_engine_export"
 
 
 def parameters(name: str, profile: Profile, notebooks_dir: Path | None = None) -> dict:
-    """The parameters notebook `name` will run with: its defaults, then what the runner injects (the profile's
-    notebooks: section, sdperf.run.plan.notebook_parameters)."""
+    """The parameters notebook `name` will run with: its defaults, then what the runner injects."""
     import ast
 
     import papermill
@@ -76,9 +59,7 @@ def _trim_heap() -> None:
 
 
 def _search_parts(profile: Profile, keys: list[str]) -> list[str]:
-    """10's search parts less the half precisions its search would skip (sdperf.measure.half_budget.skips, the rule
-    recipe.run applies to the same keys): a part the search leaves out is not worth rounds up front. Only a
-    precision among them is probed: without one, no pipeline is built."""
+    """10's search parts less the half precisions its search would skip (sdperf.measure.half_budget.skips)."""
     from sdperf.measure import half_budget
 
     single = [k for k in keys if len(catalog.split(k)) == 1]  # a stack listed here is the notebook's error to report
@@ -88,7 +69,7 @@ def _search_parts(profile: Profile, keys: list[str]) -> list[str]:
 
 
 def _half_precisions(profile: Profile) -> list[str]:
-    """01's precisions that run here and fit the budget (sdperf.measure.half_budget: the probe 01 then reads back)."""
+    """01's precisions that run here and fit the budget (sdperf.measure.half_budget)."""
     from sdperf.measure import half_budget
 
     study = _study(profile)
@@ -105,9 +86,7 @@ def _half_precisions(profile: Profile) -> list[str]:
 
 
 def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
-    """The catalog keys notebook `name` compares stand-alone at batch 1 when run with `params`: the profile's
-    techniques it owns (sdperf.optimizations.catalog.among), whatever its parameters are called; 10 also reads the
-    parts of its search. Valid keys only: a bad one is the notebook's own error to report."""
+    """The valid catalog keys notebook `name` compares stand-alone at batch 1 when run with `params`."""
     from sdperf.select.stack_search import UNET_FAMILIES
 
     def valid(key):
@@ -144,8 +123,7 @@ def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
 
 def plan(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None,
          owners: dict[str, list[rounds.Config]] | None = None) -> list[rounds.Config]:
-    """One configuration per distinct stack the selected notebooks compare, in study order. `owners`: by_notebook's
-    result when the caller made it already (sdperf.run.runner plans once, for the expected time and the run)."""
+    """One configuration per distinct stack the selected notebooks compare, in study order (`owners`: by_notebook's)."""
     if owners is None:
         owners = by_notebook(profile, notebooks, notebooks_dir)
     return [c for cs in owners.values() for c in cs]
@@ -165,8 +143,7 @@ def by_notebook(profile: Profile, notebooks: list[str],
 
 def sweep(profile: Profile, notebooks: list[str], measured: rounds.Measured, configs: list[rounds.Config],
           notebooks_dir: Path | None = None) -> list[rounds.Config]:
-    """07's batch sweep beyond batch 1: its best lossless engine at each of its batch sizes that fits its budget,
-    chosen from the batch-1 rounds `measured` by the rule 07 applies to the same rounds (sdperf.select.engine_sweep)."""
+    """07's best lossless engine at each batch size that fits its budget, chosen from the batch-1 rounds `measured`."""
     from sdperf.select import engine_sweep
     from sdperf.measure.comparison import Comparison
 
@@ -189,8 +166,7 @@ def _ledger(profile: Profile) -> Path:
 
 def pending(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None,
             owners: dict[str, list[rounds.Config]] | None = None) -> int:
-    """The workers the batch-1 rounds up front still launch (a resumed run: only its missing rounds'); 07's
-    batch sweep, decided from those rounds, is not counted. `owners`: as for plan."""
+    """The workers the batch-1 rounds up front still launch (07's sweep not counted). `owners`: as for plan."""
     configs = plan(profile, notebooks, notebooks_dir, owners)
     if not configs:
         return 0
@@ -200,8 +176,6 @@ def pending(profile: Profile, notebooks: list[str], notebooks_dir: Path | None =
 def run(profile: Profile, notebooks: list[str], notebooks_dir: Path | None = None,
         say: Callable[[str], None] = print, launcher: Callable | None = None,
         owners: dict[str, list[rounds.Config]] | None = None) -> float:
-    """Measure the selected notebooks' stand-alone configurations into the run's ledger; the seconds it took.
-    `launcher` replaces the worker launch (the tests' simulated machine); `owners`: as for plan."""
     started = time.time()
     if owners is None:
         owners = by_notebook(profile, notebooks, notebooks_dir)

@@ -1,7 +1,6 @@
 """Runs the study's notebooks for one profile: validate, execute with papermill, stamp, convert, index.
 
-papermill, nbformat, nbconvert and pandas take seconds to import, so they are imported inside the functions
-that need them: a bad profile or notebook name must fail before any of that cost is paid.
+Heavy libraries are imported inside the functions that need them: a bad profile or name fails before that cost.
 """
 from __future__ import annotations
 
@@ -22,12 +21,9 @@ from sdperf.run import eta
 from sdperf.run.plan import check_notebook_parameters, check_sections, notebook_names, notebook_parameters, select
 from sdperf.store import staging
 from sdperf.store.stamps import (FAILED, OK, SKIPPED, fingerprint, mark_running, outputs_dir, read_running,
-                                 read_stamp, running_path, should_skip, stamp_path,
-                                 write_stamp)
+                                 read_stamp, running_path, should_skip, stamp_path, write_stamp)
 
-# the kernel's own log (not the notebook's output): at its default level every kernel printed a warning about TCP
-# into the progress bar, and a kernel shut down by an interrupted run printed its closing-socket tracebacks
-KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]
+KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]  # the kernel's own log: else TCP warnings, closing tracebacks
 INJECTED_TAG = "injected-parameters"  # papermill's tag on the cell it adds after the `parameters` cell
 ERROR_MARKER_TAG = "papermill-error-cell-tag"  # papermill's tag on the red banner cells it adds on failure
 
@@ -44,8 +40,7 @@ class Outcome:
 
 def validate(profile_name: str | None, only: list[str] | None,
              notebooks_dir: Path | None = None) -> tuple[Profile, list[str]]:
-    """Cheap checks first (the folders in the environment, YAML, names, the results table, the profile's notebook
-    parameters, the memory cap), then the device probe that needs torch."""
+    """Cheap checks first (folders, YAML, names, results table, notebook parameters, memory cap), then the device."""
     from sdperf.measure import memory
     from sdperf.store.results import check_results
 
@@ -65,8 +60,7 @@ def validate(profile_name: str | None, only: list[str] | None,
 
 
 def check_weights_manifest(profile: Profile) -> None:
-    """A local `weights:` folder with a manifest.json is verified before the first notebook, not inside it (every
-    build verifies it again: sdperf.model.pipelines.verify_weights)."""
+    """A local `weights:` folder with a manifest.json is verified before the first notebook, not inside it."""
     if not profile.weights:
         return
     from sdperf.config.profiles import weights_source
@@ -76,8 +70,7 @@ def check_weights_manifest(profile: Profile) -> None:
 
 
 def check_outputs(profile: str) -> None:
-    """reports/<profile>/ and the folders a run writes into can be written: a read-only folder, or a file where a
-    folder belongs, fails here and not after hours of notebooks."""
+    """The folders a run writes into can be written: a read-only one, or a file there, fails before hours of work."""
     root = paths.profile_reports(profile)
     for folder in (root, outputs_dir(profile), paths.figures_dir(profile)):
         if folder.exists() and not folder.is_dir():
@@ -88,8 +81,6 @@ def check_outputs(profile: str) -> None:
             raise ConfigError(f"{str(folder)!r} cannot be written ({str(existing)!r} is not a writable folder); "
                               "make it writable or set SDPERF_REPORTS_DIR to another folder")
 
-
-# ---------------------------------------------------------------- executing one notebook
 
 def _tags(cell) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
@@ -133,11 +124,7 @@ def describe_failure(exc: BaseException, partial: Path) -> dict:
 
 
 def watched_kernel_manager(log: Path | None = None):
-    """(a kernel manager class for nbclient, the list it appends each kernel's process to): nbclient drops the
-    kernel's process when it finds it dead, and with it the exit status that says which signal killed it. The
-    kernel dies with this process (sdperf.measure.lifeline), and its workers with it: a killed `sdperf run` leaves no
-    kernel measuring on. With `log`, the kernel's console output (and its workers', which inherit it) goes there:
-    the console shows the study's progress, the log what the libraries printed."""
+    """(a kernel manager class dying with this process and logging to `log`, the kernel processes it launched)."""
     from jupyter_client import AsyncKernelManager
 
     from sdperf.measure import lifeline
@@ -145,16 +132,12 @@ def watched_kernel_manager(log: Path | None = None):
     launched: list = []
 
     class WatchedKernelManager(AsyncKernelManager):
-        """AsyncKernelManager that keeps a reference to each kernel process it launches."""
-
         async def _async_launch_kernel(self, kernel_cmd, **kw):
             kw.setdefault("preexec_fn", lifeline.preexec(os.getpid()))
-            if log is not None:
-                with open(log, "ab") as fh:  # the child keeps its own copy of the descriptor
+            with open(log, "ab") if log is not None else contextlib.nullcontext() as fh:  # the child keeps a copy
+                if fh is not None:
                     kw.setdefault("stdout", fh)
                     kw.setdefault("stderr", fh)
-                    await super()._async_launch_kernel(kernel_cmd, **kw)
-            else:
                 await super()._async_launch_kernel(kernel_cmd, **kw)
             launched.append(getattr(self.provisioner, "process", None))
 
@@ -162,9 +145,7 @@ def watched_kernel_manager(log: Path | None = None):
 
 
 def kernel_died(failure: dict, process, oom_before: int | None) -> dict:
-    """A failure record of a kernel that died, completed with why: the signal or exit code of its process and the
-    system's word on memory (sdperf.measure.lifeline.death_cause), in `evalue` (what the FAILED line and the run's
-    summary show) and as `kernel_exit`."""
+    """A dead kernel's failure record completed with why (lifeline.death_cause), in `evalue` and `kernel_exit`."""
     from sdperf.measure import lifeline
 
     if process is None or ("dead" not in failure["ename"].lower() and "died" not in failure["evalue"].lower()):
@@ -196,12 +177,7 @@ def _remove(*files: Path) -> None:
 
 
 def execute(notebook: Path, profile: Profile) -> dict | None:
-    """Run one notebook into reports/<P>/notebooks; returns None on success, else the failure record.
-
-    The executed copy is built under a temp name and renamed, so `<name>.ipynb` is always a complete run;
-    a failed run is kept as `<name>.failed.ipynb` and any older successful copy is removed with it, so the
-    report never presents stale output as current.
-    """
+    """Run one notebook; None on success, else the failure record. `<name>.ipynb` is always a complete run."""
     import papermill
 
     out = outputs_dir(profile.name)
@@ -236,8 +212,7 @@ def execute(notebook: Path, profile: Profile) -> dict | None:
 
 
 def up_to_date(notebook: Path, profile: Profile, commit: str, force: bool) -> bool:
-    """Whether this run may skip the notebook: its stamp says ok for this commit, notebook and profile, and no
-    later run of it was interrupted."""
+    """Whether its stamp says ok for this commit, notebook and profile, and no later run of it was interrupted."""
     current = fingerprint(profile.name, notebook, commit, environment.fingerprint(profile.device))
     return not force and should_skip(read_stamp(profile.name, notebook.stem), current) \
         and (outputs_dir(profile.name) / f"{notebook.stem}.ipynb").is_file() \
@@ -275,10 +250,7 @@ def run_one(notebook: Path, profile: Profile, commit: str, force: bool, say) -> 
     return Outcome(name, FAILED if failure else OK, finished - started, failure)
 
 
-# ---------------------------------------------------------------- after the run
-
 def executed_copy(profile: str, name: str) -> Path | None:
-    """The notebook a reader should open: the successful run, else the failed one."""
     out = outputs_dir(profile)
     for candidate in (out / f"{name}.ipynb", out / f"{name}.failed.ipynb"):
         if candidate.is_file():
@@ -302,9 +274,7 @@ def _fresh(html: Path, ipynb: Path) -> bool:
 
 
 def convert(profile: str, outcomes: list[Outcome], say) -> bool:
-    """HTML for everything run now, and for skipped notebooks whose HTML is missing or older than their executed
-    copy (a run killed before this step leaves the notebooks it finished without fresh HTML: the resumed run skips
-    them, and their pages would show an earlier run's figures); False if any failed."""
+    """HTML for everything run now and for skipped notebooks whose HTML is missing or stale; False if any failed."""
     ok = True
     for outcome in outcomes:
         ipynb = executed_copy(profile, outcome.name)
@@ -331,8 +301,7 @@ def summary_table(outcomes: list[Outcome]) -> str:
 
 
 def write_environment(profile: Profile, beside: dict | None = None) -> Path:
-    """reports/<P>/environment.json: the machine's record, with what the run was told to measure beside
-    (`beside`: the survivors of a killed run it was allowed to run beside, the load it started beside)."""
+    """reports/<P>/environment.json: the machine's record, with what the run was told to measure `beside`."""
     from sdperf.store.results import atomic_write_text
 
     path = paths.profile_reports(profile.name) / "environment.json"
@@ -342,9 +311,7 @@ def write_environment(profile: Profile, beside: dict | None = None) -> Path:
 
 
 def _prefetch(profile: Profile, notebooks: list[str], folder: Path, workers: int, owners: dict | None) -> float:
-    """The notebooks' stand-alone comparisons in one schedule (sdperf.run.prefetch); a failure there only means each
-    notebook measures its own, as when it runs alone. Its time and `workers` (launched at batch 1) are stamped
-    for the next run's expected time (sdperf.run.eta)."""
+    """The rounds up front (sdperf.run.prefetch; if they fail each notebook measures its own), stamped for eta."""
     from tqdm import tqdm
 
     from sdperf.run import prefetch
@@ -383,9 +350,7 @@ def logging_to(log: Path):
 
 
 def expected_parts(profile: Profile, stale: list[str], folder: Path) -> tuple[list, int, dict | None]:
-    """Each part of this run with its expected seconds (sdperf.run.eta): the rounds up front, then every notebook that
-    runs (an up-to-date one is skipped and costs nothing); the workers the rounds launch; and the rounds' plan
-    (sdperf.run.prefetch.by_notebook, None when it failed), made once here and measured by _prefetch."""
+    """(each part's expected seconds, the workers the rounds launch, the rounds' plan or None when it failed)."""
     from sdperf.run import prefetch
 
     machine = environment.fingerprint(profile.device)
@@ -407,11 +372,7 @@ def expected_parts(profile: Profile, stale: list[str], folder: Path) -> tuple[li
 
 def run(profile_name: str | None, only: list[str] | None = None, force: bool = False,
         notebooks_dir: Path | None = None, beside_survivors: bool = False, beside_load: bool = False) -> int:
-    """Run the study for one profile; 0 when every selected notebook ran or was already up to date, else 1.
-    One run on the machine at a time, whatever its profile or reports folder (sdperf.measure.contention.machine_lock),
-    and one per profile (sdperf.store.staging.run_lock): a second fails at once instead of timing the first's load.
-    Workers a killed run left running are named first, and refused unless `beside_survivors` (check_survivors);
-    a busy machine likewise unless `beside_load` (check_quiet)."""
+    """Run the study for one profile (one run per machine and profile at a time); 0 when all ran or were up to date."""
     from sdperf.measure import contention
 
     profile, selected = validate(profile_name, only, notebooks_dir)
@@ -423,10 +384,7 @@ def run(profile_name: str | None, only: list[str] | None = None, force: bool = F
 
 
 def resume_rounds(profile: Profile, force: bool, say=print) -> str:
-    """Key this run's rounds (sdperf.measure.ledger) by commit, machine, profile settings, thread settings, CPU set
-    and libraries, so a killed run's finished rounds are the next run's; the notebooks' kernels inherit the key.
-    Rounds of another key are removed, and with `force` this key's too (everything is measured again); each
-    discarded key is said with what differed. Returns the key."""
+    """Key this run's rounds by all that changes a timing, so a killed run's rounds are the next run's; the key."""
     parts = ledgers.resume_parts(environment.git_commit(), environment.fingerprint(profile.device),
                                  (paths.params_dir() / f"{profile.name}.yml").read_text(), environment.tree_digest())
     key = ledgers.resume_key(parts)
@@ -439,9 +397,7 @@ def resume_rounds(profile: Profile, force: bool, say=print) -> str:
 
 
 def check_survivors(profile: str, beside: bool = False, say=print) -> list[dict]:
-    """Workers and fork servers that a killed launcher of this profile left running (sdperf.measure.lifeline pid files):
-    named with pid and RSS, and a ConfigError unless `beside`, since their memory and cores would bias every
-    figure of the run (and an SDXL survivor holds 14 GB). Returns them."""
+    """Workers a killed launcher of this profile left running; a ConfigError unless `beside` (they bias figures)."""
     from sdperf.measure import lifeline
 
     where = lifeline.folder(profile)
@@ -461,9 +417,7 @@ def check_survivors(profile: str, beside: bool = False, say=print) -> list[dict]
 
 
 def check_quiet(beside: bool = False, say=print) -> dict | None:
-    """Refuse to start on a machine whose other processes take more than their share of the CPUs (waiting up to
-    contention.QUIET_WAIT_S for them to stop), naming the busiest, unless `beside`; returns what they took then
-    (None when quiet). Every worker still measures its own window and is measured again or marked."""
+    """Refuse a busy machine, naming the busiest, unless `beside`; returns what they took (None when quiet)."""
     from sdperf.measure import contention
 
     contention.threshold()  # a bad SDPERF_CONTENTION_SHARE is refused by name before anything is sampled
@@ -501,10 +455,8 @@ def _run_locked(profile: Profile, selected: list[str], force: bool, notebooks_di
     run_id = environment.run_id()
     commit = environment.git_commit()
     stale = [n for n in selected if not up_to_date(folder / f"{n}.ipynb", profile, commit, force)]
-    # What could run here, judged before anything is built: the catalog's rungs are the study notebooks' rungs, so a
-    # run of another notebooks folder (the tests' stand-ins) has nothing for the doctor to judge.
-    found = doctor.record(profile) if notebooks_dir is None else None
-    if found is not None:  # what `sdperf doctor` prints: `make study` no longer runs it apart (its imports cost ~25 s)
+    found = doctor.record(profile) if notebooks_dir is None else None  # the catalog's rungs are the study's notebooks'
+    if found is not None:
         tqdm.write(doctor.report(profile, found))
     parts, workers, owners = expected_parts(profile, stale, folder)
     tqdm.write(eta.plan_text(parts))

@@ -1,10 +1,5 @@
-"""The names of 10's rows that the report looks up: each ladder's rungs, the best recipe, the chosen stacks and
-the stack search's candidates.
-
-10 writes these scenarios (experiments/ladder.py, experiments/recipe.py) and the report and the findings find them
-(report/report.py, report/findings.py). The words live here, once, below both, so a wording change on one side
-cannot silently empty a table on the other.
-"""
+"""The names of 10's rows that the report looks up: ladder rungs, best recipe, chosen stacks, search candidates.
+The words live here, once, below writer and reader, so a change on one side cannot silently empty a table."""
 from __future__ import annotations
 
 import pandas as pd

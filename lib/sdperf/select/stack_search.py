@@ -1,33 +1,11 @@
 """The best stack under the quality budget: every compatible combination, not a greedy walk one rung at a time.
 
-A greedy ladder keeps a rung only if it is fast and harmless alone, so it never tries int8 with fewer steps when
-int8 alone was "undecided". Here every compatible combination is a candidate: one configuration of the UNet
-(fp32 eager, an executor, a precision, feature caching or token merging: each measured stand-alone in rounds),
-one scheduler at a step count, and optionally an engine for the text encoder and VAE decoder.
-
-How a candidate's speed is known. Measuring every combination in rounds would take hours, and the parts of a
-generation are timed apart already (sdperf.measure.worker): per round, a candidate's per-image time is composed from
-the measured parts of that round, the way every per-image figure at 50 steps in this study is composed:
-text encoder + Σ UNet calls at the scheduler's step count (each call at the median of its kind: a caching
-configuration's full and cached calls apart) + one scheduler step per call + VAE decode, the text encoder and
-decode from the stage engine's worker when the candidate has one. The ratio divides the fp32 baseline at 50
-PLMS steps, interpolated to the UNet configuration's worker as every ratio is. The scheduler's own arithmetic is
-the profile scheduler's (PLMS), measured: under a millisecond next to a UNet call of seconds. What composition
-cannot see (two engines sharing the caches of one process, an allocator) is why the chosen stacks are then
-measured whole, in rounds of their own, and only those measurements make the headline.
-
-How a candidate's quality is known (iso-quality a reviewer can defend). Every judgement is against the
-converged fp32 solve of the same captions and noise on the trained reference model (sdperf.judge.techniques,
-sdperf.judge.paired: adherence and soft adherence within 1 point, FID and KID where they resolve their margin).
-A candidate's sampler is one of its parts: its scheduler, or fp32 PLMS at the seeds' 50 steps when it names none.
-A candidate is admissible only when EVERY lossy part alone is "within budget" (a precision or executor judged with
-the converged sampler, a sampler with fp32 weights) AND the stack rendered whole is too, so no part's "gain" can pay
-for another part's loss; and only when the run's controls read as they must (an fp32 twin "within", known harms
-"over"), else no candidate is admitted at all. Its speed range must also clear the noise floor. Candidates are
-judged fastest first; one with a part that is not within alone is not rendered (its row names the part); a lossless
-candidate (no technique may change the picture: the fp32 PLMS-50 pictures themselves) needs no rendering, and its
-quality columns are its pictures' own: the seeds' sampler's rows against the converged solve (read back), never a
-zero that would hide PLMS-50's own deficit. The search stops at the first admissible candidate, or after `max_quality` renderings.
+A greedy ladder keeps a rung only if it is fast and harmless alone, so it never tries int8 with fewer steps when int8
+alone was "undecided". A candidate (one UNet configuration, one scheduler at a step count, optionally a stage engine)
+has its speed composed per round from that round's measured parts (`composed_s`), since measuring every combination
+would take hours; the chosen stacks are then measured whole, and only those measurements make the headline. It is
+admissible only when EVERY lossy part alone (its sampler included) and the stack rendered whole are "within budget"
+against the converged fp32 solve on the reference model, so no part's "gain" can pay for another's loss (`search`).
 """
 from __future__ import annotations
 
@@ -53,8 +31,7 @@ COMPOSED = ("composed per round from the measured parts (text encoder + UNet cal
 
 @dataclass(frozen=True)
 class Candidate:
-    """One combination: its UNet configuration's stack key ('' = fp32 eager), scheduler key ('' = the profile's
-    scheduler at the seeds' 50 steps) and stage-engine key ('' = PyTorch's text encoder and decoder)."""
+    """One combination of stack keys: UNet, scheduler and stage engine ('' = fp32 eager, PLMS-50, PyTorch's)."""
 
     unet: str = ""
     scheduler: str = ""
@@ -87,10 +64,7 @@ class Candidate:
 
     @property
     def picture_key(self) -> str:
-        """The stack of its parts that may change the picture, its sampler named: what its quality is judged by. A
-        lossless part (an f32 stage engine, a lossless executor) adds nothing to judge, so two candidates that
-        differ only in one share one rendering on the reference model (the search's renderings are its costliest
-        step)."""
+        """Its lossy parts as one stack: what its quality is judged by, so candidates share renderings."""
         return catalog.join(self.lossy_parts)
 
 
@@ -100,8 +74,7 @@ def unet_side(key: str) -> bool:
 
 
 def candidates(unets: list[str], schedulers: list[str], stages: list[str]) -> list[Candidate]:
-    """Every combination of one UNet configuration (or eager), one scheduler (or the profile's at 50 steps) and
-    one stage engine (or none) that the catalog lets stack."""
+    """Every combination of one UNet configuration, scheduler and stage engine (each optional) that can stack."""
     out = []
     for u, s, g in itertools.product([""] + list(unets), [""] + list(schedulers), [""] + list(stages)):
         try:
@@ -112,7 +85,6 @@ def candidates(unets: list[str], schedulers: list[str], stages: list[str]) -> li
     return out
 
 
-# --- composed speed -----------------------------------------------------------------------------------------
 def _stage(row, name: str, column: str) -> float:
     for s in row["stages"] or ():
         if s["stage"] == name:
@@ -126,9 +98,7 @@ def call_counts(kinds_of: Callable[[int], list[str]] | None, timesteps: list) ->
 
 
 def composed_s(unet_row, stage_row, timesteps: list, kinds_of) -> float:
-    """One image composed from one round's workers: text encoder and VAE decode from the stage engine's worker
-    (else the UNet configuration's, whose decode a loop-only worker borrows from the baseline), each UNet call at
-    its kind's median, one scheduler step per call."""
+    """One image: text encoder and decode from the stage worker (else the UNet's), UNet calls, scheduler steps."""
     around = stage_row if stage_row is not None else unet_row
     counts = call_counts(kinds_of, timesteps)
     per_kind = unet_row.get("unet_kind_s") if kinds_of is not None else None
@@ -143,17 +113,14 @@ def _rows(raw: pd.DataFrame, config: str) -> pd.DataFrame:
 
 def composed_speed(raw: pd.DataFrame, ratios: pd.DataFrame, names: dict[str, str], cand: Candidate,
                    timesteps: list) -> dict:
-    """Per round: the fp32 baseline at 50 PLMS steps (interpolated to the UNet worker) over the candidate
-    composed from that round's workers; median and min-max over rounds. `names` maps a stack key to its
-    configuration name in `raw`."""
+    """Per round, fp32 PLMS-50 over the composed candidate (`names`: key -> config in `raw`); median, min-max."""
     unet_name = names.get(cand.unet or BASELINE_KEY)
     if unet_name is None or (cand.stages and cand.stages not in names):
         return {"status": "not measured"}
     urows = _rows(raw, unet_name)
     grows = _rows(raw, names[cand.stages]) if cand.stages else None
     kinds_of = Stack.of(cand.unet).call_kinds if cand.unet else None
-    # the baseline of a worker: the run's fp32 PLMS-50 interpolated to it (rounds.per_round_ratios), or, for an
-    # fp32-eager UNet side, the worker itself (a round holds several baseline workers)
+    # fp32 PLMS-50 interpolated to the worker (rounds.per_round_ratios), or for an fp32-eager UNet the worker itself
     base = None if unet_name == BASELINE else \
         ratios[ratios.config == unet_name].set_index("round")["baseline_s_per_image_seed"]
     values, secs = [], []
@@ -176,10 +143,8 @@ def composed_speed(raw: pd.DataFrame, ratios: pd.DataFrame, names: dict[str, str
             "unet_calls": len(timesteps)}
 
 
-# --- the search ---------------------------------------------------------------------------------------------
 def failing_part(cand: Candidate, part_verdicts: dict[str, str]) -> tuple[str, str] | None:
-    """The first lossy part of the candidate that is not within budget alone, with its verdict ("not judged" when
-    no verdict is known): the candidate is then not admissible and not rendered."""
+    """The first lossy part not within budget alone, with its verdict ("not judged" when unknown), or None."""
     from sdperf.judge.techniques import WITHIN
 
     for part in cand.lossy_parts:
@@ -192,12 +157,8 @@ def failing_part(cand: Candidate, part_verdicts: dict[str, str]) -> tuple[str, s
 def search(table: pd.DataFrame, band: tuple[float, float], judge: Callable[[list[str]], pd.DataFrame],
            part_verdicts: dict[str, str], *, max_quality: int, batch: int = 4, trusted: bool = True,
            distrust: str = "") -> pd.DataFrame:
-    """Judge `table`'s candidates (columns: key, candidate, speedup, speedup_lo, speedup_hi) fastest first.
-
-    `judge(keys)` renders stacks on the reference model and returns their quality rows (key, quality_verdict,
-    adherence_delta..., fid_delta...); `part_verdicts` holds each lossy part's verdict alone. Without `trusted`
-    controls no lossy candidate is admissible (`distrust` says why). Returns the table with each candidate's
-    quality, its admissibility and why; the first admissible row in speed order is the best stack."""
+    """Judge `table`'s candidates fastest first, rendering with `judge(keys)`, until one is admissible or `max_quality`
+    renderings are spent; `part_verdicts`: each lossy part's verdict alone; untrusted controls admit no lossy one."""
     from sdperf.judge.techniques import WITHIN
 
     t = table.sort_values("speedup", ascending=False).reset_index(drop=True).copy()
@@ -262,8 +223,7 @@ def best(t: pd.DataFrame, lossless: bool = False) -> pd.Series | None:
 
 
 def timesteps(profile, scheduler_key: str, seed_steps: int = 50) -> list[float]:
-    """The timesteps a candidate's loop calls the UNet at: its scheduler at its steps, or the profile's scheduler
-    at the seeds' 50 (PLMS: 51 calls), from the architecture's noise-schedule configuration."""
+    """The timesteps a candidate's loop calls the UNet at: its scheduler at its steps, else the profile's at 50."""
     from sdperf.config import architectures
     from sdperf.model.pipelines import make_scheduler
 

@@ -1,10 +1,7 @@
 """Each technique's stand-alone measurement, found in results.csv by its catalog key.
 
-The ladder chooses its best order from these rows and the quality rungs set their images beside them. Rows are
-matched on the `key` and `batch_size` columns that comparison.record writes (the catalog stack key, the batch),
-on the notebook that owns the technique, never on a display label: renaming a label cannot make a measured technique "not
-measured". Only rows of this machine and this commit are read (Recorder.current()); a row of another CPU or of
-older code never enters a choice.
+Rows are matched on `key`, `batch_size` and the owning notebook, never on a display label, and only rows of this
+machine and commit are read (Recorder.current()).
 """
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ COLUMNS = ["key", "technique", "family", "notebook", "status", "scenario",
 
 
 def rows_of(df: pd.DataFrame, tech: catalog.Technique, batch_size: int = 1) -> pd.DataFrame:
-    """The rows of `tech` measured alone: its key, its own notebook, this batch size; if the notebook stored it
-    under more than one scenario, the most recent scenario's rows."""
+    """The rows of `tech` measured alone (its key, own notebook, this batch size), of its most recent scenario."""
     if df.empty or "key" not in df:
         return df.iloc[0:0]
     mine = df[(df["key"].astype(str) == tech.key) & (df["notebook"].astype(str) == tech.notebook)
@@ -75,15 +71,12 @@ def _first(values):
 
 
 def standalone(study, keys: list[str] | None = None, batch_size: int = 1) -> pd.DataFrame:
-    """Every catalog technique's stand-alone measurement as its own notebook stored it on this machine at this
-    commit ("not measured" where that notebook has not run here)."""
+    """Every catalog technique's stand-alone measurement here ("not measured" where its notebook has not run)."""
     return table(study.recorder.current(), keys, batch_size)
 
 
 def keeps_picture(row) -> bool:
-    """Lossless by declaration, or its quality cost measured on the trained reference model is within the budget
-    (sdperf.judge.techniques: paired adherence and domain-FID intervals); PSNR against a random-init UNet
-    says nothing about a trained model's picture, so it no longer decides."""
+    """Lossless by declaration, or its quality cost on the trained reference model is within the budget (not PSNR)."""
     from sdperf.judge.techniques import WITHIN
 
     return (not bool(row["changes_output"])) or row.get("quality_verdict") == WITHIN

@@ -1,11 +1,6 @@
 """The caption every figure of the study carries: what it shows, on which device, against which baseline, by which
-method, over what n.
-
-A figure read alone (in the report, a paper, a slide) must say all five: a speed-up bar means nothing without
-the machine it ran on and what it divides. `Study.save_figure` requires them, composes the device from the
-study's environment record (never typed at a call site), and stores the caption beside the figure as
-`<notebook>__<name>.caption.json`, so it is staged, promoted and deleted with the PNG and SVG (sdperf.store.staging
-moves every `<notebook>__*` file) and the report renders it under the figure.
+method, over what n: a speed-up bar read alone means nothing without the machine and what it divides. It is stored
+beside the figure as `<notebook>__<name>.caption.json`, staged and promoted with it; the report renders it.
 """
 from __future__ import annotations
 
@@ -50,9 +45,7 @@ class Caption:
 
 
 def device_text(env: dict) -> str:
-    """The device a figure's numbers were taken on, from the environment record (sdperf.core.environment.record):
-    the GPU's name under CUDA, else the CPU's model name, family/model/stepping and the threads torch used. A
-    figure of published numbers only passes {"published_hardware": <the sources' hardware>}."""
+    """The device a figure's numbers were taken on, from the environment record (or its "published_hardware")."""
     if env.get("published_hardware"):
         return f"{env['published_hardware']} (published figures; nothing in this figure was measured here)"
     fms = env.get("cpu_family_model_stepping")
@@ -64,14 +57,12 @@ def device_text(env: dict) -> str:
 
 
 def sidecar(figure: Path) -> Path:
-    """Where the caption of `figure` (its PNG or SVG) is stored: <notebook>__<name>.caption.json beside it."""
     figure = Path(figure)
     return figure.with_name(figure.name.rsplit(".", 1)[0] + SUFFIX)
 
 
 def read(figure: Path) -> Caption | None:
-    """The stored caption of `figure`, or None when the figure was drawn before captions existed. A sidecar that
-    cannot be read as one raises ValueError naming the file."""
+    """The stored caption of `figure`, or None when there is none; an unreadable one raises ValueError naming it."""
     path = sidecar(figure)
     if not path.is_file():
         return None

@@ -26,10 +26,7 @@ def use_style() -> None:
 
 
 def save_figure(fig, profile: str, notebook: str, name: str, caption: Caption) -> dict[str, Path]:
-    """Write <notebook>__<name>.png/.svg and its caption (<notebook>__<name>.caption.json) atomically; returns
-    their paths. The caption is checked before anything is written, and written first, so a figure on disk always
-    has its caption beside it. Under `sdperf run` all three are staged with the notebook's rows and reach figures/
-    only when the notebook completes (sdperf.store.staging)."""
+    """Write <notebook>__<name>.png/.svg and its caption, caption first, atomically; returns their paths."""
     from sdperf.core.environment import run_id
 
     if not isinstance(caption, Caption):
@@ -51,9 +48,7 @@ LOG_ABOVE = 10.0  # a ratio axis turns logarithmic when the ratios it draws span
 
 
 def ratio_scale(ax, values, axis: str = "y") -> str:
-    """Put a ratio axis on a log scale when the plotted ratios (medians and range ends) span more than LOG_ABOVE:
-    on a linear axis a 0.02x bar beside a 1x one is invisible. Log ticks read '0.05x', '1x' (1-2-5 per decade
-    up to three decades). Returns the scale, 'log' or 'linear' (a linear axis is left as it is)."""
+    """A log scale ('0.05x', '1x') when the ratios span more than LOG_ABOVE; returns 'log' or 'linear'."""
     if axis not in ("x", "y"):
         raise ValueError(f"ratio_scale: axis {axis!r}; valid: 'x', 'y'")
     v = pd.to_numeric(pd.Series(list(values), dtype="object"), errors="coerce").astype(float).to_numpy()
@@ -71,9 +66,7 @@ def ratio_scale(ax, values, axis: str = "y") -> str:
 
 
 def speedup_bars(table, title: str, ax=None, label_col: str = "variant"):
-    """Speed-up over the fp32 baseline per variant, median with its min-max range over rounds, PSNR written on each
-    bar; a log axis when the ratios span more than LOG_ABOVE (ratio_scale). Rows that were not measured are left
-    out of the bars (their reasons are in the table beside)."""
+    """Speed-up over fp32 per variant, median with min-max over rounds, PSNR on each bar; unmeasured rows left out."""
     ok = table[table["status"] == "ok"].copy()
     ok["speedup_lo"] = ok["speedup_lo"].fillna(ok["speedup"])
     ok["speedup_hi"] = ok["speedup_hi"].fillna(ok["speedup"])

@@ -1,9 +1,7 @@
 """The study's one tidy table per profile: reports/<profile>/results.csv, a row per (notebook, scenario, metric).
 
-Every write is a read-modify-write under a file lock, written to a temp file and renamed, so a killed run
-leaves either the old table or the new one, never half a file. Under `sdperf run` a notebook's rows are staged
-(sdperf.store.staging) and replace all of its earlier rows in one write when it completes (`promote_rows`), so an
-interrupted run leaves the previous complete rows as they were.
+Every write is a read-modify-write under a file lock, to a temp file then renamed, so a killed run leaves the old
+table or the new, never half a file; under `sdperf run` a notebook's rows are staged (sdperf.store.staging).
 """
 from __future__ import annotations
 
@@ -21,33 +19,24 @@ from typing import Callable
 import pandas as pd
 
 from sdperf.store import staging
+from sdperf.core import environment
 from sdperf.core.errors import ConfigError, short
 from sdperf.core.paths import profile_reports, sibling_tempfile
 
 KEY = ["notebook", "scenario", "metric"]
-# lo/hi: the range of a value over fresh-process rounds (min, max); p10/p90: its spread inside one process.
-# method: how the row was taken (sdperf.measure.rounds.method() for every compared ratio), so no table mixes methods.
-# key: the catalog stack key a row measures (sdperf.optimizations.catalog), so rows are found by key, not label.
-# batch_size: images per generation of the configuration the row measures (empty where a row has no such batch).
-# verdict: a compared ratio's speed verdict against the run's noise band, or why the row was not measured; the
-# note says the same to a reader, and no code reads it back out of the note.
+# lo/hi: min-max over fresh-process rounds; p10/p90: the spread inside one process; method: how it was taken; key:
+# the catalog stack key; batch_size: images per generation; verdict: a ratio's speed verdict, or why not measured.
 MEASURE_COLUMNS = ["value", "unit", "p10", "p90", "lo", "hi", "n", "status", "method", "key", "batch_size", "verdict",
                    "note"]
-# run_id: one `sdperf run` (or one notebook opened alone); machine: the CPU/GPU fingerprint the row was taken on;
-# setting: the profile's architecture, resolution, guidance, weights and device (Profile.setting; empty in tables
-# written before it was a column)
+# run_id: one `sdperf run` (or one notebook opened alone); machine: the CPU/GPU fingerprint; setting: Profile.setting
 ENV_COLUMNS = ["profile", "setting", "dtype", "device", "device_name", "cpu_model", "machine", "threads", "commit",
                "run_id", "torch", "diffusers", "python", "packages", "time_utc"]
 COLUMNS = KEY + MEASURE_COLUMNS + ENV_COLUMNS
 STATUSES = ("ok", "not_applicable", "skipped", "failed")
-# A ratio whose whole range over rounds lies above the noise band is faster, below it slower, else within noise
-# (sdperf.measure.rounds.speed_verdict); a row not measured carries its status as its verdict.
-FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
+FASTER, SLOWER, NOISE = "faster", "slower", "within noise"  # sdperf.measure.rounds.speed_verdict's words
 NOT_MEASURED_VERDICTS = {"not_applicable": "not applicable", "skipped": "skipped", "failed": "failed"}
 VERDICTS = (FASTER, SLOWER, NOISE, *NOT_MEASURED_VERDICTS.values())
-# what every row must carry: a row without its key cannot be replaced, and one without its environment cannot be
-# placed (a row with no time_utc sorted as "the latest run" and hid every good row of the page)
-REQUIRED = KEY + ["status", "profile", "device", "machine", "commit", "time_utc"]
+REQUIRED = KEY + ["status", "profile", "device", "machine", "commit", "time_utc"]  # to be replaced and placed
 NUMERIC = ["value", "p10", "p90", "lo", "hi", "n", "batch_size"]  # a number or empty in every row
 
 
@@ -56,10 +45,7 @@ class DamagedTable(ConfigError):
 
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """`path` written whole or not at all, the study's one way to replace a file a reader may open meanwhile:
-    `write(tmp)` fills a temp file beside it (same folder, so the rename is atomic), which is synced and renamed
-    over `path`; on any failure the temp file goes and `path` stays as it was. A read-modify-write of a file two
-    processes share also holds `locked(path)` around it."""
+    """`path` written whole or not at all: `write(tmp)` fills a temp file beside it, synced and renamed over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = sibling_tempfile(path, suffix=".tmp")
@@ -111,16 +97,14 @@ def read_table(path: Path) -> pd.DataFrame:
     return with_verdicts(pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=[""]))
 
 
-# Rows written before `verdict` and `batch_size` were columns (the committed reports/cpu rows among them) said
-# both only in prose: the verdict in a compared ratio's note, the batch at the end of the scenario. This is the one
-# place that prose is read, when such a table is read; the next write of the table stores the columns.
+# Tables written before `verdict` and `batch_size` were columns said both only in prose (note, scenario); this is
+# the one place that prose is read, and the next write stores the columns.
 _LEGACY_VERDICT = re.compile(rf"({FASTER}|{SLOWER}|{NOISE}) \(noise band|; ({FASTER}|{SLOWER}|{NOISE})$")
 _LEGACY_BATCH = re.compile(r", batch (\d+)$")
 
 
 def with_verdicts(df: pd.DataFrame) -> pd.DataFrame:
-    """`df` with its `verdict` and `batch_size` columns: as stored, or derived for a table written before they
-    were (a header without them)."""
+    """`df` with its `verdict` and `batch_size` columns: as stored, or derived for a table written before them."""
     if "verdict" not in df:
         found = df["note"].astype(str).str.extract(_LEGACY_VERDICT)
         said = found[0].fillna(found[1]).where(df["status"] == "ok")
@@ -134,13 +118,11 @@ def with_verdicts(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def check_results(profile: str) -> None:
-    """Fail before anything is measured when the profile's results.csv is damaged: a run would measure for
-    minutes and then fail promoting its rows into it."""
+    """Fail before anything is measured when results.csv is damaged, not when promoting rows into it."""
     read_checked(results_path(profile))
 
 
 def read_checked(path: Path) -> str | None:
-    """The text of a results table after check_table; None when the file does not exist."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -157,9 +139,7 @@ def _damage(path: Path, line: int, what: str) -> DamagedTable:
 
 
 def check_table(path: Path, data: bytes) -> str:
-    """`data` decoded, when it is a whole table as to_csv writes it: UTF-8 text ending in a line end, a header of
-    known columns, every row with exactly the header's fields and its REQUIRED fields filled. Anything else (a
-    torn last line, a short or long row, an empty or binary file) raises DamagedTable naming the file and line."""
+    """`data` decoded when it is a whole table as to_csv writes it, else DamagedTable naming the file and line."""
     if not data:
         raise _damage(path, 1, "the file is empty (not even the header line)")
     text = _decode(path, data)
@@ -235,9 +215,7 @@ def upsert_rows(path: Path, rows: list[dict]) -> pd.DataFrame:
 
 
 def promote_rows(profile: str, notebook: str, staged: Path) -> int:
-    """Make a completed run's staged rows the notebook's rows: all of its earlier rows out (a scenario the re-run
-    no longer produces must not linger as if current), the staged ones in, in one atomic write under the lock.
-    Returns the number of rows promoted; the staged file is removed."""
+    """A completed run's staged rows replace all the notebook's earlier rows, in one atomic write; how many rows."""
     path = results_path(profile)
     new = read_table(staged)
     with locked(path):
@@ -266,7 +244,7 @@ class Recorder:
     @property
     def path(self) -> Path:
         if self.staged:
-            return staging.rows_path(self.profile, self.notebook, self.env.get("run_id") or _run_id())
+            return staging.rows_path(self.profile, self.notebook, self.env.get("run_id") or environment.run_id())
         return results_path(self.profile)
 
     def _row(self, scenario: str, metric: str, value, unit: str, p10=None, p90=None, n=None,
@@ -287,13 +265,12 @@ class Recorder:
         row = {
             "notebook": self.notebook, "scenario": scenario, "metric": metric, "value": value, "unit": unit,
             "p10": p10, "p90": p90, "lo": lo, "hi": hi, "n": n, "status": status, "method": method, "key": key,
-            "batch_size": batch_size, "verdict": verdict, "note": note,
-            "profile": self.profile, "setting": env.get("setting"), "dtype": dtype or self.dtype,
-            "device": env["device"],
+            "batch_size": batch_size, "verdict": verdict, "note": note, "profile": self.profile,
+            "setting": env.get("setting"), "dtype": dtype or self.dtype, "device": env["device"],
             "device_name": env["device_name"], "cpu_model": env["cpu_model"], "machine": env.get("machine"),
             "threads": env["threads"], "commit": env["commit"], "run_id": env.get("run_id"),
-            "torch": env["packages"].get("torch"),
-            "diffusers": env["packages"].get("diffusers"), "python": env["python"],
+            "torch": env["packages"].get("torch"), "diffusers": env["packages"].get("diffusers"),
+            "python": env["python"],
             "packages": ";".join(f"{k}={v}" for k, v in env["packages"].items() if v), "time_utc": env["time_utc"],
         }
         empty = [c for c in REQUIRED if row[c] is None or not str(row[c]).strip()]
@@ -309,8 +286,7 @@ class Recorder:
 
     def timing(self, scenario: str, timing, metric: str = "latency", dtype: str | None = None,
                batch_size: int | None = None, method: str | None = None) -> None:
-        """Steady-state median with p10/p90, first-call time and peak memory, as separate rows; `method`, how the
-        timing was taken, goes on each."""
+        """Steady-state median with p10/p90, first-call time and peak memory, as separate rows, each with `method`."""
         rows = [dict(scenario=scenario, metric=metric, value=timing.median, unit="s", p10=timing.p10,
                      p90=timing.p90, n=len(timing.times), dtype=dtype, batch_size=batch_size, method=method),
                 dict(scenario=scenario, metric=f"{metric}_first_call", value=timing.first_call, unit="s",
@@ -334,8 +310,7 @@ class Recorder:
         self.add(scenario, metric, None, "", status="failed", note=msg[:500], **kw)
 
     def view(self) -> pd.DataFrame:
-        """The table as it will be when this notebook completes: while staged, its own staged rows stand in for
-        its earlier ones."""
+        """The table as it will be when this notebook completes (its staged rows in place of its earlier ones)."""
         df = read_results(self.profile)
         if not self.staged:
             return df
@@ -347,19 +322,11 @@ class Recorder:
         return df[df["notebook"] == self.notebook].reset_index(drop=True)
 
     def current(self) -> pd.DataFrame:
-        """Rows of every notebook taken on this machine at this commit: the only rows a table or a choice may
-        read (a row of another CPU or commit never enters one)."""
+        """Rows of every notebook taken on this machine at this commit: the only rows a table or a choice may read."""
         return current_rows(self.view(), self.env)
 
 
-def _run_id() -> str:
-    from sdperf.core.environment import run_id
-
-    return run_id()
-
-
 def current_rows(df: pd.DataFrame, env: dict) -> pd.DataFrame:
-    """The rows of `df` taken on the machine and at the commit `env` describes."""
     if df.empty:
         return df
     same = df["commit"].astype(str) == str(env["commit"])

@@ -1,14 +1,7 @@
 """A notebook's outputs become current only when its run completes.
 
-`sdperf run` executes each notebook with SDPERF_STAGE naming it: the notebook's results rows and figures go to
-reports/<P>/.staging/<run id>/ instead of results.csv and figures/, and the notebook reads its own staged rows in
-place of its earlier ones (10 and 12 read their own rows while they run). When the notebook finishes,
-`sdperf.store.results.promote_rows` and `promote_figures` swap them in; when it fails or is interrupted, `discard` drops
-them and the previous complete results stand as they were. A run killed outright (SIGKILL, a lost machine) leaves
-its staging folder and hidden temp files behind; the next `sdperf run` of the profile removes them before it starts
-(`clean_leftovers`), under the profile's run lock, so no live run's files are touched.
-
-A notebook opened alone (JupyterLab, papermill, nbval) has no SDPERF_STAGE and writes results.csv directly.
+Under `sdperf run` (SDPERF_STAGE naming the notebook) its rows and figures go to reports/<P>/.staging/<run id>/, to
+be promoted when it completes or discarded; a notebook opened alone writes results.csv directly.
 """
 from __future__ import annotations
 
@@ -29,7 +22,6 @@ STALE_TEMP_S = 60.0  # a temp file of an atomic write lives milliseconds; one ol
 
 
 def active(notebook: str) -> bool:
-    """Whether `notebook` runs under `sdperf run`, so that its outputs are staged."""
     return os.environ.get(STAGE_ENV) == notebook
 
 
@@ -46,13 +38,11 @@ def figures_path(profile: str, run_id: str) -> Path:
 
 
 def figure_dir(profile: str, notebook: str, run_id: str) -> Path:
-    """Where `notebook` saves its figures now: staged under `sdperf run`, else the report's figures/."""
     return figures_path(profile, run_id) if active(notebook) else figures_dir(profile)
 
 
 def promote_figures(profile: str, notebook: str, run_id: str) -> int:
-    """Move the run's figures of `notebook` (every `<notebook>__*` file: PNG, SVG and caption) into figures/ and
-    delete its files the run no longer drew, so a figure and its caption come and go together."""
+    """Move the run's `<notebook>__*` files (PNG, SVG, caption) into figures/ and delete those it no longer drew."""
     staged = figures_path(profile, run_id)
     new = sorted(staged.glob(f"{notebook}__*")) if staged.is_dir() else []
     final = figures_dir(profile)
@@ -67,7 +57,6 @@ def promote_figures(profile: str, notebook: str, run_id: str) -> int:
 
 
 def discard(profile: str, notebook: str, run_id: str) -> None:
-    """Drop what an unfinished run of `notebook` staged: its rows and its figures with their captions."""
     rows = rows_path(profile, notebook, run_id)
     for path in (rows, rows.with_name(rows.name + ".lock")):
         path.unlink(missing_ok=True)
@@ -85,10 +74,7 @@ def remove_run(profile: str, run_id: str) -> None:
 
 
 def clean_leftovers(profile: str, now: float | None = None) -> list[str]:
-    """Remove what killed runs left: every staging folder, the hidden partial notebooks and stamp or HTML temp files
-    in notebooks/ (only a run writes there), and temp files of atomic writes in the report's folder and figures/
-    older than STALE_TEMP_S (a notebook opened alone may be writing one now). Call with the run lock held.
-    Returns what was removed, relative to the report's folder."""
+    """Remove what killed runs left (temp files outside notebooks/ only past STALE_TEMP_S); call under the run lock."""
     root = profile_reports(profile)
     removed = []
     staging = root / STAGING
@@ -116,8 +102,7 @@ def clean_leftovers(profile: str, now: float | None = None) -> list[str]:
 
 
 def _is_temp(path: Path) -> bool:
-    """paths.sibling_tempfile's names: '.<target name>.<random><suffix>', never a lock or the staging folder, and
-    a file of its own (a link named like one is not followed: `is_file` would)."""
+    """paths.sibling_tempfile's names ('.<target name>.<random><suffix>'), a file, not a link, lock or staging."""
     name = path.name
     return (not path.is_symlink() and path.is_file() and name.startswith(".") and name.count(".") >= 2
             and not name.endswith(".lock") and name not in (RUN_LOCK, STAGING))
@@ -143,8 +128,7 @@ def run_lock(profile: str, run_id: str):
 
 
 def running_run(profile: str) -> str | None:
-    """The id of the `sdperf run` of the profile under way now (it holds the run lock), else None: a notebook's
-    'running' marker of any other run is one that was killed."""
+    """The id of the profile's `sdperf run` under way now (holding the run lock), else None."""
     path = profile_reports(profile) / RUN_LOCK
     if not path.is_file():
         return None

@@ -1,24 +1,18 @@
-"""A notebook's run stamp and running marker under reports/<profile>/notebooks/: what the last complete run of it
-was (commit, notebook and profile checksums, status, times, its error), and whether a later run of it was killed.
-The runner writes them; the report reads them (a notebook that was interrupted says so), so they live in the store,
-below both.
+"""A notebook's run stamp and running marker under reports/<profile>/notebooks/: its last complete run (commit,
+checksums, status, times, error), and whether a later run of it was killed; written by the runner, read by the report.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from sdperf.core import environment, paths
 from sdperf.store import staging
+from sdperf.store.verified import digest as sha256_file
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def outputs_dir(profile: str) -> Path:
@@ -37,8 +31,7 @@ def read_stamp(profile: str, name: str) -> dict | None:
 
 
 def fingerprint(profile: str, notebook: Path, commit: str, machine: str | None = None) -> dict:
-    """What must be unchanged for an earlier run to stand for this one: the code, the notebook, the profile and
-    the machine (the CPU model changes between sessions; rows of two machines never share a table)."""
+    """What must be unchanged for an earlier run to stand for this one: the code, notebook, profile and machine."""
     return {"commit": commit, "profile": profile, "notebook_sha256": sha256_file(notebook),
             "profile_sha256": sha256_file(paths.params_dir() / f"{profile}.yml"),
             "machine": machine or environment.fingerprint()}
@@ -71,8 +64,7 @@ def write_stamp(profile: str, name: str, current: dict, status: str, started: fl
 
 
 def running_path(profile: str, name: str) -> Path:
-    """Present while a run of the notebook is under way, and left behind when that run is killed: the notebook's
-    stamp and results stay those of its last complete run, and this marker makes the next run redo it."""
+    """Present while a run of the notebook is under way and left behind when it is killed, so the next run redoes it."""
     return outputs_dir(profile) / f"{name}.running.json"
 
 
@@ -92,8 +84,7 @@ def read_running(profile: str, name: str) -> dict | None:
 
 
 def interrupted(profile: str, name: str) -> dict | None:
-    """The marker of a run of `name` that was killed before it completed: any marker but the one of the run that
-    holds the profile's run lock now."""
+    """The marker of a killed run of `name`: any marker but that of the run holding the profile's run lock now."""
     marker = read_running(profile, name)
     if marker is None:
         return None

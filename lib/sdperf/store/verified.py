@@ -1,14 +1,8 @@
 """Cache entries that prove what they hold: a digest of each file written beside it, checked before the file is used.
 
-Why. No cache of the study stored a digest, and none treated a failed load as a reason to rebuild: an OpenVINO IR
-with a quarter of its weights scaled by -3 (same size) loaded, and its drift moved from 132 dB to 30 dB at rc 0;
-garbage in OpenVINO's compiled blobs gave NaN images beside a "1.43x faster" row; a truncated weights file, chunk or
-ledger output failed every later run with a raw library message. So every cache entry is sealed when it is
-written whole (its sha256 in `<file>.sha256`, or for a folder one manifest of every file in it) and checked before
-it is read: an entry whose seal is missing or does not match, or that cannot be read, is moved into the cache
-folder's `.quarantine/` (kept for a look, never read again; the engine cache's is emptied when it is next trimmed)
-and built again, and
-the caller says so in its row. What a cache returns is what a fresh computation wrote, or nothing.
+A damaged entry (same-size scaled weights, a truncated file) loads silently and poisons a row, so every entry is
+sealed when written whole (`<file>.sha256`, or one manifest per folder) and checked before it is read; one that fails
+is moved into `.quarantine/` and built again.
 """
 from __future__ import annotations
 
@@ -62,8 +56,7 @@ def check(path: Path) -> str | None:
 
 
 def quarantine(path: Path, why: str) -> Path | None:
-    """Move a damaged entry (a file with its seal, or a folder) into its folder's .quarantine/, with a warning
-    naming it and why; returns where it went (None when it vanished meanwhile)."""
+    """Move a damaged entry (a file with its seal, or a folder) into .quarantine/, warning why; its new path or None."""
     path = Path(path)
     where = path.parent / QUARANTINE
     where.mkdir(exist_ok=True)
@@ -81,9 +74,7 @@ def quarantine(path: Path, why: str) -> Path | None:
 
 
 def load(path: Path, read, expect=None):
-    """`read(path)` when `path` is sealed and intact, it reads without error and `expect(value)` (if given)
-    returns None; else the entry is quarantined (saying why) and None is returned for the caller to rebuild.
-    No entry: None, nothing said."""
+    """`read(path)` when sealed, intact, readable and `expect(value)` is None; else quarantined, None to rebuild."""
     path = Path(path)
     if not (path.exists() or path.is_symlink()):
         return None
@@ -102,9 +93,7 @@ def load(path: Path, read, expect=None):
 
 
 def write(path: Path, write_into) -> bool:
-    """Write a cache entry whole (`write_into(tmp_path)`, renamed into place) and seal it. A write that fails
-    (a full disk, a read-only folder) only warns, naming the entry and the error: the caller keeps what it
-    computed, and the next run builds the entry again. Returns whether the entry was stored."""
+    """Write a cache entry whole with `write_into(tmp)` and seal it; a failed write only warns. Whether stored."""
     from sdperf.store.results import atomic_write
 
     path = Path(path)
@@ -123,16 +112,13 @@ def write(path: Path, write_into) -> bool:
         return False
 
 
-# ---------------------------------------------------------------- folders (an engine, a compiler's cache)
-
 def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != FOLDER_SEAL
                   and QUARANTINE not in p.relative_to(folder).parts)
 
 
 def seal_folder(folder: Path, known: dict[str, str] | None = None) -> dict[str, str]:
-    """Record the digest of every file in `folder` (one manifest, written whole; `known`: digests just checked,
-    not computed again); returns it."""
+    """Record and return the digest of every file in `folder` (`known`: digests just checked, not computed again)."""
     from sdperf.store.results import atomic_write_text
 
     folder = Path(folder)
@@ -169,9 +155,7 @@ def check_folder(folder: Path) -> str | None:
 
 
 def prune_folder(folder: Path) -> tuple[list[Path], dict[str, str]]:
-    """Delete the files of a folder sealed as it grows (a compiler's cache) that are not in its manifest or do not
-    match it: what a run must not load. Returns (the files deleted, the digests of those kept), the second for
-    the next seal_folder. An unsealed folder's files are all deleted."""
+    """Delete a growing sealed folder's files its manifest does not match; (those deleted, digests of those kept)."""
     folder = Path(folder)
     try:
         sums = json.loads((folder / FOLDER_SEAL).read_text())
