@@ -1,8 +1,7 @@
 """CLIP score = max(100 * cos(image, text), 0), per image-caption pair, with open_clip from local weights.
 
 torchmetrics' CLIPScore goes through transformers' CLIPModel, whose feature call returns an output object in
-transformers 5, which CLIPScore does not expect; open_clip's encode_image/encode_text return tensors, and the score
-is three lines, tested against a direct computation. ViT-L/14 is NeMo's model, ViT-B/32 MLPerf's.
+transformers 5 that CLIPScore does not expect; open_clip returns tensors. ViT-L/14 is NeMo's model, ViT-B/32 MLPerf's.
 """
 from __future__ import annotations
 

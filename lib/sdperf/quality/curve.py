@@ -75,10 +75,8 @@ def protocol(study: Study, s: QualitySettings) -> pd.DataFrame:
 
 
 def _weights(s: QualitySettings) -> str:
-    def one(name, path):
-        return f"{name} {'random init' if path is None else path}"
-    return "; ".join([one("SD", s.pipeline_weights), one("Inception", s.inception_weights),
-                      one("CLIP", s.clip_weights)])
+    return "; ".join(f"{name} {'random init' if path is None else path}" for name, path in
+                     (("SD", s.pipeline_weights), ("Inception", s.inception_weights), ("CLIP", s.clip_weights)))
 
 
 @dataclass
@@ -119,10 +117,8 @@ def skip(study: Study, s: QualitySettings, say: Callable[[str], None] = print) -
 
 
 def score_curve(study: Study, s: QualitySettings, scorers: score.Scorers, folder: Path) -> Curve:
-    """One point per guidance scale: FID against the reference, mean CLIP score; stored as results rows.
-
-    Scored the way `sdperf generate` folders scale out (sdperf.quality.sharded): each rank's Inception sums and
-    CLIP scores saved per shard, then merged; in the notebook there is one shard, under torchrun there are N."""
+    """One point per guidance scale: FID against the reference, mean CLIP score; stored as results rows. Scored
+    through sdperf.quality.sharded (one shard in the notebook, N under torchrun)."""
     p = study.profile
     ref = score.reference(scorers, s, n_standin=s.n_images, seed=p.seed + 10_000)
     scored = sharded.score_folder(folder, scorers, name="guidance")  # per-shard statistics, merged

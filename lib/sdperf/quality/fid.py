@@ -1,15 +1,13 @@
 """FID through torchmetrics: the Inception feature network, mergeable feature statistics, and the distance.
 
-The feature network is torchmetrics' (torch-fidelity's) FID Inception-v3, always built from a local weights file
-(`feature_extractor_weights_path`): the real one a user gives, or, without one, a seeded random state dict of the
-same architecture written to a temporary file. So CI and a real run make the same call, and nothing is downloaded.
-
-Statistics are torchmetrics' own running sums (features_sum, features_cov_sum, num_samples), so shards computed
-apart merge exactly (`merge`, through `Metric.merge_state`) and save to an .npz that also holds mu and sigma, the
-form MLPerf ships its COCO reference in.
+The feature network is torchmetrics' (torch-fidelity's) FID Inception-v3, always built from a local weights file: the
+real one a user gives, or a seeded random state dict of the same architecture, so CI and a real run make the same
+call and nothing is downloaded. Statistics are torchmetrics' own running sums, so shards computed apart merge exactly
+(`merge`) and save to an .npz that also holds mu and sigma, the form MLPerf ships its COCO reference in.
 """
 from __future__ import annotations
 
+import io
 import tempfile
 from pathlib import Path
 
@@ -24,13 +22,10 @@ SIDES = ("real", "fake")
 STATE = ("features_sum", "features_cov_sum", "features_num_samples")
 
 
-# ---------------------------------------------------------------- the feature network
-
 def random_inception_state(seed: int) -> dict[str, torch.Tensor]:
-    """A seeded random state dict of the FID Inception-v3 (torchvision's layer names are torch-fidelity's).
-
-    Convolutions get He-normal init: with eval-mode batch norm at unit statistics that keeps activations at a
-    steady scale through the 94 layers (torchvision's own init makes them grow to ~1e11)."""
+    """A seeded random state dict of the FID Inception-v3 (torchvision's layer names are torch-fidelity's). He-normal
+    convolutions keep activations at a steady scale through the 94 layers under eval-mode batch norm at unit
+    statistics (torchvision's own init makes them grow to ~1e11)."""
     from torchvision.models import inception_v3
 
     with torch.random.fork_rng(devices=[]):
@@ -93,8 +88,6 @@ def features(net: NoTrainInceptionV3, images: torch.Tensor, batch: int = 16) -> 
     return torch.cat([net(images[i:i + batch]).double().cpu() for i in range(0, len(images), batch)])
 
 
-# ---------------------------------------------------------------- mergeable statistics
-
 class _Given(torch.nn.Module):
     """A 'feature network' that hands back features computed elsewhere, so torchmetrics keeps the sums."""
 
@@ -126,7 +119,7 @@ def merge(parts) -> FrechetInceptionDistance:
     parts = list(parts)
     if not parts:
         raise ValueError("merge needs at least one set of statistics")
-    out = new_stats(_num_features(parts[0]))
+    out = new_stats(int(parts[0].real_features_sum.shape[0]))
     for p in parts:
         out.merge_state(p)
     return out
@@ -134,10 +127,6 @@ def merge(parts) -> FrechetInceptionDistance:
 
 def num_samples(stats: FrechetInceptionDistance, side: str = "fake") -> int:
     return int(getattr(stats, f"{side}_features_num_samples"))
-
-
-def _num_features(stats: FrechetInceptionDistance) -> int:
-    return int(stats.real_features_sum.shape[0])
 
 
 def _check_side(side: str) -> None:
@@ -164,17 +153,10 @@ def save_stats(stats: FrechetInceptionDistance, path: Path, side: str = "fake") 
     if num_samples(stats, side) >= 2:
         mu, sigma = mu_sigma(stats, side)
         arrays.update(mu=mu.numpy(), sigma=sigma.numpy())
-    buf = _npz_bytes(arrays)
-    atomic_write_bytes(Path(path), buf)
-    return Path(path)
-
-
-def _npz_bytes(arrays: dict) -> bytes:
-    import io
-
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    return buf.getvalue()
+    atomic_write_bytes(Path(path), buf.getvalue())
+    return Path(path)
 
 
 def load_stats(path: Path, side: str = "fake") -> FrechetInceptionDistance:
@@ -220,8 +202,6 @@ def _read_npz(path: Path) -> dict:
         raise ConfigError(f"statistics file {str(path)!r} is not a readable .npz ({exc})") from exc
 
 
-# ---------------------------------------------------------------- the distance
-
 def frechet_distance(mu1: torch.Tensor, sigma1: torch.Tensor, mu2: torch.Tensor, sigma2: torch.Tensor) -> float:
     """||mu1 - mu2||^2 + Tr(S1 + S2 - 2 (S1 S2)^1/2), torchmetrics' implementation, in float64.
     FID is >= 0; the eigenvalue route gives about -1e-10 for identical sets, which is shown as 0."""
@@ -238,6 +218,5 @@ def frechet_distances(mu: torch.Tensor, sigma: torch.Tensor, mu2: torch.Tensor, 
     return (a + b - 2 * c).clamp(min=0.0).numpy()
 
 
-def fid(a: FrechetInceptionDistance, b: FrechetInceptionDistance, side_a: str = "fake",
-        side_b: str = "fake") -> float:
+def fid(a: FrechetInceptionDistance, b: FrechetInceptionDistance, side_a: str = "fake", side_b: str = "fake") -> float:
     return frechet_distance(*mu_sigma(a, side_a), *mu_sigma(b, side_b))

@@ -1,9 +1,8 @@
 """The MLPerf SDXL quality gate: its bounds from the published table (sdperf.config.published), its verdict here.
 
-MLPerf's closed division accepts an SDXL submission when, on its 5,000 COCO2014 captions (one per image, Euler,
-20 steps, guidance 8), FID lies in [23.01085758, 23.95007626] and CLIP score (ViT-B/32, x100) in
-[31.68631873, 31.81331801]. The verdict here is given only when the run matches those conditions with real
-weights; otherwise it says "not applicable" and why, never a pass or fail of a random network.
+MLPerf's closed division accepts an SDXL submission when FID and CLIP score (ViT-B/32, x100) of its 5,000 COCO2014
+captions (Euler, 20 steps, guidance 8) lie within those bounds. The verdict is given only when the run matches those
+conditions with real weights; otherwise it says "not applicable" and why, never a pass or fail of a random network.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """Reading generated-image folders for scoring: one resize method, the stand-in reference set.
 
-Every image the study scores is made by `sdperf.imagegen.generate_folder` (`sdperf generate` from the shell): the
-guidance curve from the profile's pipeline, the rung images from a pipeline a technique was applied to (12 passes
-it with the stack's grad mode), so one file-naming scheme (imagegen.keys) and one manifest reader
-(`sdperf.imagegen.read_manifest`) serve them all. Images are stored as PNG (lossless): clean-fid showed that JPEG
-compression and the choice of resize filter each move FID by whole points, so nothing lossy happens between the
-VAE and the scorer, and the one resize to the scoring size happens in `load_for_scoring`, by a single documented
-method (PIL bicubic, which antialiases).
+Every scored image is made by `sdperf.imagegen.generate_folder` (`sdperf generate`), so one naming scheme and one
+manifest reader serve the curve and the rungs. Images are stored as PNG: clean-fid showed that JPEG compression and
+the resize filter each move FID by whole points, so nothing lossy happens between the VAE and the scorer, and the one
+resize (`load_for_scoring`) is PIL bicubic, which antialiases.
 """
 from __future__ import annotations
 
@@ -28,9 +25,8 @@ def generate_images(study, captions: list[Caption], guidance_scales, out_dir: Pa
                     dtype: str = "float32", pipe=None, grad_mode: str = "inference_mode",
                     technique: str | None = None, say: Callable[[str], None] | None = None) -> pd.DataFrame:
     """One image per caption and guidance scale (caption i with seed profile.seed + i), through
-    sdperf.imagegen.generate_folder, so the notebook's folder is the one `sdperf generate` would write (and a run
-    sharded over several GPUs with torchrun gives the same pixels). `pipe`, `grad_mode` and `technique`: a
-    pipeline a catalog stack was applied to, as 12's rungs generate."""
+    sdperf.imagegen.generate_folder: the folder `sdperf generate` would write. `pipe`, `grad_mode` and `technique`:
+    a pipeline a catalog stack was applied to, as 12's rungs generate."""
     from sdperf.imagegen import generate_folder
 
     summary = generate_folder(study.profile, captions, out_dir, guidance_scales=list(guidance_scales), dtype=dtype,

@@ -166,47 +166,33 @@ def _path(profile: str, key: str, value, spec: Key) -> Path | None:
     return path
 
 
+_AT_LEAST_TWO = ("n_images", "ladder_n_images", "reference_n_images", "reference_delta_images", "reference_delta_step",
+                 "reference_check_images", "reference_independent_steps")
+
+
 def _value(profile: str, key: str, value, spec: Key):
-    if spec.kind == "int":
-        minimum = 2 if key in ("n_images", "ladder_n_images", "reference_n_images", "reference_delta_images",
-                               "reference_delta_step", "reference_check_images",
-                               "reference_independent_steps") else 1
-        if not _is_int(value) or value < minimum:
-            raise _fail(profile, key, value, spec)
-        return value
-    if spec.kind == "int_or_none":
-        if value is not None and (not _is_int(value) or value < 32):
-            raise _fail(profile, key, value, spec)
-        return value
-    if spec.kind == "float_list":
-        if not isinstance(value, list) or not value or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1 for v in value):
-            raise _fail(profile, key, value, spec)
-        if len(set(value)) != len(value):
-            raise _fail(profile, key, value, spec, "repeats a scale")
-        return tuple(float(v) for v in value)
-    if spec.kind == "count_or_none":
-        if value is not None and (not _is_int(value) or value < 0):
-            raise _fail(profile, key, value, spec)
-        return value
-    if spec.kind == "seconds_or_none":
-        if value is not None and not _is_positive(value):
-            raise _fail(profile, key, value, spec)
-        return None if value is None else float(value)
-    if spec.kind == "step_ladder":
-        if not isinstance(value, list) or not value or not all(_is_int(v) and v >= 1 for v in value) or \
-                any(b <= a for a, b in zip(value, value[1:])):
-            raise _fail(profile, key, value, spec)
-        return tuple(value)
-    if spec.kind == "dose_list":
-        if not isinstance(value, list) or not value or not all(_is_positive(v) for v in value):
-            raise _fail(profile, key, value, spec)
-        return tuple(float(v) for v in value)
-    if spec.kind == "choice":
-        if value not in spec.choices:
-            raise _fail(profile, key, value, spec)
-        return value
-    return _path(profile, key, value, spec)
+    kind, v = spec.kind, value
+    valid = {"int": lambda: _is_int(v) and v >= (2 if key in _AT_LEAST_TWO else 1),
+             "int_or_none": lambda: v is None or (_is_int(v) and v >= 32),
+             "float_list": lambda: isinstance(v, list) and bool(v) and all(
+                 isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 1 for x in v),
+             "count_or_none": lambda: v is None or (_is_int(v) and v >= 0),
+             "seconds_or_none": lambda: v is None or _is_positive(v),
+             "step_ladder": lambda: isinstance(v, list) and bool(v) and all(_is_int(x) and x >= 1 for x in v) and all(
+                 b > a for a, b in zip(v, v[1:])),
+             "dose_list": lambda: isinstance(v, list) and bool(v) and all(_is_positive(x) for x in v),
+             "choice": lambda: v in spec.choices}.get(kind)
+    if valid is None:
+        return _path(profile, key, value, spec)
+    if not valid():
+        raise _fail(profile, key, value, spec)
+    if kind == "float_list" and len(set(v)) != len(v):
+        raise _fail(profile, key, value, spec, "repeats a scale")
+    if kind in ("float_list", "dose_list"):
+        return tuple(float(x) for x in v)
+    if kind == "step_ladder":
+        return tuple(v)
+    return float(v) if kind == "seconds_or_none" and v is not None else v
 
 
 def settings(profile: Profile) -> QualitySettings:

@@ -1,15 +1,12 @@
 """Quality at each rung of the optimization ladder: the speed-quality frontier.
 
-Each rung is a catalog stack key (sdperf.optimizations.catalog) applied to a fresh fp32 pipeline in this process,
-generating the same captions from the same noise as the fp32 eager baseline (generating images is not a timing
-comparison, so it needs no process of its own). Against the baseline's images: FID (does the set of pictures
-move?), CLIP score against the captions (does it still follow them?) and PSNR image by image (how far did each
-picture move?). Speed is each technique's stand-alone row, found by key (sdperf.select.standalone), as notebooks 01-09
-measured it on this machine at this commit, with its range and verdict; this notebook times nothing itself.
-
-Rule (as in 01 and 10, sdperf.measure.half_budget): a half-precision rung is first timed on one real UNet block against
-fp32 (once per run); if its images would overrun the profile's `variant_budget_s`, it is recorded as skipped with
-the measured ratio.
+Each rung (a catalog stack key, sdperf.optimizations.catalog) is applied to a fresh fp32 pipeline in this process and
+generates the fp32 eager baseline's captions from the same noise (generating images is no timing, so it needs no
+process of its own). Against the baseline's images: FID (does the set of pictures move?), CLIP score (does it still
+follow the captions?) and per-image PSNR (how far did each picture move?). Speed is each technique's stand-alone row
+from its own notebook on this machine at this commit (sdperf.select.standalone); nothing is timed here. A
+half-precision rung whose images would overrun `variant_budget_s` (by sdperf.measure.half_budget's one-block probe
+against fp32) is skipped with the measured ratio.
 """
 from __future__ import annotations
 
@@ -81,14 +78,6 @@ def generate(study: Study, s: QualitySettings, keys: list[str], say: Callable[[s
     return out
 
 
-def _halves(stack: Stack, ctx: Context) -> set[str]:
-    return {t.dtype for t in stack.techniques if t.family == catalog.PRECISION and t.availability(ctx)[0]}
-
-
-def _folder_name(key: str) -> str:
-    return re.sub(r"[^\w.-]", "_", key)
-
-
 def _generate_rung(study, s, key, stack, captions, root, per_image, say) -> Rung:
     p, ctx = study.profile, Context(study.profile, scratch=images_root(study) / ".scratch")
     label = stack.label
@@ -96,14 +85,15 @@ def _generate_rung(study, s, key, stack, captions, root, per_image, say) -> Rung
     if not ok:
         say(f"{key}: not applicable: {reason}")
         return Rung(label, key, "not_applicable", note=f"not applicable: {reason}")
-    for half in sorted(_halves(stack, ctx)):
+    halves = {t.dtype for t in stack.techniques if t.family == catalog.PRECISION and t.availability(ctx)[0]}
+    for half in sorted(halves):
         why = half_budget.probe(study, half).skip_reason(
             len(captions), p.variant_budget_s, f"{len(captions)} images (from the fp32 images' {per_image:.2f} s each)",
             fp32_generation_s=per_image)
         if why:
             say(f"{key}: skipped: {why}")
             return Rung(label, key, "skipped", note=f"skipped: {why}")
-    folder = root / _folder_name(key)
+    folder = root / re.sub(r"[^\w.-]", "_", key)
     pipe = None
     try:
         pipe = stack.apply(study.pipeline("float32"), ctx)
@@ -158,9 +148,8 @@ SPEED_COLUMNS = ["speedup_vs_fp32", "speedup_lo", "speedup_hi", "speed_verdict",
 
 
 def _standalone_speed(study: Study, keys: list[str]) -> dict[str, dict]:
-    """Each rung's stand-alone speed-up over fp32 eager with its range over rounds, verdict and method, found by
-    key in the rows its own notebook stored on this machine at this commit (a stack of several keys was not
-    measured alone)."""
+    """Each single-key rung's stand-alone speed-up over fp32 eager, range over rounds, verdict and method, from the
+    rows its own notebook stored on this machine at this commit (a stack of several keys was not measured alone)."""
     single = [k for k in keys if len(Stack.of(k).techniques) == 1]
     t = standalone(study, single)
     t = t[(t.status == "ok") & t.speedup.notna()]

@@ -1,10 +1,7 @@
-"""FID / CLIP of a generated folder (sdperf.imagegen), sharded like its generation: each rank scores its share of the manifest and
-saves, per guidance scale, its Inception statistics (sdperf.quality.fid's sums and outer-product sums: they add up)
-and its per-image CLIP scores; the merge adds the statistics and joins the scores.
-
-The merge gives what sdperf.quality.score.score_manifest gives for the whole folder in one process, so the quality
-notebook scores 240,000 images per checkpoint the way it scores 20. Launched by torchrun, `score_folder` splits,
-waits for every rank and merges; as independent jobs, each runs `score_shard` and one runs `merge_scores` after.
+"""FID / CLIP of a generated folder (sdperf.imagegen), sharded like its generation: each rank scores its share of the
+manifest and saves, per guidance scale, its Inception sums (they add up) and per-image CLIP scores; the merge adds
+the statistics and joins the scores, giving what score.score_manifest gives for the whole folder in one process.
+Under torchrun `score_folder` does both; independent jobs each run `score_shard`, then one runs `merge_scores`.
 
     DIR/scores/<name>/world-<W>/g<guidance>/rank-<r>.npz       Inception sums of rank r's share (fid.save_stats)
     DIR/scores/<name>/world-<W>/g<guidance>/rank-<r>-clip.csv  key, prompt_id, seed, clip: a row per image
@@ -36,19 +33,14 @@ def shard_dir(out_dir, name: str, world_size: int) -> Path:
     return Path(out_dir) / SCORES_DIR / name / f"world-{world_size}"
 
 
-def _manifest(out_dir, manifest: pd.DataFrame | None) -> pd.DataFrame:
-    from sdperf.quality.images import read_manifest
-
-    return read_manifest(Path(out_dir)) if manifest is None else manifest
-
-
 def score_shard(out_dir, scorers, name: str = "quality", rank: int | None = None, world_size: int | None = None,
                 manifest: pd.DataFrame | None = None) -> Path:
     """Score this rank's share of every guidance scale (an empty share still writes its empty statistics)."""
     from sdperf.quality import fid, score
+    from sdperf.quality.images import read_manifest
 
     ranks = R.detect(rank, world_size)
-    table = _manifest(out_dir, manifest)
+    table = read_manifest(Path(out_dir)) if manifest is None else manifest
     mine = shard_rows(table, ranks.rank, ranks.world_size)
     folder = shard_dir(out_dir, name, ranks.world_size)
     for g in sorted(table["guidance"].unique()):
@@ -91,9 +83,7 @@ def merge_scores(out_dir, name: str = "quality", world_size: int | None = None) 
 def score_folder(out_dir, scorers, name: str = "quality", rank: int | None = None, world_size: int | None = None,
                  manifest: pd.DataFrame | None = None) -> dict | None:
     """Score the folder split over the launched ranks; every rank returns the merged {guidance: SetScore}.
-
-    Independent shards (explicit rank/world size, no rendezvous) return None: run merge_scores once all are done.
-    """
+    Independent shards (explicit rank/world size, no rendezvous) return None: run merge_scores once all are done."""
     ranks = R.detect(rank, world_size)
     with R.process_group(ranks):
         score_shard(out_dir, scorers, name, ranks.rank, ranks.world_size, manifest)

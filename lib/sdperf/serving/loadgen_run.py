@@ -1,15 +1,11 @@
 """MLPerf LoadGen driving a serving design: the figures are LoadGen's own (its clock, its percentiles).
 
-What "concurrency" and "batch size" mean here, in both scenarios:
-- a LoadGen sample is one image; sample index i of the query sample library is the seed `seed_base + i`;
-- the SUT's dispatcher takes the first waiting sample plus up to `batch_size - 1` more that are already waiting
-  (it never waits to fill a batch) and submits them as one request;
-- `concurrency` is the most requests (batches) inside the design at once; the dispatcher blocks on a full design
-  (back-pressure), so further samples wait at the SUT's door, and that wait is part of their latency.
-Offline: LoadGen issues every sample at t=0 in one query, so requests are full batches and the design is kept
-full; throughput is LoadGen's "samples per second", and its latencies run from that single issue time (they
-measure the time to drain, not a request's latency). Server: queries of one sample arrive as a Poisson process at
-`server_target_qps`; latency runs from each query's scheduled arrival to its completion (p50/p95/p99 from LoadGen).
+A sample is one image (library index i is the seed `seed_base + i`); the SUT's dispatcher sends the samples already
+waiting, up to `batch_size`, as one request (it never waits to fill a batch) and blocks while `concurrency` requests
+are inside the design (back-pressure), so the wait at the SUT's door is part of a sample's latency. Offline issues
+every sample at t=0 in one query, so requests are full batches and its latencies measure the time to drain, not a
+request's. Server: one-sample queries arrive as a Poisson process at `server_target_qps`; latency runs from each
+query's scheduled arrival to its completion.
 """
 from __future__ import annotations
 
@@ -128,8 +124,7 @@ def figures(detail: dict) -> dict:
            "perf_constraints_met": detail.get("result_perf_constraints_met"),
            "early_stopping_met": detail.get("early_stopping_met"),
            "scheduled_img_s": detail.get("result_scheduled_samples_per_sec"),
-           "target_qps": detail.get("effective_target_qps"),
-           "queries": detail.get("result_query_count"),
+           "target_qps": detail.get("effective_target_qps"), "queries": detail.get("result_query_count"),
            "samples": detail.get("effective_samples_per_query", 1) * detail.get("result_query_count", 0),
            "errors": detail.get("num_errors", 0)}
     for p in PERCENTILES:

@@ -1,17 +1,11 @@
 """A queue-based stage pipeline: worker threads per stage, bounded queues between stages, a future per request.
 
-Why threads and queues (the Google Cloud seed's "multi-threaded queue-based approach"): while one request is
-in the UNet loop, the next can be in the text encoder and the previous in the VAE decoder. Torch releases the
-GIL inside its ops, so the stages overlap in native code. On CUDA each stage worker issues its work on its own
-stream; a request's tensors stay on the device from stage to stage (the next stage waits on an event recorded by
-the previous one, and `record_stream` tells the caching allocator who still uses them).
-
-The same engine runs the stacked baseline: one stage doing everything, with as many workers as requests in flight.
-
-Guarantees (tested): at most `max_in_flight` requests are inside at once and every queue holds at most
-`queue_depth`, so a full pipeline blocks the caller of `submit` (back-pressure) instead of growing; a request
-whose stage raises gets that exception in its future while the others go on; `close()` lets the requests
-already submitted finish, then stops every worker.
+While one request is in the UNet loop, the next can be in the text encoder and the previous in the VAE decoder (the
+Google Cloud seed's "multi-threaded queue-based approach"): torch releases the GIL inside its ops, so the stages
+overlap in native code. On CUDA each stage worker has its own stream and tensors stay on the device between stages
+(an event orders them, `record_stream` tells the caching allocator). The stacked baseline is one all-in-one stage.
+Tested: a full pipeline (`max_in_flight` requests inside, `queue_depth` per queue) blocks `submit` (back-pressure); a
+stage's exception goes to its own request's future; `close()` lets submitted requests finish, then stops every worker.
 """
 from __future__ import annotations
 
@@ -75,7 +69,6 @@ class StagePipeline:
         for t in self._threads:
             t.start()
 
-    # --- caller side -------------------------------------------------------------------------------------
     def submit(self, payload, timeout: float | None = None) -> Future:
         """Admit one request; blocks while the pipeline is full (raises Saturated after `timeout` seconds)."""
         if self._closed:
@@ -111,7 +104,6 @@ class StagePipeline:
     def __exit__(self, *exc):
         self.close()
 
-    # --- worker side -------------------------------------------------------------------------------------
     def _put(self, k: int, item, timeout: float | None = None) -> None:
         self.queues[k].put(item, timeout=timeout)  # blocks when full: the back-pressure
         with self._lock:

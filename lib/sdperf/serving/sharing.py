@@ -1,15 +1,10 @@
 """A paper estimate of GPU sharing (MIG, time-sharing, MPS; the seed's GKE strategies) from measured figures.
 
-None of the three can be set up from inside a notebook (MIG needs the GPU partitioned by an administrator, MPS a
-control daemon, time-sharing a device plugin), so nothing here is measured: every figure this module returns is
-arithmetic on the measured single-request latency, labelled "estimate (not measured)", with its assumptions.
-
-The one quantity that decides all three is how much of the device a single request keeps busy, `busy`. It is
-read from a measurement: per-image time at the largest measured batch divided by the batch-1 latency (if batching
-4 images costs 4 times one, one request already fills the device and sharing cannot add throughput). The batch
-may come from the caller's own timing or from another measurement (13 reads 00_baseline's batch rows when it
-timed batch 1 only), passed in as `measured_busy`. Without any batched measurement `busy` is taken as 1 (no evidence of
-idle capacity), and the table says so.
+None of the three can be set up from a notebook (MIG needs an administrator, MPS a control daemon, time-sharing a
+device plugin), so every figure here is arithmetic on the measured single-request latency, labelled "estimate (not
+measured)". What decides all three is `busy`, the fraction of the device one request keeps busy: per-image time at a
+batch over the batch-1 latency (if 4 images cost 4 times one, sharing adds no throughput), or `measured_busy` from
+elsewhere (13 reads 00_baseline's batch rows); without a batched measurement it is 1, and the table says so.
 """
 from __future__ import annotations
 

@@ -44,14 +44,10 @@ _TOKENIZING = threading.RLock()  # one for every tokenizer of the process: pipel
 
 
 class SerialTokenizer:
-    """A tokenizer whose calls, and its methods' calls, run one at a time. transformers 5's CLIPTokenizer keeps
-    its padding and truncation settings on the shared Rust tokenizer and sets them per call
-    (`set_truncation_and_padding`), so two requests encoding at once can take each other's: diffusers' encode_prompt
-    asks for max_length (77) and then for "longest", and one concurrent request got 10-token embeddings (its image
-    0.145 off its own in 1 of 24 concurrent smoke requests here; nbval's parity cell failed the same way).
-    Methods go behind the lock too: encode_prompt first calls `tokenizer.tokenize` (textual inversion's
-    maybe_convert_prompt), which sets "no padding" on the same shared state; in a CI run the other request's
-    unconditional embeddings came back 2 tokens long instead of 77. Plain attributes pass through."""
+    """A tokenizer whose calls, and its methods' calls, run one at a time: transformers 5's CLIPTokenizer sets its
+    padding and truncation per call on the shared Rust tokenizer, so concurrent requests can take each other's
+    (encode_prompt asks for max_length 77, then "longest"; its `tokenize` call, textual inversion's
+    maybe_convert_prompt, sets "no padding") and get short embeddings. Plain attributes pass through."""
 
     def __init__(self, tokenizer):
         object.__setattr__(self, "_inner", tokenizer)
@@ -81,10 +77,8 @@ def serial_tokenizers(pipe) -> None:
 
 
 class SDStages:
-    """encode -> denoise -> decode for one pipeline and one workload template (prompt, steps, size, guidance).
-
-    The payload between stages is a dict of device tensors; only decode's output comes back to the host.
-    """
+    """encode -> denoise -> decode for one pipeline and one workload template (prompt, steps, size, guidance); the
+    payload between stages is a dict of device tensors, and only decode's output comes back to the host."""
 
     def __init__(self, pipe, template: Workload):
         self.pipe, self.template = pipe, template

@@ -1,16 +1,12 @@
 """Count the device-to-host syncs of each denoising step, before and after keeping scheduler values on the host.
 
-Every `.item()`, `.tolist()`, `bool(tensor)`, `int(tensor)`, `.cpu()`, `.nonzero()`, or index by a 0-d tensor on
-a device tensor makes the host wait until the device has finished everything queued before it: the CPU stops
-queueing the next kernels and the GPU idles while it catches up (the seed's "comparing tensors and Python floats").
-
-`SyncCounter` is a torch function mode, so it sees those calls on any device. Which tensors "live on the device"
-is exact on an accelerator (their `.device`). On a CPU there is no second device, so the counter follows what the
-loop puts on the device (latents, text embeddings and, in diffusers' loop, the timesteps) through every op computed
-from them, and counts a read-back of any of those: the count is what the same code does on a GPU, where it would
-sync; on the CPU the read-back itself is nearly free. Tensors a model makes from Python numbers inside its forward
-are not followed on a CPU (on a GPU they are, by their device). On CUDA, `torch.cuda.set_sync_debug_mode("warn")`
-counts the syncs the driver-level code sees, as a second opinion.
+A read-back (`.item()`, `.tolist()`, `bool(tensor)`, `int(tensor)`, `.cpu()`, `.nonzero()`, index by a 0-d tensor)
+of a device tensor makes the host wait for everything queued before it, and the GPU idles meanwhile (the seed's
+"comparing tensors and Python floats"). `SyncCounter`, a torch function mode, sees those calls on any device. On an
+accelerator a tensor's `.device` says where it lives; on a CPU the counter follows what the loop puts on the device
+(latents, text embeddings and, in diffusers' loop, the timesteps) through every op computed from them, so the count
+is what the same code does on a GPU (tensors a model makes from Python numbers in its forward are not followed). On
+CUDA, `torch.cuda.set_sync_debug_mode("warn")` counts driver-level syncs as a second opinion.
 """
 from __future__ import annotations
 
@@ -79,7 +75,6 @@ class SyncCounter(TorchFunctionMode):
         self._step, self._stage = -1, "setup"
         self._cuda_caught: list | None = None
 
-    # --- residency -----------------------------------------------------------------------------------------
     def place(self, *tensors) -> None:
         """Mark tensors as living on the device (needed on a CPU only; on an accelerator `.device` says it)."""
         for t in tree_leaves(tensors):
@@ -95,7 +90,6 @@ class SyncCounter(TorchFunctionMode):
         ref = self._resident.get(id(t))
         return ref is not None and ref() is t
 
-    # --- the mode ------------------------------------------------------------------------------------------
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
         op = self._read_back(func, args, kwargs)
@@ -121,7 +115,6 @@ class SyncCounter(TorchFunctionMode):
             return _TO_CPU if args[0].device.type != "cpu" and _is_host_target(args, kwargs) else None
         return READ_BACK.get(name)
 
-    # --- step attribution -----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def clock(self, stage: str):
         """generation.denoise's per-stage clock: each 'unet' opens a new step."""

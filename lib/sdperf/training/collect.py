@@ -1,9 +1,8 @@
 """Per-rank records of one configuration -> one row: samples/s, step time, per-rank peak memory, agreement.
 
-Ranks wait for each other in every step's gradient reduction, so the time of step i is the slowest rank's;
-samples/s is the global batch over the median of those, and its p10/p90 come from the step time's p90/p10.
-Memory: each rank's peak over the timed steps, and the part of it above what the rank held before building the
-UNet (runtime, libraries, dataset), i.e. what training itself takes.
+Ranks wait for each other in every gradient reduction, so step i takes the slowest rank's time; samples/s is the
+global batch over the median step, its p10/p90 from the step time's p90/p10. Memory: each rank's peak over the timed
+steps, and the part above what it held before building the UNet (runtime, libraries, dataset).
 
     python -m sdperf.training.collect DIR [DIR ...]    (hand-launched runs, e.g. multi-node)
 """
@@ -14,10 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-
-def read_records(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(Path(folder).glob("rank*.json"))]
 
 
 def _mib(n) -> float:
@@ -50,23 +45,21 @@ def summarize(records: list[dict]) -> dict:
         "total_threads": first["threads"] * world, "hosts": len({r["host"] for r in records}),
         "backend": first["backend"], "device": first["device"], "device_name": first["device_name"],
         "autocast": first["autocast"], "unet": first["unet"], "unet_parameters": first["unet_parameters"],
-        "resolution": first["resolution"], "status": "ok",
-        "samples_per_s": glob / median, "samples_per_s_p10": glob / p90, "samples_per_s_p90": glob / p10,
+        "resolution": first["resolution"], "status": "ok", "samples_per_s": glob / median,
+        "samples_per_s_p10": glob / p90, "samples_per_s_p90": glob / p10,
         "samples_per_s_per_rank": glob / median / world, "step_time_s": median, "step_time_p10_s": p10,
-        "step_time_p90_s": p90, "timed_steps": len(steps),
-        "first_step_s": max(r["first_step_s"] for r in records), "setup_s": max(r["setup_s"] for r in records),
-        "peak_memory_mib": _nanmax(mem),
+        "step_time_p90_s": p90, "timed_steps": len(steps), "first_step_s": max(r["first_step_s"] for r in records),
+        "setup_s": max(r["setup_s"] for r in records), "peak_memory_mib": _nanmax(mem),
         "peak_memory_mib_per_rank": ", ".join(f"{m:.0f}" for m in mem), "memory_kind": first["memory_kind"],
         "baseline_memory_mib": _nanmax(base), "training_memory_mib": _nanmax(np.subtract(mem, base)),
         "loss_first": first["losses"][0], "loss_last": float(np.mean([r["losses"][-1] for r in records])),
         "params_identical": len(digests) == 1,
-        "params_changed": all(r["params_after"] != r["params_before"] for r in records),
-        "note": "",
+        "params_changed": all(r["params_after"] != r["params_before"] for r in records), "note": "",
     }
 
 
 def read_run(folder: Path) -> dict:
-    records = read_records(folder)
+    records = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("rank*.json"))]
     if not records:
         raise ValueError(f"{str(folder)!r} holds no rank*.json records; expected the --out folder of a "
                          "`torchrun ... -m sdperf.training.train` run")

@@ -1,11 +1,9 @@
 """What the UNet trains on: latents and text embeddings, made once and read by every rank.
 
-"encoded" runs the profile's own VAE encoder and text encoder (generation.encode, the inference notebooks'
-code) over user images (`images_dir`, captions from a `.txt` beside each image, else the profile's prompt) or
-over seeded generated test patterns; "synthetic" draws tensors of the same shapes, for smoke runs. Precomputing
-the latents is what MosaicML's throughput table assumes too (its README: computing them while training costs
-about 1.4x). The file is written atomically; each rank reads it and draws its own shard through a seeded
-DistributedSampler, so the ranks see disjoint samples and a rerun sees the same ones.
+"encoded" runs the profile's own VAE and text encoder (generation.encode) over user images (`images_dir`, captions
+from a `.txt` beside each image, else the profile's prompt) or seeded test patterns; "synthetic" draws tensors of the
+same shapes, for smoke runs. Precomputed latents are what MosaicML's throughput table assumes too (computing them while
+training costs about 1.4x). Each rank draws its shard through a seeded DistributedSampler: disjoint and reproducible.
 
     python -m sdperf.training.dataset --profile cpu --out latents.pt    (make it once, e.g. for a multi-node run)
 """
@@ -145,8 +143,7 @@ def batches(dataset: LatentDataset, world_size: int, rank: int, batch_size: int,
 
     if len(dataset) < world_size * batch_size:
         raise ValueError(f"{len(dataset)} samples cannot fill one step of {world_size} ranks x {batch_size}")
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed,
-                                 drop_last=True)
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
     epoch = 0
     while True:

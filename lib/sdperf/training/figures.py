@@ -1,8 +1,6 @@
-"""The scaling figures: published and measured curves on the same axes, against perfect linear scaling.
-
-Every curve is normalized to its own smallest size (scale = N / N0), so a 8-GPU DGX sweep, a 1-rank CPU sweep
-and the perfect-linear diagonal share one pair of axes; the absolute figure puts samples/s per device beside
-each other on a log axis.
+"""The scaling figures: published and measured curves on one pair of axes, against perfect linear scaling. Each curve
+is normalized to its own smallest size (scale = N / N0), so an 8-GPU DGX sweep and a 1-rank CPU sweep share the axes;
+the absolute figure sets samples/s per device side by side on a log axis.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """Run each configuration in a fresh torchrun process group, and the sweep over world sizes and batch sizes.
 
-Every launch setting is checked before anything is spawned (world size against the devices or cores here,
-backend, batch size, engine), so a bad one fails in well under a second naming the value and the choices. A
-configuration that starts and then fails (out of memory, a DeepSpeed op that cannot build) becomes a `failed`
-row carrying the worker's own error line; the sweep goes on.
-
-On a CPU the ranks share the machine's cores: each gets cores // world size threads (OMP_NUM_THREADS), where
-"cores" is the CPUs this process may use, capped by $OMP_NUM_THREADS when the caller set it.
+Every launch setting (world size against the devices or cores here, backend, batch size, engine) is checked before
+anything is spawned, naming the value and the choices. A configuration that starts and then fails (out of memory, a
+DeepSpeed op that cannot build) becomes a `failed` row carrying the worker's own error line; the sweep goes on. On a
+CPU the ranks share the cores: each gets thread_budget() // world size threads (OMP_NUM_THREADS).
 """
 from __future__ import annotations
 
@@ -44,8 +41,6 @@ class Config:
         base = f"{self.engine}, world {self.world_size}, batch {self.per_rank_batch}/rank"
         return base + (f", {self.threads_per_rank} thread(s) (equal-threads control)" if self.control else "")
 
-
-# ---------------------------------------------------------------- what this machine offers
 
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -106,15 +101,11 @@ def threads_per_rank(device: str, world_size: int) -> int:
     return 1 if device == "cuda" else max(1, thread_budget() // world_size)
 
 
-# ---------------------------------------------------------------- the plan
-
 def plan(profile, settings: TrainingSettings, world_sizes=None, batch_sizes=None) -> list[Config]:
-    """Every configuration of the sweep, validated as a whole before the first one runs.
-
-    DDP at every (world size, per-rank batch); each ZeRO stage at every world size above one with the first
-    batch size;
-    on a CPU, the equal-threads control (one rank, the threads each rank gets at the largest world size) when
-    that differs from the one-rank run, so the DDP overhead can be told apart from thread scaling."""
+    """Every configuration of the sweep, validated as a whole before the first one runs: DDP at every (world size,
+    per-rank batch); each ZeRO stage at every world size above one with the first batch size; on a CPU, the
+    equal-threads control (one rank, the threads each rank gets at the largest world size) when that differs from
+    the one-rank run, so the DDP overhead can be told apart from thread scaling."""
     worlds = tuple(world_sizes or ())
     worlds = worlds or (auto_world_sizes(profile.device) if settings.world_sizes == AUTO else settings.world_sizes)
     batches = tuple(batch_sizes or ()) or settings.batch_sizes
@@ -133,8 +124,6 @@ def plan(profile, settings: TrainingSettings, world_sizes=None, batch_sizes=None
         configs += [Config(engine, w, batches[0], threads_per_rank(profile.device, w)) for w in worlds if w > 1]
     return configs
 
-
-# ---------------------------------------------------------------- running one configuration
 
 def torchrun_command(world_size: int, spec_path: Path) -> list[str]:
     """`torchrun --standalone`: a fresh single-machine rendezvous on a free port for every configuration."""
@@ -193,8 +182,7 @@ def _row(config: Config, status: str, note: str, **extra) -> dict:
 def run_config(profile, settings: TrainingSettings, config: Config, data_path: Path | None,
                workdir: Path | None = None) -> dict:
     """One configuration in a fresh process group; its summary row (status ok, not_applicable or failed)."""
-    backend = check_launch(config.world_size, config.per_rank_batch, settings.backend, profile.device,
-                           config.engine)
+    backend = check_launch(config.world_size, config.per_rank_batch, settings.backend, profile.device, config.engine)
     ok, why = zero.availability(config.engine, settings.autocast)
     if not ok:
         return _row(config, "not_applicable", f"not applicable: {why}")

@@ -1,10 +1,8 @@
 """The UNet a training run updates, and the noise schedule its loss uses.
 
-Width 1.0 is the architecture's real UNet (from the profile's weights when it names them, else the same seeded
-random init the inference notebooks use). A smaller width scales every block's channels and keeps everything
-else (depth, attention layout, cross-attention to the same text encoder): the same architecture code, fewer
-FLOPs and a fraction of the optimizer memory, for machines where the real UNet's ~14 GB of fp32 weights,
-gradients and AdamW moments per rank do not fit twice.
+Width 1.0 is the real UNet (the profile's weights, else the inference notebooks' seeded random init); a smaller width
+scales every block's channels and keeps the rest of the architecture: fewer FLOPs and less optimizer memory, for
+machines where the real UNet's fp32 weights, gradients and AdamW moments (~14 GB per rank) do not fit twice.
 """
 from __future__ import annotations
 

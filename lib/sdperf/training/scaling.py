@@ -1,10 +1,9 @@
 """Speed-up and scaling efficiency, the way the NeMo table states them, for published and measured curves alike.
 
-For a throughput X(N) at size N (GPUs, nodes or ranks) and the smallest size N0 of its curve:
-    scale = N / N0,  speed-up = X(N) / X(N0),  perfect linear = X(N0) * scale,  efficiency = speed-up / scale.
-Weak scaling holds the per-rank batch fixed (the global batch grows with N); strong scaling holds the global
-batch fixed (the per-rank batch shrinks). In samples/s both efficiencies are the formula above: with the work
-per rank fixed, X(N)/N against X(N0)/N0; with the total work fixed, the time ratio T(N0) / (T(N) * scale).
+For throughput X(N) at size N (GPUs, nodes or ranks) and its curve's smallest size N0: scale = N / N0, speed-up =
+X(N) / X(N0), perfect linear = X(N0) * scale, efficiency = speed-up / scale. Weak scaling holds the per-rank batch
+fixed, strong scaling the global batch; in samples/s both efficiencies are that formula (per-rank work fixed: X(N)/N
+against X(N0)/N0; total work fixed: the time ratio T(N0) / (T(N) * scale)).
 """
 from __future__ import annotations
 
@@ -36,23 +35,21 @@ def _measured_ok(measured: pd.DataFrame) -> pd.DataFrame:
 
 def weak(measured: pd.DataFrame) -> pd.DataFrame:
     """Per engine and per-rank batch: the global batch grows with the world size."""
-    out = scaling(_measured_ok(measured), "world_size", "samples_per_s", ["engine", "per_rank_batch"])
-    return out.assign(kind="weak")
+    by = ["engine", "per_rank_batch"]
+    return scaling(_measured_ok(measured), "world_size", "samples_per_s", by).assign(kind="weak")
 
 
 def strong(measured: pd.DataFrame) -> pd.DataFrame:
     """Per engine and global batch, where at least two world sizes share it: the per-rank batch shrinks."""
     ok = _measured_ok(measured)
     sizes = ok.groupby(["engine", "global_batch"])["world_size"].transform("nunique")
-    out = scaling(ok[sizes >= 2], "world_size", "samples_per_s", ["engine", "global_batch"])
-    return out.assign(kind="strong")
+    return scaling(ok[sizes >= 2], "world_size", "samples_per_s", ["engine", "global_batch"]).assign(kind="strong")
 
 
 def equal_threads(measured: pd.DataFrame) -> pd.DataFrame:
-    """DDP efficiency against one rank given the same threads each rank has: X(N) / (N * X_control).
-
-    On a machine whose ranks share cores, this removes thread scaling from the comparison and leaves what
-    data parallelism itself costs (gradient all-reduce, a process per rank, duplicated optimizer work)."""
+    """DDP efficiency against one rank given each rank's threads: X(N) / (N * X_control). Where ranks share cores,
+    this removes thread scaling and leaves what data parallelism itself costs (gradient all-reduce, a process per
+    rank, duplicated optimizer work)."""
     ok = measured[measured["status"] == "ok"]
     control = ok[ok["control"].astype(bool)] if "control" in ok else ok.iloc[0:0]
     rows = []

@@ -1,7 +1,5 @@
-"""What one training configuration needs, as the launcher writes it for every rank to read.
-
-Its own module so that the launcher (sdperf.training.launch) and the per-rank program (sdperf.training.train)
-both import it without importing each other.
+"""What one training configuration needs, as the launcher writes it (JSON) for every rank to read: its own module, so
+that sdperf.training.launch and sdperf.training.train both import it without importing each other.
 """
 from __future__ import annotations
 
@@ -14,8 +12,6 @@ from sdperf.training.training_settings import TrainingSettings
 
 @dataclass
 class RunSpec:
-    """Everything one configuration needs, written by the launcher as JSON for every rank to read."""
-
     profile: str
     arch: str
     weights: str | None

@@ -1,9 +1,8 @@
 """One Stable Diffusion training step for the UNet, as the SD, NeMo and MosaicML recipes take it.
 
-Draw noise and a timestep per sample, noise the latents with the DDPM schedule, predict the noise (or the
-velocity, for v-prediction schedules) from the noisy latents and the text embeddings, take the MSE, back-propagate,
-clip the gradient norm, and let AdamW update. Autocast (bf16, or fp16 with a gradient scaler) wraps the forward
-pass only, as torch's AMP recipe does; the weights, gradients and optimizer state stay fp32.
+Noise the latents at a random timestep per sample (DDPM schedule), predict the noise (or the velocity, for
+v-prediction) from them and the text embeddings, take the MSE, back-propagate, clip the gradient norm, step AdamW.
+Autocast (bf16, or fp16 with a gradient scaler) wraps the forward pass only, as torch's AMP recipe does.
 """
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ class Trainer:
 
     def step(self, batch: dict) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = noise_prediction_loss(self.model, self.scheduler, batch, self.generator, self.device,
-                                     self.autocast_mode)
+        loss = noise_prediction_loss(self.model, self.scheduler, batch, self.generator, self.device, self.autocast_mode)
         if self.scaler is None:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
@@ -86,8 +84,7 @@ class ZeroTrainer:
         self.generator = torch.Generator(self.device).manual_seed(seed)
 
     def step(self, batch: dict) -> torch.Tensor:
-        loss = noise_prediction_loss(self.model, self.scheduler, batch, self.generator, self.device,
-                                     self.autocast_mode)
+        loss = noise_prediction_loss(self.model, self.scheduler, batch, self.generator, self.device, self.autocast_mode)
         self.model.backward(loss)
         self.model.step()
         return loss.detach()

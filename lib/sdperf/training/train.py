@@ -1,9 +1,7 @@
 """The per-rank training program torchrun starts: one configuration, timed, written as rank<N>.json.
 
-Each rank builds the same seeded UNet, joins the process group (gloo on CPU, NCCL on GPU, or DeepSpeed's
-init_distributed for ZeRO), draws its shard of the dataset through a seeded DistributedSampler, and times the
-steps with timing.measure (first step apart, warm-up, then the timed steps; peak memory of the steady state).
-Its record is written atomically, so a killed run leaves no half file.
+Each rank builds the same seeded UNet, joins the process group, draws its shard through a seeded DistributedSampler
+and times the steps with timing.measure; its record is written atomically, so a killed run leaves no half file.
 
 One machine, N ranks (CPU: threads split between them via OMP_NUM_THREADS):
     torchrun --standalone --nproc_per_node N -m sdperf.training.train --profile cpu --batch-size 2 --out DIR
@@ -125,12 +123,11 @@ def run(spec: RunSpec) -> dict:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "threads": torch.get_num_threads(), "per_rank_batch": spec.per_rank_batch,
         "global_batch": spec.per_rank_batch * world, "autocast": s.autocast, "unet_width": s.unet_width,
-        "unet": model.describe(spec.arch, s.unet_width, unet), "unet_parameters": sum(p.numel() for p in
-                                                                                     unet.parameters()),
-        "resolution": s.resolution, "setup_s": setup_s, "first_step_s": t.first_call, "step_times_s": t.times,
-        "peak_memory_bytes": t.peak_memory_bytes, "memory_kind": t.memory_kind, "baseline_memory_bytes": baseline,
-        "losses": [float(x) for x in losses], "params_before": before, "params_after": step.parameter_digest(unet),
-        "torch": torch.__version__,
+        "unet": model.describe(spec.arch, s.unet_width, unet),
+        "unet_parameters": sum(p.numel() for p in unet.parameters()), "resolution": s.resolution, "setup_s": setup_s,
+        "first_step_s": t.first_call, "step_times_s": t.times, "peak_memory_bytes": t.peak_memory_bytes,
+        "memory_kind": t.memory_kind, "baseline_memory_bytes": baseline, "losses": [float(x) for x in losses],
+        "params_before": before, "params_after": step.parameter_digest(unet), "torch": torch.__version__,
     }
     atomic_write_text(Path(spec.out_dir) / f"rank{rank}.json", json.dumps(record, indent=1))
     dist.barrier()

@@ -111,13 +111,12 @@ def valid_widths(arch: str) -> list[float]:
 
 
 def _check_width(profile: str, arch: str, width: float) -> None:
+    valid = f"valid for {arch}: {', '.join(f'{w:g}' for w in valid_widths(arch))}"
     if not 0 < width <= 1:
-        _fail(profile, f"unet_width must be in (0, 1], got {width!r}; valid for {arch}: "
-                       f"{', '.join(f'{w:g}' for w in valid_widths(arch))}")
+        _fail(profile, f"unet_width must be in (0, 1], got {width!r}; {valid}")
     problem = width_problem(arch, width)
     if problem:
-        _fail(profile, f"unet_width {width!r} does not fit {arch}'s UNet ({problem}); valid for {arch}: "
-                       f"{', '.join(f'{w:g}' for w in valid_widths(arch))}")
+        _fail(profile, f"unet_width {width!r} does not fit {arch}'s UNet ({problem}); {valid}")
 
 
 def parse(profile: str, arch: str, raw: dict) -> TrainingSettings:
@@ -161,12 +160,10 @@ def parse(profile: str, arch: str, raw: dict) -> TrainingSettings:
         steps=_int(profile, "steps", raw["steps"]),
         learning_rate=_number(profile, "learning_rate", raw["learning_rate"]),
         weight_decay=_number(profile, "weight_decay", raw["weight_decay"]),
-        max_grad_norm=_number(profile, "max_grad_norm", raw["max_grad_norm"]),
-        autocast=raw["autocast"], backend=raw["backend"], deepspeed_zero_stages=stages,
-        equal_threads_control=raw["equal_threads_control"],
+        max_grad_norm=_number(profile, "max_grad_norm", raw["max_grad_norm"]), autocast=raw["autocast"],
+        backend=raw["backend"], deepspeed_zero_stages=stages, equal_threads_control=raw["equal_threads_control"],
         run_timeout_s=_int(profile, "run_timeout_s", raw["run_timeout_s"]))
 
 
 def from_profile(profile) -> TrainingSettings:
-    """The validated training settings of a loaded Profile."""
     return parse(profile.name, profile.arch, profile.training)

@@ -1,11 +1,9 @@
 """DeepSpeed ZeRO stage 1/2 for the same training step: the config the library writes, and the engine.
 
-ZeRO-1 shards the AdamW moments across ranks, ZeRO-2 the gradients too; both keep a full copy of the weights on
-every rank, so the step (and its loss) is the DDP step, and the difference is per-rank memory and the
-communication pattern (reduce-scatter + all-gather instead of all-reduce). The optimizer is torch's AdamW
-handed to deepspeed.initialize (a "client optimizer", hence zero_allow_untested_optimizer), the one the DDP runs
-use, so the comparison changes the engine only; autocast wraps the forward pass exactly as under DDP, and no
-DeepSpeed fp16/bf16 section is written (those would cast the weights and change what is compared).
+ZeRO-1 shards the AdamW moments across ranks, ZeRO-2 the gradients too; both keep full weights on every rank, so the
+step and its loss are DDP's and only per-rank memory and communication differ. The optimizer is the DDP runs' torch
+AdamW handed to deepspeed.initialize (hence zero_allow_untested_optimizer); autocast wraps the forward as under DDP,
+and no DeepSpeed fp16/bf16 section is written (it would cast the weights and change what is compared).
 """
 from __future__ import annotations
 
@@ -53,13 +51,9 @@ SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's shared-memory all-reduce for C
 
 
 def without_shm_comm() -> None:
-    """Tell DeepSpeed its shared-memory comm op is unavailable, before deepspeed.init_distributed builds it.
-
-    On a CPU, init_distributed JIT-compiles that op with g++ (25-40 s on 2 cores, again for every new venv path)
-    for inference_all_reduce, which ZeRO training never calls: its reduce-scatter and all-gather go through
-    torch.distributed (gloo), as they do where the op is not compatible. The compile landed in the first ZeRO
-    configuration's launch time and bought nothing. DeepSpeed keeps one probed dict of compatible ops and reads
-    edits to it (deepspeed/ops/__init__.py)."""
+    """Mark DeepSpeed's shared-memory comm op unavailable before deepspeed.init_distributed builds it: on a CPU it
+    JIT-compiles it with g++ (tens of seconds, per venv path) for inference_all_reduce, which ZeRO training never
+    calls (its collectives go through torch.distributed). DeepSpeed reads edits to its dict of compatible ops."""
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
