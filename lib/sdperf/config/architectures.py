@@ -1,9 +1,5 @@
-"""Hand-written configs of the real SD 1.5, SD 2-base and SDXL networks (and tiny twins for CI).
-
-Timing does not depend on weight values, so the study builds these at random init when no weights are
-given. The values are transcribed from the published diffusers configs of runwayml/stable-diffusion-v1-5,
-stabilityai/stable-diffusion-2-base and stabilityai/stable-diffusion-xl-base-1.0; tests check the
-resulting parameter counts against the published ones.
+"""Hand-written configs of the real SD 1.5, SD 2-base and SDXL networks (and tiny twins for CI), transcribed from
+their diffusers configs (tests check the parameter counts): timing does not depend on weights, so random init does.
 """
 from __future__ import annotations
 
@@ -17,12 +13,13 @@ PUBLISHED_PARAMETERS = {
              "text_encoder_2": 694_659_840},
 }
 
-_SD_VAE = dict(
-    in_channels=3, out_channels=3, latent_channels=4, layers_per_block=2, norm_num_groups=32,
-    block_out_channels=[128, 256, 512, 512], act_fn="silu",
-    down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
-)
-
+_SD_VAE = dict(in_channels=3, out_channels=3, latent_channels=4, layers_per_block=2, norm_num_groups=32,
+               block_out_channels=[128, 256, 512, 512], act_fn="silu",
+               down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4)
+# SD 1.5's and SD 2-base's UNet layout (they differ in attention heads, cross-attention width and projection)
+_SD_UNET = dict(sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
+                block_out_channels=[320, 640, 1280, 1280], up_block_types=["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3,
+                down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"])
 _CLIP_L = dict(  # CLIP ViT-L/14 text tower (SD 1.x, first SDXL encoder)
     vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
     max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768,
@@ -33,7 +30,6 @@ _SCHEDULER = dict(  # shared by all three: scaled-linear betas, epsilon predicti
 )
 
 
-# Tiny twins' shared parts: shapes follow diffusers' own unit tests.
 _TINY_UNET = dict(sample_size=32, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=[32, 64],
                   norm_num_groups=32, down_block_types=["DownBlock2D", "CrossAttnDownBlock2D"],
                   up_block_types=["CrossAttnUpBlock2D", "UpBlock2D"])
@@ -65,29 +61,17 @@ class Architecture:
 ARCHS: dict[str, Architecture] = {
     "sd15": Architecture(
         name="sd15", family="sd",
-        unet=dict(
-            sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
-            block_out_channels=[320, 640, 1280, 1280], attention_head_dim=8, cross_attention_dim=768,
-            down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"],
-            up_block_types=["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3,
-        ),
+        unet=dict(_SD_UNET, attention_head_dim=8, cross_attention_dim=768),
         vae=dict(_SD_VAE, sample_size=512, scaling_factor=0.18215),
         text_encoder=dict(_CLIP_L),
     ),
     "sd2-base": Architecture(
         name="sd2-base", family="sd", pad_token="!",
-        unet=dict(
-            sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
-            block_out_channels=[320, 640, 1280, 1280], attention_head_dim=[5, 10, 20, 20],
-            cross_attention_dim=1024, use_linear_projection=True,
-            down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"],
-            up_block_types=["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3,
-        ),
+        unet=dict(_SD_UNET, attention_head_dim=[5, 10, 20, 20], cross_attention_dim=1024, use_linear_projection=True),
         vae=dict(_SD_VAE, sample_size=512, scaling_factor=0.18215),
         # OpenCLIP ViT-H/14 text tower, penultimate layer: 23 of its 24 layers, as SD 2 ships it.
-        text_encoder=dict(vocab_size=49408, hidden_size=1024, intermediate_size=4096, num_hidden_layers=23,
-                          num_attention_heads=16, max_position_embeddings=77, hidden_act="gelu",
-                          projection_dim=512),
+        text_encoder=dict(_CLIP_L, hidden_size=1024, intermediate_size=4096, num_hidden_layers=23,
+                          num_attention_heads=16, hidden_act="gelu", projection_dim=512),
     ),
     "sdxl": Architecture(
         name="sdxl", family="sdxl",
@@ -103,13 +87,11 @@ ARCHS: dict[str, Architecture] = {
         vae=dict(_SD_VAE, sample_size=1024, scaling_factor=0.13025, force_upcast=True),
         text_encoder=dict(_CLIP_L),
         # OpenCLIP ViT-bigG/14 text tower with projection.
-        text_encoder_2=dict(vocab_size=49408, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
-                            num_attention_heads=20, max_position_embeddings=77, hidden_act="gelu",
-                            projection_dim=1280),
+        text_encoder_2=dict(_CLIP_L, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
+                            num_attention_heads=20, hidden_act="gelu", projection_dim=1280),
     ),
-    # The study's own reference model (sdperf.refmodel), trained here on the shapes domain at 32 px: SD's
-    # components (AutoencoderKL, CLIP text tower, UNet2DConditionModel with cross-attention) at a few million
-    # parameters. Its VAE downsamples 4x (8x8x4 latents); its scaling factor is set from the trained latents.
+    # The study's own reference model (sdperf.refmodel), trained on the shapes domain at 32 px: SD's components at a
+    # few million parameters; its VAE downsamples 4x, its scaling factor is set from the trained latents.
     "sdref": Architecture(
         name="sdref", family="sd",
         unet=dict(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=[64, 128],

@@ -1,7 +1,4 @@
-"""Study profiles: YAML files in params/, validated before any model is built.
-
-Validation lives here, apart from torch, so that a bad profile fails in well under a second.
-"""
+"""Study profiles: YAML files in params/, validated apart from torch, so a bad one fails in well under a second."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +23,7 @@ AUTO = "auto"
 SECTIONS = ("training", "quality", "serving", "notebooks", "expected")
 PROFILE_ENV = "SDPERF_PROFILE"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# a profile name is a folder name under reports/: no '..', no hidden or path-like names ('...yml' was profile '..')
-PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a plain folder name under reports/, no '..'
 MAX_YAML_DEPTH = 20  # nested mappings/lists a study file may hold; the profiles use 3
 MAX_YAML_BYTES = 1 << 20  # a profile is a few KB; a bigger file is not one
 MAX_SEED = 2**63 - 1  # the largest seed every consumer takes (torch.Generator, numpy, int64 columns)
@@ -55,36 +51,21 @@ class Profile:
     cell_timeout_s: int
     variant_budget_s: int
     weights: str | None = None
-    # fresh-process rounds every compared configuration runs in (sdperf.measure.rounds); 3 is the least a range means
-    rounds: int = 3
-    # steps of the first call, timed apart: None = a whole generation at `steps`; 1 = a one-step generation, which
-    # runs every stage once (all lazy compilation and allocation land there) at a fraction of the cost
-    first_call_steps: int | None = None
-    # 09_fewer_steps' untimed drift generations (the reference sampler at 50 steps, each scheduler at its own): on
-    # random weights they measure trajectories, not quality, and cost ~7 minutes of SD 1.5 on 2 cores
-    scheduler_drift: bool = True
+    rounds: int = 3  # fresh-process rounds per compared configuration (sdperf.measure.rounds); 3 at least
+    first_call_steps: int | None = None  # steps of the first call, timed apart (None: all); 1 runs each stage once
+    scheduler_drift: bool = True  # 09_fewer_steps' untimed drift generations (minutes of SD 1.5 on a CPU)
     notes: tuple[str, ...] = field(default_factory=tuple)
-    # The catalog keys (or '+'-joined stacks) this profile studies, each once: a notebook compares those it owns
-    # (Technique.notebook), 10 searches their families, 12 judges those that change the output
-    # (sdperf.optimizations.catalog.among); checked against the catalog before anything runs (sdperf.run.plan)
-    techniques: tuple[str, ...] = field(default_factory=tuple)
-    # Settings of the studies beyond the inference ladder, one mapping each; the package that owns a section
-    # validates its keys (sdperf.training / sdperf.quality / sdperf.serving), before any model is built.
+    techniques: tuple[str, ...] = field(default_factory=tuple)  # catalog keys or '+'-joined stacks, each once
+    # settings of the studies beyond the inference ladder, validated by the package that owns each section
     training: dict = field(default_factory=dict)
     quality: dict = field(default_factory=dict)
     serving: dict = field(default_factory=dict)
-    # Notebook parameters `sdperf run` sets over a notebook's own defaults: {notebook: {parameter: value}}, checked
-    # by sdperf.run.runner against the notebooks' parameter cells before anything runs (nbval runs the defaults)
-    notebooks: dict = field(default_factory=dict)
-    # What `sdperf run` expects a part to take where no run of it is on record (sdperf.run.eta): figures measured by
-    # one whole run, {measured_on: what ran where, rounds_per_worker_s: s, notebooks_s: {notebook: s}}
-    expected: dict = field(default_factory=dict)
+    notebooks: dict = field(default_factory=dict)  # {notebook: {parameter: value}} set over a notebook's defaults
+    expected: dict = field(default_factory=dict)  # what a part takes with no run on record (sdperf.run.eta)
 
     @property
     def setting(self) -> str:
-        """What besides a row's technique and batch decides its process's memory: the architecture, the
-        resolution, whether guidance doubles the UNet's batch, the weights and the device (each row carries it, so
-        a peak measured at one setting is never taken for another's)."""
+        """What besides technique and batch decides a row's memory: arch, resolution, guidance, weights, device."""
         guidance = f"guidance {self.guidance_scale:g}" if self.guidance_scale > 1 else "no guidance"
         return f"{self.arch} {self.resolution}px, {guidance}, {self.weights or 'random'} weights, {self.device}"
 
@@ -107,8 +88,7 @@ _REQUIRED = [n for n, f in _FIELDS.items()
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error: plain YAML keeps the last
-    value silently, so a profile edited in two places would run a setting nobody sees at the top."""
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error."""
 
     def construct_mapping(self, node, deep=False):
         seen = {}
@@ -122,9 +102,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
     def compose_node(self, parent, index):
-        """Anchors and aliases are refused: a few KB of nested aliases (a "billion laughs" file) expand into
-        gigabytes once anything walks or formats the value. Nesting deeper than MAX_YAML_DEPTH is refused too,
-        before the recursive composer reaches Python's recursion limit."""
+        """Anchors and aliases are refused ("billion laughs"), and so is nesting deeper than MAX_YAML_DEPTH."""
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             raise yaml.composer.ComposerError(
@@ -142,9 +120,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def read_yaml(path: Path):
-    """A YAML file through the safe loader that refuses duplicate keys, aliases and runaway nesting. Only a regular
-    file of at most MAX_YAML_BYTES is read: a FIFO would block the reader forever, a device or huge file never
-    ends (OSError for those)."""
+    """A YAML file through _UniqueKeyLoader; OSError unless a regular file of at most MAX_YAML_BYTES."""
     path = Path(path)
     with open(path, "rb", opener=_nonblocking) as fh:
         info = os.fstat(fh.fileno())
@@ -179,9 +155,7 @@ def _gib(n: float) -> str:
 
 
 def resolution_bytes(arch: str, resolution: int, batch: int) -> int:
-    """A floor on one generation's memory: four fp32 feature maps (a block's input, its norm, its conv and the
-    residual) of the VAE decoder's last block, full resolution, per image of the batch. The weights and the UNet
-    come on top, so a resolution over this floor can never run."""
+    """A floor on one generation's memory: four fp32 full-resolution maps of the VAE decoder's last block per image."""
     channels = ARCHS[arch].vae["block_out_channels"][0]
     return 4 * channels * resolution * resolution * 4 * batch
 
@@ -207,15 +181,14 @@ def _check_sizes(profile: str, raw: dict) -> None:
 
 
 def _check_guidance(profile: str, value) -> None:
-    """Classifier-free guidance is on above 1 and off at exactly 1; below 1, nan or inf is no setting at all (it
-    turned guidance off while rows said "CFG batch", or stored inf/nan images as ok)."""
+    """Classifier-free guidance is on above 1 and off at exactly 1; below 1, nan or inf is no setting at all."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
         raise ConfigError(f"profile {profile!r}: guidance_scale must be a finite number >= 1 (1 = no guidance, "
                           f"7.5 = SD's default), got {short(value)}")
 
 
 def available_profiles() -> list[str]:
-    """The stems of params/*.yml that are regular files (a FIFO there hung `sdperf profiles`)."""
+    """The stems of params/*.yml that are regular files."""
     return sorted(p.stem for p in params_dir().glob("*.yml") if is_regular_file(p))
 
 
@@ -243,18 +216,14 @@ def _check_positive_int(profile: str, key: str, value, minimum: int = 1) -> None
 
 
 def gpu_available() -> bool:
-    """True when torch sees a CUDA device; imported lazily so validation stays fast without a GPU stack."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a hard dependency
-        return False
+    """True when torch sees a CUDA device; imported lazily so validation stays fast."""
+    import torch
+
     return torch.cuda.is_available()
 
 
 def resolve_name(name: str | None = None) -> str:
-    """'auto' (or None) -> $SDPERF_PROFILE if set, else 'cpu' without a GPU and a GPU profile with one. An empty
-    name is an error, not 'auto': `--profile ""` from a script whose variable was unset would otherwise run the
-    full cpu study into the committed reports/cpu."""
+    """'auto' (or None) -> $SDPERF_PROFILE, else 'cpu' without a GPU, a GPU profile with one; '' is an error."""
     if name is not None and not str(name).strip():
         raise ConfigError(f"profile name {name!r} is empty; valid profiles: {_choices(available_profiles() + [AUTO])}")
     name = name or AUTO
@@ -285,8 +254,7 @@ EXPECTED_KEYS = ("measured_on", "rounds_per_worker_s", "notebooks_s")
 
 
 def _check_expected(profile: str, expected: dict) -> None:
-    """The expected: section: where its figures were measured (required with any figure), seconds per rounds
-    worker, and seconds per notebook, each a positive number."""
+    """The expected: section: measured_on (required), seconds per rounds worker and per notebook, each positive."""
     if not expected:
         return
     where = f"profile {profile!r}: expected"
@@ -311,8 +279,7 @@ def _check_expected(profile: str, expected: dict) -> None:
 
 
 def _check_weights(profile: str, weights) -> None:
-    """An existing diffusers folder, or a hub id written as 'hub:org/model': a bare 'models/sd15' whose folder is
-    missing is a typo'd path, not a model to download 25 s later."""
+    """An existing diffusers folder, or a hub id written as 'hub:org/model' (a bare missing path is a typo)."""
     if weights is None:
         return
     if not isinstance(weights, str) or not weights.strip():
@@ -342,9 +309,8 @@ def check_device(profile: str, device: str, dtype: str) -> None:
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
-        have = ["cpu"]
         raise ConfigError(f"profile {profile!r}: device 'cuda' is not available on this machine; "
-                          f"available devices: {_choices(have)} (use the 'cpu' profile or SDPERF_PROFILE=cpu)")
+                          f"available devices: {_choices(['cpu'])} (use the 'cpu' profile or SDPERF_PROFILE=cpu)")
     try:
         t = getattr(torch, dtype)
         x = torch.ones(1, 2, 4, 4, device=device, dtype=t)
@@ -379,10 +345,8 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
     missing = [k for k in _REQUIRED if k not in raw]
     if missing:
         raise ConfigError(f"profile {name!r}: missing keys {_choices(missing)}")
-    _check_choice(name, "arch", raw["arch"], ARCHITECTURES)
-    _check_choice(name, "scheduler", raw["scheduler"], SCHEDULERS)
-    _check_choice(name, "dtype", raw["dtype"], DTYPES)
-    _check_choice(name, "device", raw["device"], DEVICES)
+    for key, valid in (("arch", ARCHITECTURES), ("scheduler", SCHEDULERS), ("dtype", DTYPES), ("device", DEVICES)):
+        _check_choice(name, key, raw[key], valid)
     for key in ("steps", "repeats", "resolution", "matmul_size", "cell_timeout_s", "variant_budget_s"):
         _check_positive_int(name, key, raw[key])
     _check_positive_int(name, "seed", raw["seed"], minimum=0)
@@ -431,6 +395,5 @@ def load_profile(name: str | None = None, *, check_runtime: bool = True) -> Prof
         raise ConfigError(f"profile {name!r}: techniques names {_choices(twice)} more than once; name each key once")
     if check_runtime:
         check_device(name, raw["device"], raw["dtype"])
-    values = dict(raw, name=name, batch_sizes=tuple(sizes), guidance_scale=float(raw["guidance_scale"]),
-                  notes=tuple(notes), techniques=tuple(techniques))
-    return Profile(**values)
+    return Profile(**dict(raw, name=name, batch_sizes=tuple(sizes), guidance_scale=float(raw["guidance_scale"]),
+                          notes=tuple(notes), techniques=tuple(techniques)))

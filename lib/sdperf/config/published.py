@@ -1,14 +1,8 @@
 """Every published figure the study cites, in one table (sdperf/data/published.csv), and the views its readers take.
 
-A row is one figure: `source`, `url`, the `hardware` and `settings` it was taken under, `key` (the catalog technique
-or stack it is about, if one), `what` (the configuration, rung or comparison it is of), `metric`, `value`, `unit`,
-`detail` (the figure in the source's words, or what a ratio divides) and `why` (why it can differ from what this
-study measures). A claim made without a figure has no value or unit. `url_note` says what to know about a link;
-`measured`, set on each row the report's published-vs-measured table shows, says where results.csv holds the figure
-set beside it: `field=value` pairs joined by "; " (notebook, key or scenario prefix, batch, metric, `over` the
-denominator row), then `what=` and the rest of the cell. Sizes are read from the words, not repeated in columns:
-`model` (settings up to the first comma), `resolution`, `batch_size`, `gpus` and `nodes` (the last one named in
-settings then what: "1 -> 2 nodes (8 -> 16 GPUs)" is 2 nodes, 16 GPUs).
+A row is one figure: `source`, `url`, `hardware`, `settings`, `key` (its technique), `what`, `metric`, `value`, `unit`
+(none for a claim), `detail` (the source's words), `why` (why it can differ from this study's). `measured` names its
+results.csv row: "; "-joined `field=value` pairs (LOOKUP), `what=` last. Sizes (SIZES, `model`) come from the words.
 """
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ CURVES = {NEMO: "NeMo DGX {chip}, SD v2, {px}px", MOSAIC: "MosaicML {chip}, SD2-
 
 
 def load() -> pd.DataFrame:
-    """The table, every text column a string ('' where empty), `value` a float (NaN for a claim without a figure),
-    and the sizes its words state."""
+    """The table, text columns as strings ('' where empty), `value` a float (NaN: no figure), with the sizes."""
     df = tables.table(FILE, dtype=str, keep_default_na=False)
     df["value"] = df["value"].replace("", "nan").astype(float)
     words = df["settings"] + "; " + df["what"]
@@ -78,8 +71,7 @@ def lookup(measured: str) -> dict[str, str]:
 
 
 def compared() -> pd.DataFrame:
-    """The rows the report sets beside a measurement, in the table's order, each `measured` field a column
-    `measured_<field>`."""
+    """The rows the report sets beside a measurement, each `measured` field as a column `measured_<field>`."""
     df = load().query("measured != ''").reset_index(drop=True)
     fields = pd.DataFrame([lookup(m) for m in df["measured"]], columns=list(LOOKUP))
     return pd.concat([df, fields.add_prefix("measured_")], axis=1)
@@ -92,8 +84,7 @@ def quality() -> pd.DataFrame:
 
 
 def technique_quality() -> pd.DataFrame:
-    """Per catalog key (the index), what its sources say it costs in quality (a change in FID, a latent error, words),
-    where each was measured, each source with its URL, and the sources and hardware by name."""
+    """Per catalog key, what its sources say it costs in quality, where each was measured, and the sources cited."""
     df = load()
     df = df[(df["key"] != "") & df["metric"].isin(CHANGES)].assign(
         where=lambda d: (d.hardware + ", " + d.settings).str.strip(", "), cited=lambda d: d.source + " (" + d.url + ")")
@@ -104,8 +95,7 @@ def technique_quality() -> pd.DataFrame:
 
 
 def throughput() -> pd.DataFrame:
-    """The published training sweeps: samples/s per curve and size (GPUs, and nodes for NeMo's DGX sweep), one
-    row each, with the curve's name and its source."""
+    """The published training sweeps: samples/s per curve and size, one row each, with the curve's name."""
     df = load()
     df = df[(df["metric"] == "samples_per_s") & df["source"].isin([NEMO, MOSAIC])].copy()
     df["gpus"] = df["gpus"].astype(int)

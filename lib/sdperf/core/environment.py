@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import hashlib
 import importlib.metadata as md
 import os
 import platform
 import subprocess
+import uuid
 from pathlib import Path
 
 from sdperf.core.paths import REPO_ROOT
 
-# The libraries every rung's speed or quality depends on; what the techniques import beyond them is each record's
-# (sdperf.optimizations.catalog.packages(), passed to record(): "not installed" on a CPU machine is itself the
-# record that a GPU rung could not run).
+# The libraries every rung's speed or quality depends on; the techniques' own come through record(packages=...).
 PACKAGES = ("torch", "torchvision", "diffusers", "transformers", "accelerate", "mlcommons-loadgen", "torchmetrics",
             "torch-fidelity", "open-clip-torch", "papermill", "nbval", "numpy", "pandas")
 # CPU features that decide which precisions can be fast here (see the half-precision notebook).
@@ -33,8 +33,7 @@ def package_versions(names=PACKAGES) -> dict[str, str | None]:
 
 
 def git_commit(root: Path = REPO_ROOT) -> str:
-    """HEAD's short sha, '-dirty' when tracked sources differ from it (reports/ is output, not source);
-    'unknown' outside a checkout."""
+    """HEAD's short sha, '-dirty' when tracked sources (not reports/) differ from it; 'unknown' outside a checkout."""
     def git(*args):
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
 
@@ -113,8 +112,7 @@ def memory_gib() -> float | None:
 # The variables that decide how many threads OpenMP, MKL and OpenBLAS start and where they run.
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES",
               "OMP_WAIT_POLICY", "KMP_AFFINITY", "KMP_BLOCKTIME", "GOMP_CPU_AFFINITY")
-# Allocators a process may have preloaded instead of glibc's malloc (the allocator rung preloads the first two).
-ALLOCATOR_LIBS = ("libjemalloc", "libtcmalloc", "libmimalloc")
+ALLOCATOR_LIBS = ("libjemalloc", "libtcmalloc", "libmimalloc")  # preloadable in place of glibc's malloc
 NO_GPU = "not applicable: no CUDA device"
 
 
@@ -128,9 +126,7 @@ def _parallel_line(info: str, label: str) -> str | None:
 
 
 def thread_settings() -> dict:
-    """How this process runs operators in parallel, as torch reports it: intra-op threads (one operator split
-    over cores), inter-op threads (independent operators at once), the parallel backend (OpenMP or TBB) with
-    OpenMP's and MKL's own thread counts, and the environment variables that set them ('unset' when absent)."""
+    """How this process runs operators in parallel, as torch reports it, and the environment variables that set it."""
     import torch
 
     info = torch.__config__.parallel_info()
@@ -142,8 +138,7 @@ def thread_settings() -> dict:
 
 
 def mapped_files(maps: Path = Path("/proc/self/maps")) -> set[str] | None:
-    """The paths of the files this process has mapped (its shared libraries among them), None where /proc is not
-    readable."""
+    """The paths of the files this process has mapped, None where /proc is not readable."""
     try:
         return {line.split()[-1] for line in maps.read_text().splitlines() if "/" in line}
     except OSError:
@@ -151,8 +146,7 @@ def mapped_files(maps: Path = Path("/proc/self/maps")) -> set[str] | None:
 
 
 def allocator(maps: Path = Path("/proc/self/maps")) -> str:
-    """The malloc this process runs on: a preloaded jemalloc/tcmalloc/mimalloc found among its mapped libraries,
-    else glibc's ('unknown' where /proc is not readable)."""
+    """The malloc this process runs on: a preloaded jemalloc/tcmalloc/mimalloc among its mapped files, else glibc's."""
     mapped = mapped_files(maps)
     if mapped is None:
         return "unknown: /proc/self/maps is not readable"
@@ -187,8 +181,7 @@ def _amdgpu_driver() -> str:
 
 
 def gpu() -> dict | str:
-    """The GPU torch sees: name, count, memory, compute capability, the driver, and the CUDA (or HIP) runtime torch
-    was built with; NO_GPU where torch sees no CUDA device."""
+    """The GPU torch sees: name, count, memory, compute capability, driver and runtime; NO_GPU where none."""
     import torch
 
     if not torch.cuda.is_available():
@@ -203,10 +196,7 @@ def gpu() -> dict | str:
 
 
 def tree_digest(root: Path = REPO_ROOT) -> str:
-    """A digest of the tracked sources' differences from HEAD (reports/ left out), '' on a clean tree: two runs of
-    a dirty tree are the same code only when their diffs are."""
-    import hashlib
-
+    """A digest of the tracked sources' diff from HEAD (reports/ left out), '' on a clean tree."""
     try:
         diff = subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--", ".", ":(exclude)reports"],
                               capture_output=True, timeout=30).stdout
@@ -216,10 +206,7 @@ def tree_digest(root: Path = REPO_ROOT) -> str:
 
 
 def fingerprint(device: str = "cpu") -> str:
-    """A short id of the machine a number belongs to: CPU model, family/model/stepping, logical CPUs, every ISA
-    flag, and the GPU where one is used. Two rows with different fingerprints never share a table."""
-    import hashlib
-
+    """A short id of the machine (CPU model and flags, CPUs, GPU where used): rows of two never share a table."""
     info = _cpuinfo()
     parts = [cpu_model(), info.get("cpu family", ""), info.get("model", ""), info.get("stepping", ""),
              str(os.cpu_count()), info.get("flags", ""), device_name(device) if device != "cpu" else ""]
@@ -227,10 +214,7 @@ def fingerprint(device: str = "cpu") -> str:
 
 
 def run_id() -> str:
-    """The id of this run: `sdperf run` sets SDPERF_RUN_ID for every notebook it runs; a notebook opened alone
-    gets its own."""
-    import uuid
-
+    """SDPERF_RUN_ID, set by `sdperf run` for its notebooks; a notebook opened alone gets its own."""
     rid = os.environ.get(RUN_ID_ENV)
     if not rid:
         rid = os.environ[RUN_ID_ENV] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + \
@@ -250,8 +234,7 @@ def device_name(device: str) -> str:
 
 
 def record(profile: str | None = None, device: str = "cpu", packages: tuple[str, ...] = ()) -> dict:
-    """Everything a reader needs to judge a number taken here; `packages`: the techniques' own libraries
-    (sdperf.optimizations.catalog.packages()), recorded beside PACKAGES."""
+    """Everything a reader needs to judge a number taken here; `packages`: the techniques' own, beside PACKAGES."""
     import torch
 
     return {

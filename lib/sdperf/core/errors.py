@@ -12,8 +12,7 @@ MAX_SHOWN = 200  # characters of a value an error message shows
 
 
 def _shortener() -> reprlib.Repr:
-    """reprlib elides nested containers and long strings while it formats, so a huge or deeply nested value costs
-    only what is shown (plain repr() of a YAML alias bomb needs gigabytes before any truncation could happen)."""
+    """reprlib elides while it formats, so a huge or deeply nested value costs only what is shown."""
     r = reprlib.Repr()
     r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 3, 6, 8, 8, 8
     r.maxstring, r.maxother, r.maxlong = 120, 120, 60

@@ -1,8 +1,4 @@
-"""A lock a second holder is refused at once: `sdperf run`'s per-profile lock and its machine-wide one.
-
-The lock is an flock on a small file that names its holder, so the refusal can say who holds it; it goes with the
-holding process, however that process ends.
-"""
+"""A lock a second holder is refused at once: an flock on a file naming its holder, released when the holder ends."""
 from __future__ import annotations
 
 import contextlib
@@ -13,8 +9,7 @@ from typing import Callable
 
 @contextlib.contextmanager
 def exclusive(path: Path, holder: str, refusal: Callable[[str], Exception]):
-    """Hold the lock at `path`, written with `holder`; when another process holds it, raise `refusal(what the
-    holder wrote)` at once instead of waiting."""
+    """Hold the lock at `path`, written with `holder`; if held elsewhere raise `refusal(what its holder wrote)`."""
     fh = open(path, "a+", encoding="utf-8")
     try:
         try:

@@ -12,12 +12,7 @@ REPORTS_ENV = "SDPERF_REPORTS_DIR"
 
 
 def _env_dir(var: str, default: Path) -> Path:
-    """The folder $var names, made absolute against the current folder, else `default`.
-
-    A relative value would be read against whatever folder each process starts in: `sdperf run` and its notebook
-    kernels (started in the repo root) then wrote and promoted rows in two different places, and results.csv kept
-    only its header. An empty value is an error, not the current folder: `VAR=` from a script whose variable was
-    unset would otherwise write a report wherever the command happens to run."""
+    """The folder $var names, made absolute (every process then agrees on it), else `default`; '' is an error."""
     value = os.environ.get(var)
     if value is None:
         return default
@@ -28,9 +23,7 @@ def _env_dir(var: str, default: Path) -> Path:
 
 
 def resolve_env() -> None:
-    """Write the absolute form of $SDPERF_PARAMS_DIR and $SDPERF_REPORTS_DIR back into the environment, once, before
-    anything runs: every child (papermill's kernel, rounds' workers, torchrun ranks) inherits the same folders the
-    validating process used, whatever folder it starts in."""
+    """Write $SDPERF_PARAMS_DIR and $SDPERF_REPORTS_DIR back as absolute paths, for every child process to inherit."""
     for var, default in ((PARAMS_ENV, REPO_ROOT / "params"), (REPORTS_ENV, REPO_ROOT / "reports")):
         if var in os.environ:
             os.environ[var] = str(_env_dir(var, default))
@@ -40,8 +33,7 @@ def resolve_env() -> None:
 
 
 def require_writable(folder: Path, what: str) -> Path:
-    """`folder`, when files can be written into it (made when missing), else a ConfigError naming what blocks it:
-    the check every command that writes into reports/ makes before it starts."""
+    """`folder` when files can be written into it (made when missing), else a ConfigError naming what blocks it."""
     existing = blocking(folder)
     if existing is not None:
         raise ConfigError(f"{what}: {str(folder)!r} cannot be written ({str(existing)!r} is not a writable folder); "
@@ -75,10 +67,7 @@ def figures_dir(profile: str) -> Path:
 
 
 def blocking(folder: Path) -> Path | None:
-    """What stops files being written into `folder`, checked before hours of work rather than after: `folder` itself
-    when it is a file or a read-only folder, else its nearest existing ancestor when that is not a writable folder
-    (so `folder` cannot be made); None when `folder` is, or can be made, a writable folder. The one writability
-    rule of `sdperf run`'s reports and `sdperf generate`'s output folder."""
+    """What stops files being written into `folder` (itself, or its nearest existing ancestor), else None."""
     folder = Path(folder)
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
@@ -87,11 +76,7 @@ def blocking(folder: Path) -> Path | None:
 
 
 def sibling_tempfile(path: Path, suffix: str = "") -> tuple[int, str]:
-    """A temp file beside `path` (same folder, so a later os.replace is one atomic rename), opened for writing.
-
-    mkstemp creates its file with mode 0600 whatever the umask, and the rename keeps that mode: every result,
-    figure and manifest would be unreadable to the other users or ranks of a shared output folder. The file gets
-    the mode a plain open() would give it (0666 less the umask) before anything is written."""
+    """A temp file beside `path` (for one atomic rename), opened for writing, with a plain open()'s mode, not 0600."""
     import tempfile
 
     path = Path(path)
@@ -101,8 +86,7 @@ def sibling_tempfile(path: Path, suffix: str = "") -> tuple[int, str]:
 
 
 def current_umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (/proc/self/status, since 4.7): setting
-    and restoring it would leave a window in which another thread's files get mode 0666."""
+    """The umask, read from /proc/self/status where Linux shows it (setting and restoring it races other threads)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
@@ -115,10 +99,7 @@ def current_umask() -> int:
 
 
 def unsafe_folder(folder: Path, root: Path | None = None) -> str | None:
-    """Why sdperf may not remove files inside `folder`, else None: a folder it cleans must be a real folder (no
-    symlink anywhere from the reports root down to it) that lies inside the reports root (`root`, default
-    reports_root()). A user who links `.staging` or `.workers` elsewhere, or a reports folder at another disk's
-    files, must never see a clean-up reach through the link and delete what it finds there."""
+    """Why sdperf may not remove files inside `folder` (outside `root`, or a symlink on the way), else None."""
     root = Path(root or reports_root())
     folder = Path(folder)
     try:
@@ -137,8 +118,7 @@ def unsafe_folder(folder: Path, root: Path | None = None) -> str | None:
 
 
 def removable(folder: Path, root: Path | None = None) -> bool:
-    """Whether a clean-up may remove what sdperf wrote in `folder` (unsafe_folder says why not); it warns once per
-    folder when not, and the clean-up then removes nothing there."""
+    """Whether a clean-up may remove what sdperf wrote in `folder`; warns with unsafe_folder's reason when not."""
     why = unsafe_folder(folder, root)
     if why is not None:
         import warnings
@@ -149,8 +129,7 @@ def removable(folder: Path, root: Path | None = None) -> bool:
 
 
 def remove_owned(path: Path) -> None:
-    """Remove one entry sdperf wrote: a folder's tree (shutil.rmtree never follows the links inside it), a file, or
-    a link itself (never what it points to). The caller checked its folder with `removable`."""
+    """Remove one entry sdperf wrote in a `removable` folder: a tree, a file, or a link (never what it points to)."""
     import shutil
 
     path = Path(path)

@@ -3,9 +3,8 @@
     summary = generate_folder("smoke", prompts.smoke_captions(), "out/", guidance_scales=[1.5, 7.5])
     table = read_manifest("out/")          # one row per image: prompt id, caption, guidance, seed, file, ...
 
-Launched by torchrun, each process generates its share; `sdperf generate` is the same from the shell. Modules:
-`keys` (what one image is and which rank makes it), `ranks` (who this process is), `render` (a batch of keys
-through the denoising loop), `store` (images written once, manifest parts, the manifest), `folder` (the whole run).
+Under torchrun each process generates its share (`sdperf generate` from the shell). Modules: `keys` (an image and
+its rank), `ranks` (who this process is), `render` (a batch through the loop), `store` (the folder), `folder` (a run).
 """
 from sdperf.imagegen.folder import RankStats, Summary, generate_folder, plan
 from sdperf.imagegen.keys import NEMO_GUIDANCE, ImageKey, plan_keys, shard, work_units

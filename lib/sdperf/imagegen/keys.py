@@ -1,20 +1,16 @@
-"""What one image is: its key (prompt id, guidance, seed), the file it lives in, and which rank makes it.
-
-The split depends only on the keys (never on launch order, timing or what is already on disk), so every rank of
-every launch agrees on who owns what, and a key's latents come from its own seed, not from the rank that draws it.
-"""
+"""What one image is: its key (prompt id, guidance, seed), its file, and which rank makes it (decided by the keys
+alone, so every rank of every launch agrees); latents come from a key's own seed."""
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from sdperf.core.errors import ConfigError, short
 from sdperf.config.profiles import MAX_SEED
 
-# Guidance 1 turns classifier-free guidance off (the UNet runs once per step); below 1 would extrapolate away from
-# the prompt, which no evaluation protocol asks for. NeMo's FID-CLIP curve uses these eight scales.
+# Guidance 1 turns classifier-free guidance off; below 1 no protocol asks for. NeMo's FID-CLIP curve uses these.
 MIN_GUIDANCE = 1.0
 NEMO_GUIDANCE = (1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
 _EXAMPLE = " ".join(f"{g:g}" for g in NEMO_GUIDANCE)
@@ -70,8 +66,7 @@ def check_guidance(values) -> tuple[float, ...]:
 
 
 def check_seeds(values) -> tuple[int, ...]:
-    """Integers from 0 to MAX_SEED: a larger one passed this check and then overflowed torch.Generator.manual_seed
-    after the pipeline was built."""
+    """Integers from 0 to MAX_SEED (a larger one would overflow torch.Generator.manual_seed)."""
     values = list(values) if values is not None else []
     if not values:
         raise ConfigError("seeds: give at least one integer seed >= 0")
@@ -83,12 +78,7 @@ def check_seeds(values) -> tuple[int, ...]:
 
 def plan_keys(prompt_ids, guidance_scales, seeds=None, base_seed: int = 0) -> list[ImageKey]:
     """Every (prompt id, guidance, seed) once, sorted; ids too long for a file name fail here, before any work.
-
-    Without `seeds`, prompt i of the list (file order, or prompts.select()'s draw order) gets seed base_seed + i:
-    its own noise (as in a random draw of NeMo's 30,000 images), the same at every guidance scale, so points of the
-    guidance curve differ by guidance only. With `seeds`, every prompt gets each of them (MLPerf's fixed latents
-    with one seed; several images per prompt with several).
-    """
+    Without `seeds`, prompt i gets seed base_seed + i at every guidance scale; with `seeds`, every prompt gets each."""
     ids = list(dict.fromkeys(str(i) for i in prompt_ids))
     for pid in ids:
         if len(_quote_id(pid).encode()) > MAX_NAME_BYTES:
@@ -100,11 +90,7 @@ def plan_keys(prompt_ids, guidance_scales, seeds=None, base_seed: int = 0) -> li
 
 
 def work_units(keys: list[ImageKey], batch_size: int) -> list[tuple[ImageKey, ...]]:
-    """Batches of keys sharing a guidance scale, formed from all keys in sorted order.
-
-    Built from the full key list (not from what is missing), so a batch holds the same images whatever the world
-    size: the same images go through the same batched computation, hence the same pixels.
-    """
+    """Batches of keys sharing a guidance scale, from all keys in order: the same (pixels too) at any world size."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch size {batch_size!r} is not valid; choose an integer >= 1")
     units: list[tuple[ImageKey, ...]] = []
@@ -126,8 +112,6 @@ def shard(units: list, rank: int, world_size: int) -> list:
 
 def parse_relpath(relpath: str) -> ImageKey | None:
     """The key a file name stands for (None for anything that is not an image of this layout)."""
-    from urllib.parse import unquote
-
     folder, _, name = relpath.rpartition("/")
     m = _NAME.match(name)
     if not m or not folder.startswith("g"):

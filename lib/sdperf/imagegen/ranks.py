@@ -1,8 +1,5 @@
 """Who this process is among the launched ones: torch.distributed when a launcher (torchrun, accelerate) set it up.
-
-Gloo is used only to agree and to gather (a barrier before the merge, the per-rank timings at the end); the images
-go to a shared folder, so the same code runs on one machine or several with a shared file system.
-"""
+Gloo only agrees and gathers; images go to a shared folder, on one machine or several."""
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +11,7 @@ import torch.distributed as dist
 
 from sdperf.core.errors import ConfigError
 
-# The slowest rank may finish long after the fastest (other GPU, resumed shard): the end gather must not time out.
-GATHER_TIMEOUT = dt.timedelta(hours=48)
+GATHER_TIMEOUT = dt.timedelta(hours=48)  # the slowest rank may finish long after the fastest
 
 
 @dataclass(frozen=True)
@@ -62,12 +58,7 @@ def _initialized() -> bool:
 
 @contextlib.contextmanager
 def process_group(ranks: Ranks):
-    """A gloo group when a launcher gave a rendezvous (torchrun's env://: MASTER_ADDR, MASTER_PORT).
-
-    A group the caller already made (accelerate, a training script) is used as it is and left alone. Without a
-    rendezvous, ranks given explicitly run as independent shards (e.g. a batch scheduler's array jobs): each
-    writes its own images and rows, and whichever finishes last leaves the complete manifest.
-    """
+    """A gloo group when a launcher gave a rendezvous (MASTER_ADDR); else the caller's group, or independent shards."""
     if ranks.world_size == 1 or _initialized() or "MASTER_ADDR" not in os.environ:
         yield
         return

@@ -1,8 +1,5 @@
-"""Images for a batch of keys through sdperf.model.generation's loop: each image's noise from its own seed.
-
-generation.generate() takes one prompt per call; evaluation batches different prompts of one guidance scale, so
-the prompts are encoded one by one with generation.encode() and stacked (all unconditional rows first, as the
-loop's guidance split expects), then generation.denoise() and decode() run on the batch unchanged.
+"""Images for a batch of keys through sdperf.model.generation's loop: each image's noise from its own seed; prompts
+are encoded one by one and stacked, all unconditional rows first, as the loop's guidance split expects.
 """
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ def _stack_extra(extras: list[dict], do_cfg: bool) -> dict:
 
 def render(pipe, profile: Profile, items: list[tuple[str, float, int]], steps: int | None = None,
            grad_mode: str = "inference_mode") -> np.ndarray:
-    """uint8 NHWC images for (caption, guidance, seed) items sharing one guidance scale, under `grad_mode`
-    (inference_mode unless a technique measures what autograd costs)."""
+    """uint8 NHWC images for (caption, guidance, seed) items sharing one guidance scale, under `grad_mode`."""
     guidance = {g for _, g, _ in items}
     if len(guidance) != 1:
         raise ValueError(f"a batch must share one guidance scale, got {sorted(guidance)}")
@@ -54,8 +50,7 @@ def render_workloads(pipe, singles: list[Workload]) -> np.ndarray:
 
 
 def render_with_latents(pipe, singles: list[Workload]) -> tuple[torch.Tensor, np.ndarray]:
-    """(final latents as float32 on the CPU, uint8 NHWC images): the latents are what a solver's error is measured
-    on (latent MSE against a converged solve, the DPM-Solver papers' measure), the images what the evaluator reads."""
+    """(final latents as float32 on the CPU, on which a solver's error is measured; uint8 NHWC images)."""
     device = generation.module_device(pipe.unet)
     dtype = generation.module_dtype(pipe.unet)
     batch = replace(singles[0], batch_size=len(singles))

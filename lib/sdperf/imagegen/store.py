@@ -1,17 +1,13 @@
 """The generated folder on disk: images written once (temp + rename), per-rank manifest parts, the manifest.
 
-    DIR/run.json               settings the pixels depend on and the captions' hash, created exclusively by the
-                               first launch; a launch or restart with other settings or captions fails, naming them
+    DIR/run.json               settings the pixels depend on and the captions' hash (a run with others fails)
     DIR/g<guidance>/<id>_s<seed>.png
     DIR/parts/rank-<r>.jsonl   one row per finished image, appended by its rank after the image's rename
-    DIR/manifest.csv           one row per image in the folder (any run into it), sorted by key, rebuilt from the
-                               parts at the end of every run; a regenerated image's row is its latest
+    DIR/manifest.csv           one row per image, sorted by key, rebuilt from the parts at the end of every run
     DIR/summary.json           images/s per rank and in total, of the last run
     DIR/scores/                per-shard scoring states (sdperf.quality.sharded)
 
-An image exists only once complete (it appears by rename), so "done" is "the file exists". A kill between the
-rename and the row leaves an image without a row; the next run of its owner writes the row (from the file's
-time) before generating, so the manifest has neither holes nor duplicates.
+An image appears by rename, so "done" is "the file exists"; an image a kill left without a row gets it next run.
 """
 from __future__ import annotations
 
@@ -41,17 +37,14 @@ KEY_COLUMNS = ["guidance", "prompt_id", "seed"]
 REQUIRED = ("key", "prompt_id", "caption", "guidance", "seed", "file")  # what a reader needs of a manifest
 COLUMNS = ["key", "prompt_id", "caption", "guidance", "seed", "file", "steps", "resolution", "profile", "dtype",
            "commit", "time_utc", "rank"]
-# results.atomic_write_bytes names its temp file ".<name>.<random>.tmp" beside the target
-_TEMP = re.compile(r"^\.(?P<name>.+\.png)\.[^.]+\.tmp$")
+_TEMP = re.compile(r"^\.(?P<name>.+\.png)\.[^.]+\.tmp$")  # results.atomic_write_bytes' temp file beside a PNG
 _GUIDANCE_DIR = re.compile(r"^g[0-9]")  # keys.ImageKey.relpath's folder per guidance scale
-# OWASP CSV injection: a cell starting with one of these runs as a formula when manifest.csv opens in a spreadsheet
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # a cell starting so runs as a formula in a spreadsheet (OWASP)
 USER_TEXT = ("caption", "prompt_id")  # the manifest's columns that hold text a user wrote
 
 
 def check_out_dir(out_dir) -> Path:
-    """An existing folder or one that can be made, and every folder of it a run writes into writable; a file there
-    or a read-only subfolder fails before any model is built."""
+    """An existing or makeable folder whose subfolders a run writes into are writable, checked before any model."""
     path = Path(out_dir).expanduser()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"out dir {str(path)!r} is a file, not a folder; give a new or existing folder")
@@ -77,9 +70,7 @@ def captions_sha256(captions: dict[str, str]) -> str:
 
 
 def claim_run_settings(out_dir: Path, settings: dict) -> None:
-    """Record what the pixels depend on, or check that the folder was made with it. The first launch creates
-    run.json complete and exclusively (a hard link of a finished temp file fails if the name exists), so of two
-    launches started together with different settings exactly one proceeds; the other fails here."""
+    """Record what the pixels depend on (created whole and exclusively), or check the folder was made with it."""
     path = out_dir / RUN_FILE
     text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
     fd, tmp = sibling_tempfile(path, suffix=".tmp")
@@ -135,8 +126,7 @@ def _check_settings(out_dir: Path, path: Path, settings: dict) -> None:
 
 
 def check_captions(out_dir: Path, captions: dict[str, str]) -> None:
-    """A caption id already in the folder's rows must mean the same text: otherwise its images show another
-    prompt, and a resume would skip them as done."""
+    """A caption id already in the folder's rows must mean the same text (a resume would skip its images)."""
     for row in read_parts(out_dir):
         text = captions.get(str(row["prompt_id"]))
         if text is not None and text != row["caption"]:
@@ -176,8 +166,7 @@ def whole_png(path: Path) -> bool:
 
 
 def existing(out_dir: Path, keys) -> set[ImageKey]:
-    """Keys whose image is on disk and whole (images only appear by rename, so a cut one was damaged later: it is
-    removed and generated again); one listing per guidance folder."""
+    """Keys whose image is on disk and whole (a cut one was damaged later: it is removed, to be generated again)."""
     by_dir: dict[str, set[str]] = {}
     done = set()
     for key in keys:
@@ -219,8 +208,7 @@ def utc_from_unix(seconds: float) -> str:
 
 
 def unix_from_utc(text: str) -> float:
-    """The inverse of utc_from_unix (a time without a zone is read as UTC; an unreadable one as the far future, so
-    a row hand-edited into another format is never taken for stale)."""
+    """The inverse of utc_from_unix (no zone: UTC; unreadable: the far future, so such a row is never stale)."""
     try:
         when = dt.datetime.fromisoformat(str(text))
     except ValueError:
@@ -293,8 +281,7 @@ def row_key(row: dict) -> ImageKey:
 
 
 def rebuild_manifest(out_dir) -> pd.DataFrame:
-    """manifest.csv from the parts: rows whose image exists, one per key, sorted by key. A key's row is its latest:
-    an image deleted and generated again (other code, another commit) is described by the run that made it."""
+    """manifest.csv from the parts: rows whose image exists, one per key (its latest row), sorted by key."""
     out_dir = Path(out_dir)
     with locked(out_dir / MANIFEST):  # independent shards may finish together: the last rebuild sees all rows
         latest: dict[ImageKey, dict] = {}
@@ -312,8 +299,7 @@ def rebuild_manifest(out_dir) -> pd.DataFrame:
 
 
 def neutralise(text: str) -> str:
-    """A quote before text a spreadsheet would run as a formula (OWASP's advice), and before text that starts with a
-    quote itself, so that `restore` strips exactly what was added and every caption reads back as written."""
+    """A quote before text a spreadsheet would run as a formula or that starts with a quote (`restore` undoes it)."""
     return "'" + text if text.startswith(FORMULA_START + ("'",)) else text
 
 
@@ -335,10 +321,7 @@ def _inside(folder: Path, file: str) -> bool:
 
 
 def read_manifest(out_dir) -> pd.DataFrame:
-    """The manifest of a generated folder, one row per image (prompt id, caption, guidance, seed, file, ...) with
-    its `path`; the one reader of every image folder the study makes (sdperf generate, 12's curve and rungs).
-    A folder without a manifest, a manifest without the key columns, or a row whose image is gone fails,
-    naming it."""
+    """A folder's manifest, one row per image with its `path`; a missing column or image fails naming it."""
     folder = Path(out_dir).expanduser()
     path = folder / MANIFEST
     if not path.is_file():

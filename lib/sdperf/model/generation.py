@@ -1,10 +1,5 @@
-"""The denoising loop written out stage by stage, so each stage can be timed and swapped.
-
-It computes what diffusers' own pipeline call computes (a test holds them equal on the same latents), but
-with the stages (text encoder, UNet step, scheduler step, VAE decode) in plain sight. Initial latents come
-from a per-image seed, so image i gets the same noise whatever the batch size and every rung of every
-notebook denoises the same noise.
-"""
+"""The denoising loop written out stage by stage, so each stage can be timed and swapped; it computes what diffusers'
+pipeline call computes (a test holds them equal). Image i's noise comes from its own seed, whatever the batch."""
 from __future__ import annotations
 
 import contextlib
@@ -93,13 +88,8 @@ def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def denoise(pipe, workload: Workload, latents: torch.Tensor, embeds, extra: dict, clock=no_clock,
             host_values: bool = False):
-    """The loop: scale input, UNet on the CFG batch, guidance, scheduler step.
-
-    As diffusers' pipelines run it, the scheduler's timesteps live on the device, so its Python-side decisions
-    read values back (device-to-host syncs, counted in 13_serving). `host_values` keeps them on the host, as
-    diffusers recommends: the scheduler gets Python numbers and reads nothing back; the UNet still gets its
-    timestep as a device tensor, uploaded once before the loop (a blocking upload inside each step would wait
-    for the device just the same)."""
+    """The loop: scale input, UNet on the CFG batch, guidance, scheduler step. `host_values` keeps the timesteps on
+    the host, so the scheduler reads nothing back from the device (the UNet's are uploaded once)."""
     sched = pipe.scheduler
     device = latents.device
     if host_values:
@@ -140,9 +130,7 @@ def decode(pipe, latents: torch.Tensor) -> torch.Tensor:
 
 def generate(pipe, workload: Workload, latents: torch.Tensor | None = None, clock=no_clock,
              grad_mode: str = "inference_mode", decode_images: bool = True) -> Output:
-    """One full text-to-image call; `clock` (a StageClock) times each stage if given; `grad_mode` is one of
-    GRAD_MODES (inference_mode unless a notebook measures what autograd costs). `decode_images=False` stops at the
-    final latents (images None): how a technique that changes only the denoising loop is timed (sdperf.measure.worker)."""
+    """One full text-to-image call timed by `clock` (a StageClock); `decode_images=False` stops at the latents."""
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode {grad_mode!r} is not valid; choose one of: {', '.join(GRAD_MODES)}")
     with GRAD_MODES[grad_mode]():

@@ -1,7 +1,5 @@
-"""Build the diffusers pipeline a profile names: real architecture at seeded random init, or real weights.
-
-Random init is seeded per component, so two builds of one profile hold identical weights and every rung
-of every notebook starts from the same network; real weights load offline from a local folder.
+"""Build the diffusers pipeline a profile names: real architecture at seeded random init (seeded per component, so
+every build of a profile holds identical weights), or real weights loaded offline from a local folder.
 """
 from __future__ import annotations
 
@@ -28,15 +26,12 @@ SCHEDULER_CLASSES = {
 }
 
 
-# diffusers warns on every .to(dtype) of a random-init model that it has no fp32-pinned modules: noise here.
-diffusers.utils.logging.set_verbosity_error()
+diffusers.utils.logging.set_verbosity_error()  # its warning at every .to(dtype) of a random-init model is noise
 
 
-# Where a sampler's steps lie. diffusers' `timestep_spacing` values: "leading" (the SD 1.5 config's, with
-# steps_offset 1) starts below the last training timestep (t=951 for DPM-Solver++ at 25 steps), "trailing" and
-# "linspace" at it (t=999), where the initial noise is (Lin et al. 2024, "Common Diffusion Noise Schedules and
-# Sample Steps are Flawed", table 2). "karras": Karras et al. 2022's noise levels (diffusers' use_karras_sigmas),
-# from the last training timestep's sigma to the first's, denser near the image: where a solve's error is made.
+# Where a sampler's steps lie (diffusers' `timestep_spacing`): "leading" (SD 1.5's) starts below the last training
+# timestep, "trailing" and "linspace" at it, where the initial noise is (Lin et al. 2024). "karras": Karras et al.
+# 2022's noise levels (use_karras_sigmas), denser near the image, where a solve's error is made.
 SPACINGS = ("leading", "trailing", "linspace", "karras")
 SPACING_SEP = ":"
 
@@ -47,8 +42,7 @@ def sampler_spec(name: str, spacing: str | None = None) -> str:
 
 
 def parse_sampler(spec: str) -> tuple[str, str | None]:
-    """'euler:trailing' -> ('euler', 'trailing'); 'euler' -> ('euler', None), each part checked against its
-    choices."""
+    """'euler:trailing' -> ('euler', 'trailing'); 'euler' -> ('euler', None), each part checked."""
     name, sep, spacing = str(spec).partition(SPACING_SEP)
     if name not in SCHEDULER_CLASSES:
         raise ValueError(f"scheduler {name!r} is not valid; choose one of: {', '.join(SCHEDULER_CLASSES)}")
@@ -71,9 +65,7 @@ def sampler_key(spec: str, steps: int) -> str:
 
 
 def make_scheduler(spec: str, base_config: dict):
-    """The scheduler `spec` names ('<scheduler>[:<spacing>]') on the model's noise schedule `base_config`: sdperf's
-    settings for the class over the model's, a named spacing over both. The model's own configuration is kept on
-    the scheduler (`sdperf_model_config`), so a later switch starts from it and not from this one's overrides."""
+    """The scheduler `spec` names on the model's noise schedule, which it keeps for a later switch to start from."""
     name, spacing = parse_sampler(spec)
     cls_name, extra = SCHEDULER_CLASSES[name]
     cls = getattr(diffusers, cls_name)
@@ -111,8 +103,7 @@ def _weights_file(cache: Path, arch_name: str, component: str, config: dict, see
 
 
 def _assign(module: torch.nn.Module, tensors: dict) -> None:
-    """Put saved tensors in place of a meta-device module's parameters and buffers (non-persistent buffers
-    included, e.g. CLIP's position ids, which a state dict leaves out)."""
+    """Put saved tensors in place of a meta-device module's parameters and buffers (non-persistent ones too)."""
     for name, tensor in tensors.items():
         owner, _, leaf = name.rpartition(".")
         sub = module.get_submodule(owner)
@@ -125,15 +116,8 @@ def _assign(module: torch.nn.Module, tensors: dict) -> None:
 
 
 def _cached(cache: Path | None, arch_name: str, component: str, config: dict, seed: int, make):
-    """The seeded random-init network `make()` builds, read from `cache` when an earlier process saved it there.
-
-    Random init of SD 1.5's networks takes ~13 s on 2 cores (UNet ~9 s, text encoder ~3 s, VAE ~1 s) and every
-    worker process of the study builds them; reading the same tensors back takes ~1-2 s. The file is named by
-    everything that determines the weights (component, architecture config, seed, torch and diffusers versions),
-    written whole and sealed with its digest (sdperf.store.verified), so a reader sees the complete weights of
-    exactly this build or builds them again: a damaged, truncated or unsealed file, or one whose tensors do not
-    fill the network with the shapes and dtypes it declares, is set aside and rebuilt. The tensors are copied out
-    of the file's mapping, so the process holds them in ordinary memory, as a fresh build does."""
+    """The seeded random-init network `make()` builds, read from `cache` when an earlier process saved it there (a
+    sealed file, sdperf.store.verified, named by all the weights depend on; rebuilt unless it fills the network)."""
     from safetensors.torch import load_file, save_file
 
     from sdperf.store import verified
@@ -171,8 +155,7 @@ def _filled(module: torch.nn.Module) -> str | None:
 
 
 def build_random(arch_name: str, scheduler: str = "plms", seed: int = 0, weights_cache: Path | None = None):
-    """The architecture from its hand-written config, random weights, fp32, on the CPU. `weights_cache`: a
-    folder where the seeded weights are kept between processes (see _cached)."""
+    """The architecture from its hand-written config, random weights, fp32, on the CPU (`weights_cache`: _cached)."""
     from diffusers import AutoencoderKL, StableDiffusionPipeline, StableDiffusionXLPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
@@ -215,11 +198,8 @@ def _tokenizer_stamp(folder: str) -> tuple:
 
 @functools.lru_cache(maxsize=4)
 def local_tokenizers(folder: str, stamp: tuple) -> dict:
-    """The tokenizers of a local diffusers folder, loaded once per process and shared by every pipeline built from
-    it (`stamp`: its files, so an edited folder loads again). Loading the reference model's CLIP tokenizer parses
-    its tokenizer.json: 0.29 s of a 0.43 s build, and the quality judge builds a fresh pipeline per technique
-    (sdperf.judge.techniques). Nothing patches a tokenizer; tokenizing concurrently is serving's to guard
-    (sdperf.serving.stages.serial_tokenizers wraps the shared one, as for the random-init pipelines)."""
+    """The tokenizers of a local diffusers folder, loaded once per process and shared by its pipelines (`stamp`: its
+    files, so an edited folder loads again); concurrent tokenizing is serving's to guard."""
     import transformers
 
     index = json.loads((Path(folder) / "model_index.json").read_text())

@@ -1,8 +1,5 @@
-"""Captions to generate images from: COCO 2014 validation captions by path, or the repo's own smoke set.
-
-The NeMo protocol draws its prompts at random from the COCO2014 validation captions; MLPerf's SDXL benchmark uses
-5,000 of them with exactly one caption per image. Both are read here from a file the user gives by path (nothing
-is downloaded), and every malformed file fails with a ConfigError naming the path and what was expected.
+"""Captions to generate images from: COCO 2014 validation captions from a file given by path, or the repo's own
+smoke set. A malformed file fails with a ConfigError naming the path and what was expected.
 """
 from __future__ import annotations
 
@@ -41,11 +38,7 @@ def _fail(path: Path, problem: str) -> ConfigError:
 
 
 def load_captions(path, one_per_image: bool = True) -> list[Caption]:
-    """All captions of a COCO JSON, MLPerf TSV or plain-text file, in file order.
-
-    A COCO JSON holds about five captions per image; with `one_per_image` (MLPerf's rule) each image keeps its
-    first caption (lowest annotation id), so a random selection never generates two images of one COCO image.
-    """
+    """All captions of a COCO JSON, MLPerf TSV or text file, in order; `one_per_image`: each image's lowest id."""
     path = Path(path).expanduser()
     if path.suffix.lower() not in FORMATS:
         raise _fail(path, f"unknown format {path.suffix or '(no suffix)'!r}; accepted formats: {_accepted()}")
@@ -142,9 +135,7 @@ def smoke_captions() -> list[Caption]:
 
 
 def check_token_lengths(captions: dict[str, str]) -> None:
-    """Every caption fits CLIP's 77 tokens. The pipeline cuts a longer one silently, so two captions that differ
-    only past the cut gave identical images; here the first one too long is named with its token count. A BPE token
-    covers at least one UTF-8 byte, so only captions of more than 75 bytes need the tokenizer (seconds to load)."""
+    """Every caption fits CLIP's 77 tokens (the pipeline cuts silently); only those over 75 bytes are tokenized."""
     long = [(cid, text) for cid, text in captions.items() if len(text.encode("utf-8")) > MAX_TOKENS - 2]
     if not long:
         return

@@ -1,9 +1,5 @@
-"""The CLIP BPE tokenizer, built offline from the vocabulary file that open-clip-torch ships.
-
-SD 1.x, SD 2 and SDXL all use the same 49,408-token CLIP BPE; only the padding token differs. Building it
-from open_clip's `bpe_simple_vocab_16e6.txt.gz` means no hub download, and the ids equal the hub's
-vocab.json (same construction: byte symbols, byte symbols + '</w>', merges, two special tokens).
-"""
+"""The CLIP BPE tokenizer (SD 1.x, SD 2 and SDXL differ only in the padding token), built offline from
+open-clip-torch's vocabulary file, with ids equal to the hub's."""
 from __future__ import annotations
 
 import functools

@@ -1,20 +1,6 @@
-"""Install requirements.lock with uv where it can, reading pip's own configuration, so that pip and uv install from
-the same places.
+"""Install requirements.lock with uv, reading pip's own configuration, so that pip and uv install from the same places.
 
-Why. A fresh `make study` or `.ci/run` starts with the install, and on a 2-core machine pip spent about two
-minutes of it (123 s on a fresh clone, 2026-11-29), most of it unpacking the CUDA build of torch and its NVIDIA
-libraries one file at a time; uv unpacks in parallel and byte-compiles on every core (the hour's study
-and the ten-minute `make test` both pay it). uv does not read pip's configuration, so this module turns what
-`pip config list` says (the indexes, find-links, constraints, certificate, from pip.conf and from PIP_* variables)
-into uv's options: a machine whose pip finds torch on a local index finds it there with uv too.
-
-The translation is deliberately narrow: an option it does not know is named and the install fails, and `make`
-falls back to pip (the Makefile's install recipe), so nothing is silently installed from somewhere else.
-Bytecode is compiled at install (pip does so by default; without .pyc files every process recompiles what it
-imports, since PYTHONDONTWRITEBYTECODE may forbid writing them: the unit tests took 472 s instead of 330 s).
-Resolution follows pip's rule (the best version over every index), not uv's default (the first index that has
-the package).
-
+`pip config list` is turned into uv's options; an unknown one is named and fails (`make` then falls back to pip).
 Standalone: it runs before sdperf is installed (python lib/sdperf/tooling/fast_install.py VENV_PYTHON LOCK).
 """
 from __future__ import annotations
@@ -33,8 +19,7 @@ IGNORED = ("default-timeout", "disable-pip-version-check", "timeout", "progress-
 
 
 def parse(listing: str) -> dict[str, list[str]]:
-    """`pip config list` output -> {option: values}; an environment variable's value (`:env:.`) overrides a
-    file's, as pip reads them."""
+    """`pip config list` output -> {option: values}; an environment variable's (`:env:.`) overrides a file's."""
     files, env = {}, {}
     for line in listing.splitlines():
         if "=" not in line:

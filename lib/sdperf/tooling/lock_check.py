@@ -1,14 +1,6 @@
-"""Does every pin of a lock have a wheel a Linux x86_64 CPython 3.11 machine can install? Asked of the indexes, not
-by installing, so a machine without a GPU can check the GPU lock before a user spends GPU hours on it.
-
-Each index the lock names is read through the Simple Repository API: JSON (PEP 691, with file sizes per PEP 700)
-where the index offers it, as pypi.org does, and the HTML page (PEP 503) otherwise. pypi.org's per-release JSON
-(`/pypi/<name>/<version>/json`) is not used: the project page answers for every release at once, is what pip
-itself reads, and it answered where the per-release pages returned 404. A wheel counts when one of its tags is one
-pip would accept on CPython 3.11 with glibc `glibc` on x86_64 (packaging.tags, from most to least preferred; the
-best one is reported). A pin without such a wheel fails, naming what the indexes do hold, unless its lock line says
-`sdist-ok: <why>` and a source release exists. An index that cannot be reached is reported as such: an unverified
-pin is not called missing.
+"""Does every pin of a lock have a wheel a Linux x86_64 CPython 3.11 machine can install? Asked of the indexes'
+Simple API (PEP 691 JSON, else PEP 503 HTML), not by installing. A pin without one fails unless its line says
+`sdist-ok: <why>` and a source release exists; one only an unreachable index could hold is unverified, not missing.
 """
 from __future__ import annotations
 
@@ -160,10 +152,8 @@ def _best_wheel(pin: Pin, files: list[IndexFile], ranked: dict) -> tuple[IndexFi
 
 
 def _describe(f: IndexFile) -> str:
-    if f.size is None:
-        size = "size not given by the index"
-    else:
-        size = f"{f.size / 1e6:,.1f} MB" if f.size >= 1e6 else f"{f.size / 1e3:,.1f} kB"
+    size = ("size not given by the index" if f.size is None
+            else f"{f.size / 1e6:,.1f} MB" if f.size >= 1e6 else f"{f.size / 1e3:,.1f} kB")
     sha = f"sha256 {f.sha256}" if f.sha256 else "no sha256 given by the index"
     return f"{f.filename}  {size}  {sha}" + ("  (yanked)" if f.yanked else "")
 
@@ -244,8 +234,7 @@ def summary(lock: Lock, results: list[PinResult], python=PYTHON, glibc=GLIBC, ar
 
 
 def exit_code(results: list[PinResult]) -> int:
-    """0: every pin has a file; 1: some pin has none on any index that answered; 3: the only gaps are pins an
-    unreachable index might hold (as `sdperf check-report` exits 3 when it cannot check)."""
+    """0: every pin has a file; 1: some pin has none on any index that answered; 3: only unverified gaps."""
     failed = [r for r in results if not r.ok]
     if any(not r.unverified for r in failed):
         return 1

@@ -1,12 +1,5 @@
 """The pinned locks (requirements.lock, requirements-gpu.lock) read as data, so they can be compared and checked.
-
-A GPU machine installs requirements-gpu.lock over requirements.lock (`make install-gpu`). Where both pin a package
-they must pin the same version, or the second install silently replaces what the study was tested with;
-`disagreements` finds each such package and tests/test_locks.py keeps the committed pair in agreement.
-
-A lock line is `name[extras]==version`, optionally followed by ` # comment`. A comment holding `sdist-ok: <why>` marks
-a pin that is published only as a source distribution and may be built at install (lock_check accepts it, saying
-why); `--index-url` / `--extra-index-url` lines name the indexes pip reads, which lock_check reads too.
+A line is `name[extras]==version [# comment]` (`sdist-ok: <why>` allows a source-only release) or an index option.
 """
 from __future__ import annotations
 
@@ -108,7 +101,7 @@ def read_lock(path: str | Path) -> Lock:
 
 
 def disagreements(a: Lock, b: Lock) -> list[str]:
-    """Every package both locks pin, at different versions, as one line each (empty when they agree)."""
+    """Every package both locks pin at different versions, one line each (the GPU lock installs over the main one)."""
     out = []
     for key in sorted(a.pins.keys() & b.pins.keys()):
         pa, pb = a.pins[key], b.pins[key]

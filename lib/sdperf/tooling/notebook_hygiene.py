@@ -1,8 +1,5 @@
-"""Rules the notebooks in notebooks/ keep, and the tool that keeps them.
-
-Source notebooks carry no outputs except the reference outputs of cells marked `# NBVAL_CHECK_OUTPUT`
-(nbval compares those; they are deterministic on the smoke profile). `python -m sdperf.tooling.notebook_hygiene
-refresh` re-executes the notebooks on smoke and stores exactly those outputs; `check` lists violations.
+"""Rules the notebooks keep: no outputs but those of cells marked `# NBVAL_CHECK_OUTPUT`. `python -m
+sdperf.tooling.notebook_hygiene refresh` stores exactly those (run on smoke); `check` lists violations.
 """
 from __future__ import annotations
 
