@@ -1,8 +1,7 @@
 """03_attention: diffusers' attention processors and PyTorch's SDPA backends, side by side in one run.
 
-Every configuration is measured against the fp32 eager baseline, which already runs SDPA with PyTorch's own
-choice of backend (diffusers' default processor); its twin, which run_variants always adds, re-measures that
-configuration and is the run's noise floor. On GPU profiles (float16) each configuration runs in that precision.
+The fp32 eager baseline already runs SDPA with PyTorch's own choice of backend (diffusers' default processor), and
+its twin is the run's noise floor. On GPU profiles (float16) each configuration runs in that precision.
 """
 from __future__ import annotations
 
@@ -14,12 +13,11 @@ from torch.profiler import ProfilerActivity, profile
 
 from sdperf.config import published
 from sdperf.config.architectures import get as get_arch
-from sdperf.measure.comparison import BASELINE, Comparison, published_row, release, run_variants
+from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
 from sdperf.experiments.common import (at_dtype, baseline_runs, facts_table,  # noqa: F401  (notebook API)
-                                       speedup_and_memory)
+                                       ratio_columns, speedup_and_memory)
 from sdperf.measure.measurements import unet_call_inputs
-from sdperf.optimizations import attention as opt
-from sdperf.optimizations import half_precision
+from sdperf.optimizations import attention as opt, catalog, half_precision
 from sdperf.optimizations.catalog import Stack
 from sdperf.measure.study import Study
 from sdperf.measure.timing import synchronize
@@ -33,7 +31,7 @@ def skeleton(study: Study) -> torch.nn.Module:
 
 
 def configs(study: Study, keys: list[str]) -> list[tuple[str, str]]:
-    """(display name, stack key) per attention key, in the profile's precision; validated before anything runs."""
+    """(display name, stack key) per attention key, in the profile's precision."""
     dtype = study.profile.dtype
     suffix = "" if dtype == "float32" else f", {dtype}"
     return [(Stack.of(k).label + suffix, Stack.of(at_dtype(study, k)).key) for k in keys]
@@ -63,7 +61,6 @@ def global_switches() -> dict[str, bool]:
 
 
 def _unet_call(pipe, workload):
-    """One UNet forward on the guidance batch of this workload, ready to call (as measurements.unet_flops)."""
     args, kwargs = unet_call_inputs(pipe, workload)
     return lambda: pipe.unet(*args, **kwargs)
 
@@ -94,11 +91,9 @@ def sdpa_share(study: Study) -> pd.DataFrame:
     method = (f"torch.profiler over one UNet call after a warm one: {'GPU' if device == 'cuda' else 'CPU'} time "
               f"of {SDPA_OP} and its children; share of that call's wall time under the profiler")
     note = f"{sum(e.count for e in events)} calls in a {wall:.3f} s profiled UNet call"
-    study.recorder.add_many([
-        dict(scenario=scenario, metric="sdpa_seconds", value=seconds, unit="s", n=1, dtype=dtype, batch_size=1,
-             method=method, note=note),
-        dict(scenario=scenario, metric="sdpa_share", value=share, unit="%", n=1, dtype=dtype, batch_size=1,
-             method=method, note=note)])
+    common = dict(scenario=scenario, n=1, dtype=dtype, batch_size=1, method=method, note=note)
+    study.recorder.add_many([dict(common, metric="sdpa_seconds", value=seconds, unit="s"),
+                             dict(common, metric="sdpa_share", value=share, unit="%")])
     return pd.DataFrame([{"sdpa_calls": sum(e.count for e in events), "sdpa_s": seconds, "unet_step_s": wall,
                           "sdpa_share_percent": share,
                           "best_case_speedup_if_attention_were_free": 100.0 / (100.0 - share)}])
@@ -109,20 +104,17 @@ PUBLISHED_SDPA_EAGER = (("diffusers docs torch2.0", "SDPA eager"), ("fal-ai stab
 
 
 def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
-    """Published SD 1.5 throughput with SDPA in eager mode beside the baseline's (also SDPA, eager) it/s:
-    context across very different hardware, not a like-for-like ratio."""
-    measured = (f"{study.conditions(1, scope='denoising loop (UNet + scheduler)')}, float32, SDPA with "
-                "PyTorch's choice of backend")
+    """Published SD 1.5 SDPA eager it/s beside the baseline's: context across hardware, not a like-for-like ratio."""
     base = baseline_runs(cmp)
     it_per_s = float(base.it_per_s.median())
-    measured += f"; median of {len(base)} baseline processes ({cmp.method})"
+    measured = (f"{study.conditions(1, scope='denoising loop (UNet + scheduler)')}, float32, SDPA with PyTorch's "
+                f"choice of backend; median of {len(base)} baseline processes ({cmp.method})")
     rows = []
     for source, config in PUBLISHED_SDPA_EAGER:
         r = published.select(source, what=config, model="SD 1.5").iloc[0]
         rows.append(published_row(
             "SD 1.5 denoising throughput, SDPA, eager", f"{published.cite(source)}; {r.detail}", r.hardware,
-            f"{r.settings}; {config}", float(r.value),
-            it_per_s, measured, unit="it/s"))
+            f"{r.settings}; {config}", float(r.value), it_per_s, measured, unit="it/s"))
     return pd.DataFrame(rows)
 
 
@@ -133,14 +125,11 @@ def plot(study: Study, cmp: Comparison):
 
 
 # --- token merging (tomesd) ---------------------------------------------------------------------------------
-MERGING_COLUMNS = ["variant", "status", "speedup", "speedup_lo", "speedup_hi", "speedup_verdict", "unet_step_speedup",
-                   "unet_step_speedup_lo", "unet_step_speedup_hi", "unet_step_speedup_verdict", "seed_speedup",
-                   "image_psnr_db", "note"]
+MERGING_COLUMNS = ["variant", "status", *ratio_columns("speedup", "unet_step_speedup"), "seed_speedup", "image_psnr_db",
+                   "note"]
 
 
 def check_merging(keys: list[str]) -> list[str]:
-    from sdperf.optimizations import catalog
-
     for k in keys:
         if catalog.get(k).family != catalog.MERGING:
             raise ValueError(f"{k!r} is not a token-merging technique; valid: "
@@ -149,10 +138,7 @@ def check_merging(keys: list[str]) -> list[str]:
 
 
 def merging(study: Study, keys: list[str]) -> pd.DataFrame:
-    """Token merging at each ratio in fresh processes against fp32 eager (attention's cost falls with the tokens
-    merged away in the highest-resolution blocks; at 256px they hold a quarter of 512px's tokens)."""
-    from sdperf.measure.comparison import TWIN
-
+    """Token merging at each ratio against fp32 eager (attention's cost falls with the tokens merged away)."""
     cmp = run_variants(study, check_merging(keys), batch_size=1)
     t = cmp.table[~cmp.table.variant.isin([BASELINE, TWIN])]
     return t.reindex(columns=MERGING_COLUMNS).reset_index(drop=True)

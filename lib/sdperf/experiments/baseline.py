@@ -9,15 +9,13 @@ import torch
 
 from sdperf.config import architectures, published
 from sdperf.core import environment
-from sdperf.measure import rounds
+from sdperf.measure import ledger as ledgers, rounds
 from sdperf.store import figure_captions
-from sdperf.measure import ledger as ledgers
 from sdperf.measure.measurements import unet_flops
 from sdperf.optimizations.catalog import BASELINE_KEY
 from sdperf.core.paths import scratch_dir
 from sdperf.model.pipelines import component_parameters
 from sdperf.measure.roofline import ACHIEVED_METHOD, FLOP_METHOD, ROOF_METHOD, achieved, matmul_peak
-from sdperf.measure.rounds import Config
 from sdperf.measure.study import Study
 
 LABEL = "fp32 eager"
@@ -45,8 +43,7 @@ METRICS = (("latency", "latency_s", "s", "median generation at the profile's ste
 
 @dataclass
 class BaselineRuns:
-    """The fp32 eager pipeline at each batch size, each in fresh processes over the profile's rounds: every
-    worker's result (`raw`), the batch sweep (median and min-max over rounds), and batch 1's stages."""
+    """The fp32 eager pipeline at each batch size: every worker's result, the batch sweep, and batch 1's stages."""
 
     raw: pd.DataFrame
     sweep: pd.DataFrame
@@ -66,9 +63,8 @@ def _stages(ok: pd.DataFrame) -> pd.DataFrame:
 
 
 def _run_baselines(study: Study, b: int) -> pd.DataFrame:
-    """The fp32 eager processes at batch `b` that this run's ledger already holds (the baselines and twin of the
-    rounds `sdperf run` measures before the notebooks), when there are at least the profile's rounds of them:
-    the same configuration through the same worker, so 00 describes batch `b` from them instead of again."""
+    """The fp32 eager processes at batch `b` this run's ledger already holds (baselines and twin of the rounds measured
+    before the notebooks: the same worker), when there are at least the profile's rounds of them."""
     p = study.profile
     path = scratch_dir(p.name) / "rounds" / ledgers.name(ledgers.run_key(), p.name, p.rounds, None)
     book = ledgers.Ledger(path, sitting=environment.run_id())
@@ -80,25 +76,22 @@ def _run_baselines(study: Study, b: int) -> pd.DataFrame:
 
 
 def _record_not_run(study: Study, raw: pd.DataFrame) -> None:
-    """A row per batch size none of whose workers ran (skipped for memory, failed, killed), with the first one's
-    status and note: the reason stays in results.csv beside the batch sizes that did run."""
+    """A row per batch size none of whose workers ran (skipped for memory, failed, killed), with the first's reason."""
     if raw.empty or "status" not in raw:
         return
     ran = set(raw.loc[raw.status == "ok", "batch_size"])
     bad = raw[(raw.status != "ok") & ~raw.batch_size.isin(ran)].drop_duplicates("batch_size")
     study.recorder.add_many([dict(scenario=f"{LABEL}, batch {int(r.batch_size)}", metric="latency", value=None,
-                                  unit="", status=r.status, note=r.note, key=BASELINE_KEY,
-                                  batch_size=int(r.batch_size))
+                                  unit="", status=r.status, note=r.note, key=BASELINE_KEY, batch_size=int(r.batch_size))
                              for r in bad.itertuples()])
 
 
 def measure_batches(study: Study, say=print) -> BaselineRuns:
-    """The baseline at every batch size of the profile (images per prompt, as in the NeMo table), each in a
-    process of its own, the batch sizes in turn for the profile's rounds (rounds.alone): the same worker and
-    the same spread over rounds as every comparison of the study."""
+    """The baseline at every batch size of the profile (images per prompt, as in the NeMo table), a process each, in
+    turn for the profile's rounds: the same worker and spread over rounds as every comparison of the study."""
     p = study.profile
     known = {b: _run_baselines(study, b) for b in p.batch_sizes}
-    configs = [Config(f"{LABEL}, batch {b}", BASELINE_KEY, b) for b in p.batch_sizes if known[b].empty]
+    configs = [rounds.Config(f"{LABEL}, batch {b}", BASELINE_KEY, b) for b in p.batch_sizes if known[b].empty]
     raw = pd.concat([rounds.alone(p, configs, say=say) if configs else pd.DataFrame(), *known.values()],
                     ignore_index=True)
     ok = raw[raw.status == "ok"] if len(raw) else raw
@@ -137,9 +130,7 @@ KERNEL_PEAK_METHOD = "ru_maxrss of the notebook's own kernel process, read once 
 
 
 def record_kernel_peak(study: Study) -> float:
-    """This kernel's own peak RSS in MiB, recorded: beside the workers' process peaks it shows what the notebook
-    held (a kernel holding a pipeline while its worker built another was killed for memory). Called last,
-    after the kernel's one pipeline served the parameter and FLOP counts."""
+    """This kernel's own peak RSS in MiB, recorded beside the workers' peaks (called last)."""
     import resource
 
     mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -159,16 +150,13 @@ def roofline(study: Study, pipe, sweep: pd.DataFrame) -> pd.DataFrame:
         flops = unet_flops(pipe, study.workload(int(b)))
         a = achieved(flops, step, peak)
         rows.append({"batch_size": int(b), "unet_forward_gflop": flops / 1e9, "unet_step_s": step, **a})
-        scen = f"{LABEL}, batch {int(b)}"
+        common = dict(scenario=f"{LABEL}, batch {int(b)}", batch_size=int(b))
         study.recorder.add_many([
-            dict(scenario=scen, metric="unet_forward_flops", value=flops, unit="FLOP", n=1, batch_size=int(b),
-                 method=FLOP_METHOD, note="one UNet forward on the CFG batch"),
-            dict(scenario=scen, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s",
-                 batch_size=int(b), method=ACHIEVED_METHOD),
-            dict(scenario=scen, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", batch_size=int(b),
-                 method=ACHIEVED_METHOD,
-                 note=f"of the measured float32 matmul roof {peak / 1e9:.1f} GFLOP/s"),
-        ])
+            dict(common, metric="unet_forward_flops", value=flops, unit="FLOP", n=1, method=FLOP_METHOD,
+                 note="one UNet forward on the CFG batch"),
+            dict(common, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s", method=ACHIEVED_METHOD),
+            dict(common, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", method=ACHIEVED_METHOD,
+                 note=f"of the measured float32 matmul roof {peak / 1e9:.1f} GFLOP/s")])
     return pd.DataFrame(rows)
 
 

@@ -21,16 +21,27 @@ def profile_keys(profile: str | None, given: list | None, notebook: str | None, 
     return catalog.among(load_profile(profile, check_runtime=False).techniques, notebook, families, lossy)
 
 
+def ratio_columns(*ratios: str) -> list[str]:
+    """Each ratio's table columns: its median, its min-max over rounds and its verdict."""
+    return [f"{r}{end}" for r in ratios for end in ("", "_lo", "_hi", "_verdict")]
+
+
 def at_dtype(study: Study, key: str) -> str:
-    """`key` run in the profile's precision: GPU profiles (float16) are where fused attention kernels and per-op
-    overheads matter, and every worker builds the fp32 pipeline, so the cast is a technique of the stack."""
+    """`key` run in the profile's precision (every worker builds fp32, so the cast is a technique of the stack)."""
     dtype = study.profile.dtype
     return key if dtype == "float32" else f"precision:{dtype}+{key}"
 
 
 def facts_table(cmp: Comparison) -> pd.DataFrame:
-    """What apply() found in each prepared pipeline (one row per configuration that ran)."""
+    """What apply() found in each prepared pipeline, one row per configuration that ran."""
     return pd.DataFrame([{"variant": k, **v} for k, v in cmp.facts.items() if v])
+
+
+def with_skipped(cmp: Comparison, skipped: list[dict]) -> Comparison:
+    """`cmp` with the rows of configurations skipped before anything ran, in its table's columns."""
+    if skipped:
+        cmp.table = pd.concat([cmp.table, pd.DataFrame(skipped)], ignore_index=True).reindex(columns=cmp.table.columns)
+    return cmp
 
 
 def baseline_runs(cmp: Comparison) -> pd.DataFrame:
@@ -40,8 +51,7 @@ def baseline_runs(cmp: Comparison) -> pd.DataFrame:
 
 
 def rounds_n(study: Study, table: pd.DataFrame) -> str:
-    """What a comparison figure's medians are over, read from the rows it draws: rounds per configuration, each a
-    fresh process timing the profile's repeats after its first call."""
+    """What a comparison figure's medians are over, read from the rows it draws: rounds per configuration."""
     ok = table[table.status == "ok"] if "status" in table else table
     if "variant" in ok:  # the baseline's bar is 1 by definition; its processes open and close every round
         ok = ok[ok.variant != BASELINE]
@@ -57,15 +67,13 @@ def rounds_n(study: Study, table: pd.DataFrame) -> str:
 
 
 def rounds_method(cmp: Comparison, table: pd.DataFrame | None = None) -> str:
-    """The method of the rows a figure draws (rounds.method, 'composed' where a loop-only stack borrows the
-    baseline's decode), each stated once."""
+    """The methods of the rows a figure draws, each stated once (methods_text), else the comparison's."""
     t = cmp.table if table is None else table
     return methods_text(t.get("method", pd.Series([], dtype=object))) or cmp.method
 
 
 def methods_text(methods) -> str:
-    """Distinct methods joined once: one that extends another (a loop-only stack's 'composed' suffix) adds only
-    its extension."""
+    """Distinct methods joined; one extending another (a loop-only stack's 'composed' suffix) adds its extension."""
     unique = list(dict.fromkeys(m for m in methods if isinstance(m, str) and m))
     out = []
     for m in unique:
@@ -80,10 +88,8 @@ def interpolated(baseline: str, batch_size: int = 1) -> str:
             "interpolated to that configuration's time in each round")
 
 
-def speedup_and_memory(study: Study, cmp: Comparison, title: str, name: str, what: str,
-                       baseline: str = BASELINE):
-    """speedup_bars (median with the min-max range over rounds) beside each configuration's own peak memory;
-    `what` opens the caption, `baseline` says what the fp32 eager configuration runs."""
+def speedup_and_memory(study: Study, cmp: Comparison, title: str, name: str, what: str, baseline: str = BASELINE):
+    """speedup_bars beside each configuration's peak memory; `what` opens the caption, `baseline` names fp32 eager's."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
     speedup_bars(cmp.table, title, ax=left)
     ok = cmp.ok()

@@ -1,19 +1,13 @@
 """05_cuda_graphs: the graphed UNet step against eager where CUDA exists; everywhere, the host work a graph
 replay would remove, measured with the profiler on one real UNet step.
 
-What the CPU numbers mean. On a CPU the operators' arithmetic and the host work (Python, nn.Module calls,
-dispatcher, per-operator set-up) run on the same cores, one after the other, so a UNet step's wall time splits
-into time inside the FLOP-heavy operators ("math": convolution, matmul, attention) and everything else. On a GPU
-the math moves to the device while the host work stays on the CPU, and a graph replay removes that host work.
-Three measured bounds on it, per step:
-- lower: time outside every ATen operator (Python and module overhead only);
-- upper: time outside the math operators (also the dispatcher, views, norms and elementwise operators, whose
-  kernels a GPU still runs, so this over-counts what a replay removes; the set-up inside the few hundred math
-  calls is counted as math, a small under-count the other way);
-- independent: the whole UNet step at the smallest latent the UNet accepts, where the math is small (not zero:
-  the weights are still read once), on the same machine.
-The percentages are shares of a CPU step; on a GPU the same host work is a larger share because the math is
-faster there, which is why the seconds and the operator counts are the figures that carry over, not the shares.
+On a CPU the operators' arithmetic and the host work (Python, nn.Module calls, dispatcher, per-operator set-up) run
+on the same cores in turn, so a UNet step splits into the FLOP-heavy operators ("math": convolution, matmul,
+attention) and everything else; on a GPU the math moves to the device and a graph replay removes the host work.
+Three bounds on it per step: lower, time outside every ATen operator (Python and module overhead); upper, time
+outside the math operators (views, norms and elementwise kernels a GPU still runs: an over-count); independent, the
+whole step at the smallest latent the UNet accepts (math small, not zero). The shares are of a CPU step, where math
+is slower than on a GPU: the seconds and operator counts carry over, not the shares.
 """
 from __future__ import annotations
 
@@ -43,9 +37,8 @@ MATH_OPS = frozenset("aten::" + n for n in (
 
 
 def compare(study: Study, say=print) -> Comparison:
-    """run_variants with the graphed UNet (in the profile's precision, and at that precision eager as its
-    reference); without CUDA it is recorded as not applicable with the reason and only the fp32 baseline and its
-    twin are timed (the baseline gives the UNet's share of a generation)."""
+    """run_variants with the graphed UNet (in the profile's precision, beside eager in it); without CUDA it is not
+    applicable and only the fp32 baseline and its twin are timed (they give the UNet's share of a generation)."""
     items = [("CUDA graph (UNet step)", "cuda_graphs")]
     dtype = study.profile.dtype
     if dtype != "float32":
@@ -55,8 +48,7 @@ def compare(study: Study, say=print) -> Comparison:
 
 
 def unet_share(cmp: Comparison) -> pd.DataFrame:
-    """The baseline's UNet share of a generation (median UNet call x denoising iterations over the median
-    generation): the ceiling for anything that only speeds up the UNet step, graphs included."""
+    """The baseline's UNet share of a generation: the ceiling for anything that only speeds up the UNet step."""
     b = cmp.measured.row(BASELINE)
     unet_s = b["unet_step_s"] * b["iterations"]
     return pd.DataFrame([{"latency_s": b["latency_s"], "unet_step_s": b["unet_step_s"],
@@ -67,7 +59,6 @@ def unet_share(cmp: Comparison) -> pd.DataFrame:
 
 
 def step_inputs(pipe, workload) -> tuple[tuple, dict]:
-    """The exact arguments of the first UNet call of this workload (classifier-free-guidance batch)."""
     return capture_block_inputs(pipe, workload, block="")
 
 
@@ -113,7 +104,6 @@ def _outermost_math(e) -> bool:
 def profile_steps(unet, args, kwargs, device: str, steps: int) -> HostSplit:
     """Profile `steps` UNet calls (warm already) with CPU activities and split each step's time."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    # kineto's GPU-count error and trace markers on a machine without a GPU: quietened once, in sdperf.core.quiet
     with profile(activities=acts) as prof:
         for _ in range(steps):
             with record_function(STEP):
@@ -146,13 +136,11 @@ class HostOverhead:
     tiny_step: Timing  # unprofiled UNet step at the smallest latent
 
     def table(self) -> pd.DataFrame:
-        """The bounds side by side, in seconds per step and as a share of the profiled step."""
         s, t = self.split, self.split.profiled_step_s
         rows = [("UNet step (unprofiled, median)", self.step.median, None),
                 ("UNet step under the profiler", t, 100.0),
                 ("math operators (conv / matmul / attention)", s.math_s, 100 * s.math_s / t),
-                ("host work, upper bound: everything outside math operators", s.host_upper_s,
-                 100 * s.host_upper_s / t),
+                ("host work, upper bound: everything outside math operators", s.host_upper_s, 100 * s.host_upper_s / t),
                 ("host work, lower bound: outside every ATen operator (Python)", s.python_s, 100 * s.python_s / t),
                 (f"independent: whole UNet step at latent {self.tiny_latent}x{self.tiny_latent}",
                  self.tiny_step.median, None)]
@@ -180,8 +168,7 @@ def host_overhead(study: Study, batch_size: int = 1) -> HostOverhead:
     side = smallest_latent(unet)
     tiny = torch.randn(*args[0].shape[:2], side, side, generator=torch.Generator().manual_seed(p.seed))
     tiny_args = (tiny.to(args[0].device, args[0].dtype),) + tuple(args[1:])
-    tiny_step = measure(lambda: _step(unet, tiny_args, kwargs), device=study.device, warmup=p.warmup,
-                        repeats=p.repeats)
+    tiny_step = measure(lambda: _step(unet, tiny_args, kwargs), device=study.device, warmup=p.warmup, repeats=p.repeats)
     out = HostOverhead(latent=args[0].shape[-1], batch=args[0].shape[0], step=step, split=split,
                        tiny_latent=side, tiny_step=tiny_step)
     pipe = unet = None
@@ -234,7 +221,6 @@ def plot(study: Study, h: HostOverhead):
             xerr=[[t.median - min(t.times)], [max(t.times) - t.median]], capsize=3,
             label="whole step at the smallest latent (median, bar: min-max)")
     ax.set(xlabel="seconds per UNet step", title=f"UNet step split, batch {h.batch} ({study.device})")
-    # beside the axes, not over them: a legend below overlapped the x label
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     p = study.profile
     study.save_figure(fig, "host_split",

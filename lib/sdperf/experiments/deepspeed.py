@@ -1,8 +1,7 @@
 """06_deepspeed: DeepSpeed-Inference kernel injection, with the modules it actually replaced counted.
 
-A call that replaces nothing and returns the model unchanged still "runs"; its timing ratio is then noise around
-1.0, not a speed-up. So every attempt here records how many modules DeepSpeed put in (a census of module
-classes before and after), and a ratio is only ever reported beside that count.
+A call that replaces nothing still "runs", and its ratio is then noise around 1.0; so every attempt records how many
+modules DeepSpeed put in (a census of module classes before and after), and a ratio is only shown beside that count.
 """
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ import pandas as pd
 from sdperf.config import published
 from sdperf.measure.comparison import Comparison, published_row, release, run_variants
 from sdperf.experiments.common import interpolated, rounds_method, rounds_n
-from sdperf.optimizations import deepspeed_inference as ds
-from sdperf.optimizations import deepspeed_policies
+from sdperf.optimizations import deepspeed_inference as ds, deepspeed_policies
 from sdperf.store.plots import speedup_bars
 from sdperf.measure.study import Study
 from sdperf.core import tables
@@ -29,7 +27,7 @@ PASS_THROUGH_NOTE = "pass-through: 0 modules replaced, so any ratio is run-to-ru
 
 
 def compat_table() -> pd.DataFrame:
-    """The version findings (with their issue / PR references) the module docstring summarises."""
+    """The version findings of DeepSpeed with SD's libraries, with their issue / PR references."""
     return tables.table("deepspeed_sd_compat.csv")
 
 
@@ -41,10 +39,9 @@ def targets(study: Study) -> pd.DataFrame:
 
 
 def policy_check() -> pd.DataFrame:
-    """DeepSpeed's own policies against the tiny SD twin's modules (SD 1.5's module classes, which tests check),
-    without and with sdperf's CLIP layout adapter: per policy, the class it expects, what it matches, the modules
-    generic_injection would replace (counted by DeepSpeed class) and the attributes it did not find. The check
-    CI runs (tests/test_opt_deepspeed.py) and the DeepSpeed rungs' availability reports on a CUDA profile."""
+    """DeepSpeed's own policies against the tiny SD twin's modules (SD 1.5's classes), without and with sdperf's CLIP
+    layout adapter: per policy the class it expects, what it matches, what generic_injection would replace (counted
+    by DeepSpeed class) and the attributes it did not find; CI runs the same check."""
     twin = deepspeed_policies.tiny_twin()
     frames = []
     for adapter in (False, True):
@@ -70,16 +67,13 @@ PROBES = {
     "generic_injection(pipeline, float16) + CLIP layout adapter": lambda p: ds.inject_only(p, "float16",
                                                                                             clip_adapter=True),
 }
-
-
 PROBE_METHOD = ("module census of a fresh fp32 pipeline before and after the call, in this kernel "
                 "(deepspeed_inference.count_replaced): modules whose class changed, also when the call raised")
 
 
 def probe(study: Study, say: Callable[[str], None] = print) -> pd.DataFrame:
-    """Where the seed's call stops on this device: each step of init_inference tried on a fresh pipeline, its
-    exact error and how many modules it had replaced by then. Only run where the kernels are not available
-    (on a GPU the variants themselves are the measurement)."""
+    """Where the seed's call stops on this device: each step of init_inference on a fresh pipeline, its exact error
+    and the modules it had replaced by then (run where the kernels are missing; on a GPU the variants measure)."""
     rows = []
     for call, fn in PROBES.items():
         pipe = study.pipeline("float32")
@@ -107,10 +101,8 @@ def probe(study: Study, say: Callable[[str], None] = print) -> pd.DataFrame:
 
 
 def configs(study: Study) -> list[tuple[str, str]]:
-    """The seed's call (and the same with sdperf's CLIP adapter), with the fp16 rung it is added to where the
-    kernels exist; everywhere, the UNet-only call that DeepSpeed turns into a pass-through, timed and labelled as
-    one. Where the kernels are missing the catalog's availability records them as not applicable."""
-    # with the CLIP adapter: the configuration that can run where only the lock's transformers stops the seed's call
+    """The seed's call (also with sdperf's CLIP adapter: it runs where only the lock's transformers stops the seed's),
+    with the fp16 rung it is added to where the kernels exist; everywhere, the UNet-only pass-through, labelled so."""
     ok, _ = ds.availability(study.device, study.profile.arch, clip_adapter=True)
     fp16 = [(FP16, "precision:float16")] if ok else []  # the seed's ratio is against fp16 + inference_mode
     return fp16 + [(KERNELS, "deepspeed:inject"), (KERNELS_ADAPTED, "deepspeed:inject-clip-adapter"),
@@ -118,8 +110,7 @@ def configs(study: Study) -> list[tuple[str, str]]:
 
 
 def compare(study: Study, say: Callable[[str], None] = print, **run_kw) -> Comparison:
-    """run_variants (run_kw passes through), then the replaced-module count each worker's apply() reported
-    (cmp.facts, from optimizations.deepspeed_inference.count_replaced) beside every configuration that ran."""
+    """run_variants, then the replaced-module count each worker's apply() reported beside every configuration."""
     cmp = run_variants(study, configs(study), say=say, **run_kw)
     counts = {}
     for name, facts in cmp.facts.items():
@@ -153,8 +144,7 @@ def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
 
 
 def plot(study: Study, cmp: Comparison):
-    """Speed-up bars (min-max over rounds) of the configurations that ran; a pass-through bar is labelled with
-    its 0 replacements."""
+    """Speed-up bars (min-max over rounds), each labelled with the modules DeepSpeed replaced."""
     table = cmp.table.copy()
     table["variant"] = [f"{v}\n({int(n)} replaced)" if n == n else v
                         for v, n in zip(table.variant, table.replaced_modules)]

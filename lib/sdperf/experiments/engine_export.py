@@ -1,8 +1,6 @@
-"""07_engine_export: the UNet exported to inference engines (catalog keys `engine:<name>`: ONNX Runtime, OpenVINO,
-TensorRT) against fp32 eager by run_variants: set-up cost (export, build, from the worker's facts) apart from
-steady-state latency, drift, and the NeMo table's batch 1/2/4 sweep (one run_variants call per batch size); then
-the two stages around the loop run by OpenVINO (`stages:<engine>`, optimizations.stage_engines), alone, with the
-VAE decode's and text encoder's own times beside fp32 eager's.
+"""07_engine_export: the UNet exported to inference engines (`engine:<name>`: ONNX Runtime, OpenVINO, TensorRT)
+against fp32 eager by run_variants: set-up cost apart from steady-state latency, drift, and the NeMo table's batch
+sweep; then the two stages around the loop run by OpenVINO (`stages:<engine>`), alone, with their own times.
 
 NeMo's figures are whole generations at 50 PLMS steps, so the sweep compares `seed_speedup`: per image at 50
 steps, composed from the stages each worker measured at the profile's few steps (said so wherever shown)."""
@@ -16,15 +14,15 @@ from sdperf.measure import rounds
 from sdperf.select import engine_sweep
 from sdperf.store import plots
 from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
-from sdperf.experiments.common import interpolated, rounds_method, rounds_n
+from sdperf.experiments.common import interpolated, ratio_columns, rounds_method, rounds_n, with_skipped
 from sdperf.optimizations import catalog, engine_export, openvino_engine
 from sdperf.store.plots import speedup_bars
 
 DTYPES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "f16": "float16", "fp16": "float16"}
-STAGE_COLUMNS = ["variant", "key", "status", "speedup", "speedup_lo", "speedup_hi", "speedup_verdict", "seed_speedup",
-                 "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict", "vae_decode_s", "vae_decode_s_fp32",
-                 "vae_decode_speedup", "vae_decode_speedup_lo", "vae_decode_speedup_hi", "text_encoder_s",
-                 "text_encoder_s_fp32", "text_encoder_speedup", "latent_rel_error", "image_psnr_db", "verdict", "note"]
+STAGE_COLUMNS = ["variant", "key", "status", *ratio_columns("speedup", "seed_speedup"), "vae_decode_s",
+                 "vae_decode_s_fp32", "vae_decode_speedup", "vae_decode_speedup_lo", "vae_decode_speedup_hi",
+                 "text_encoder_s", "text_encoder_s_fp32", "text_encoder_speedup", "latent_rel_error", "image_psnr_db",
+                 "verdict", "note"]
 SETUP_COLUMNS = ["variant", "engine", "exporter", "export_s", "build_s", "setup_s", "setup_warm_s", "first_call_s",
                  "export_mib", "setup_peak_mib", "precision", "dynamic_batch"]
 
@@ -47,8 +45,8 @@ def name(key: str) -> str:
 
 
 def plan(study, keys: list[str]) -> tuple[list, list[dict]]:
-    """The items to time, and skipped rows. 'openvino-default' is resolved to the precision the CPU plugin picks
-    here; when that engine is already in the list it is a skipped row (not timed twice)."""
+    """The items to time, and skipped rows: 'openvino-default' resolved to the precision the CPU plugin picks here is
+    a skipped row when that engine is already in the list (not timed twice)."""
     items, skipped = [], []
     for k in keys:
         spec = engine_export.parse(name(k))
@@ -67,13 +65,6 @@ def plan(study, keys: list[str]) -> tuple[list, list[dict]]:
         study.recorder.skipped(f"{display}, batch 1", reason, batch_size=1)
         skipped.append({"variant": display, "key": k, "status": "skipped", "note": f"skipped: {reason}"})
     return items, skipped
-
-
-def _with_skipped(cmp: Comparison, skipped: list[dict]) -> Comparison:
-    if skipped:
-        cmp.table = pd.concat([cmp.table, pd.DataFrame(skipped)], ignore_index=True).reindex(
-            columns=cmp.table.columns)
-    return cmp
 
 
 SETUP_METHOD = ("the last round's worker process: export, then engine build, each timed once (wall clock), apart from "
@@ -102,11 +93,10 @@ def _record_setup(study, cmp: Comparison) -> None:
 
 
 def compare_engines(study, keys: list[str], batch_size: int = 1) -> Comparison:
-    """Each engine against fp32 eager by run_variants (fresh processes, rounds, the fp32 twin's noise floor)."""
     items, skipped = plan(study, keys)
     cmp = run_variants(study, items, batch_size=batch_size)
     _record_setup(study, cmp)
-    return _with_skipped(cmp, skipped)
+    return with_skipped(cmp, skipped)
 
 
 def stage_key(key: str) -> str:
@@ -119,9 +109,7 @@ def stage_key(key: str) -> str:
 
 
 def compare_stages(study, keys: list[str]) -> Comparison:
-    """Each stage engine alone against fp32 eager by run_variants, like the UNet engines above. Such a stack
-    changes the two stages around the loop, so its workers time whole generations, VAE decode included (not
-    composed with the baseline's decode as a UNet engine's are)."""
+    """Each stage engine alone against fp32 eager, timed as whole generations (not composed as a UNet engine's)."""
     cmp = run_variants(study, [stage_key(k) for k in keys])
     _record_setup(study, cmp)
     return cmp
@@ -138,8 +126,7 @@ def _stage_seconds(raw: pd.DataFrame, stage: str) -> pd.Series:
 
 
 def _stage_ratio(raw: pd.DataFrame, config: str, stage: str) -> dict:
-    """One stage's seconds for `config` and fp32 eager's interpolated in wall time to each of its rounds, as every
-    ratio of the study is read: medians over rounds and the ratio's min-max."""
+    """One stage's seconds for `config` and fp32 eager's interpolated to each of its rounds: medians, ratio min-max."""
     col = f"{stage}_s"
     raw = raw.assign(**{col: _stage_seconds(raw, stage)})
     mine = raw[(raw.config == config) & (raw.status == "ok") & raw[col].notna()]
@@ -153,14 +140,11 @@ def _stage_ratio(raw: pd.DataFrame, config: str, stage: str) -> dict:
 
 
 def stage_summary(cmp: Comparison) -> pd.DataFrame:
-    """Per stage engine: per image against fp32 eager at the profile's steps (range over rounds, verdict against
-    the twin's noise band) and at 50 steps (composed from the measured stages), the VAE decode's and the text
-    encoder's seconds per image beside fp32 eager's at the same moments, and the drift."""
+    """Per stage engine: per image against fp32 eager at the profile's steps and at 50 (composed), the VAE decode's
+    and the text encoder's seconds beside fp32 eager's at the same moments, and the drift."""
     rows = []
     for r in cmp.table[~cmp.table.variant.isin([BASELINE, TWIN])].to_dict("records"):
-        row = {k: r.get(k) for k in ("variant", "key", "status", "speedup", "speedup_lo", "speedup_hi",
-                                     "speedup_verdict", "seed_speedup", "seed_speedup_lo", "seed_speedup_hi",
-                                     "seed_speedup_verdict")}
+        row = {k: r.get(k) for k in ("variant", "key", "status", *ratio_columns("speedup", "seed_speedup"))}
         if r["status"] == "ok":
             for stage in ("vae_decode", "text_encoder"):
                 row.update(_stage_ratio(cmp.measured.raw, r["variant"], stage))
@@ -170,16 +154,14 @@ def stage_summary(cmp: Comparison) -> pd.DataFrame:
 
 
 def summary(cmp: Comparison) -> pd.DataFrame:
-    cols = ["variant", "status", "setup_s", "setup_warm_s", "first_call_s", "latency_s", "unet_step_s", "speedup",
-            "speedup_lo", "speedup_hi", "speedup_verdict", "unet_step_speedup", "unet_step_speedup_lo",
-            "unet_step_speedup_hi", "unet_step_speedup_verdict", "peak_memory_mib", "latent_rel_error",
-            "image_psnr_db", "verdict", "note"]
+    cols = ["variant", "status", "setup_s", "setup_warm_s", "first_call_s", "latency_s", "unet_step_s",
+            *ratio_columns("speedup", "unet_step_speedup"), "peak_memory_mib", "latent_rel_error", "image_psnr_db",
+            "verdict", "note"]
     return cmp.table[cols]
 
 
 def setup_table(cmp: Comparison) -> pd.DataFrame:
-    """What getting each engine ready cost, split into export and build (the worker's facts, last round), beside
-    the first round's whole set-up (cold scratch) and the later rounds' (warm), and the first call."""
+    """Each engine's export and build (last round) beside the set-up cold (round 0) and warm, and the first call."""
     t = cmp.table.set_index("variant")
     rows = [{"variant": label, "engine": f["engine"], "exporter": f["exporter"], "export_s": f["export_s"],
              "build_s": f["build_s"], "setup_s": t.loc[label, "setup_s"], "setup_warm_s": t.loc[label, "setup_warm_s"],
@@ -190,14 +172,12 @@ def setup_table(cmp: Comparison) -> pd.DataFrame:
 
 
 def best_engine(cmp: Comparison) -> str | None:
-    """The key of the engine with the fastest UNet step among those that keep the latents (sdperf.select.engine_sweep:
-    the rule `sdperf run` also applies to measure the sweep's larger batches up front)."""
+    """The latent-keeping engine with the fastest UNet step, by the rule `sdperf run` also applies (engine_sweep)."""
     return engine_sweep.best_engine(cmp)
 
 
 def batch_sweep(study, cmp: Comparison, key: str, batch_sizes: list[int], budget_s: float) -> pd.DataFrame:
-    """The NeMo table's shape: fp32 eager against the engine at each batch size, each a run_variants call of its
-    own (batch 1 is the comparison above). A batch whose estimated run exceeds `budget_s` is a skipped row."""
+    """fp32 eager against the engine per batch size (batch 1 is `cmp`); one estimated over `budget_s` is skipped."""
     rows = []
     for b in batch_sizes:
         if b == 1:
@@ -222,15 +202,13 @@ def batch_sweep(study, cmp: Comparison, key: str, batch_sizes: list[int], budget
             continue
         rows.append({"batch_size": b, "status": "ok", "framework_s_per_image_seed": base["s_per_image_seed"],
                      "engine_s_per_image_seed": r["s_per_image_seed"],
-                     **{k: r[k] for k in ("seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict",
-                                          "unet_step_speedup", "unet_step_speedup_lo", "unet_step_speedup_hi",
-                                          "unet_step_speedup_verdict")}, "rounds": r["rounds"], "method": c.method})
+                     **{k: r[k] for k in ratio_columns("seed_speedup", "unet_step_speedup")}, "rounds": r["rounds"],
+                     "method": c.method})
     return pd.DataFrame(rows)
 
 
 def nemo_table(sweep: pd.DataFrame) -> pd.DataFrame:
-    """NeMo's framework fp16 AMP vs TensorRT fp16 latency (SD 1.x, A100, 50 PLMS steps) beside the sweep measured
-    here (per image at 50 steps, composed from the measured stages)."""
+    """NeMo's framework fp16 AMP vs TensorRT fp16 latency (SD 1.x, A100, 50 PLMS steps) beside the sweep here."""
     nemo = published.select("NeMo SD inference", model="SD 1.x", metric="latency").astype({"batch_size": int})
     fw = nemo[nemo.what == "framework fp16 AMP"].set_index("batch_size")["value"]
     trt = nemo[nemo.what == "TensorRT fp16"].set_index("batch_size")["value"]
@@ -243,13 +221,11 @@ def nemo_table(sweep: pd.DataFrame) -> pd.DataFrame:
 
 
 def _said(r: dict | pd.Series, ratio: str, method: str) -> str:
-    return (f"range {r[ratio + '_lo']:.2f}-{r[ratio + '_hi']:.2f}x over rounds, {r[ratio + '_verdict']}; "
-            f"{method}")
+    return f"range {r[ratio + '_lo']:.2f}-{r[ratio + '_hi']:.2f}x over rounds, {r[ratio + '_verdict']}; {method}"
 
 
 def published_vs_measured(study, cmp: Comparison, sweep: pd.DataFrame | None, best: str | None) -> pd.DataFrame:
-    """NeMo's engine speed-up per batch against the best engine's here (per image at 50 steps, composed); the HF
-    blog's OpenVINO rungs against this machine's OpenVINO f32 (dynamic and static shapes)."""
+    """NeMo's engine speed-up per batch beside the best engine's; the HF blog's OpenVINO rungs beside OpenVINO f32."""
     nemo = "NeMo SD inference", "NVIDIA A100 80GB", "SD 1.x, 512px, 50 PLMS steps; fp16 AMP -> TensorRT fp16 " \
                                                      "(text encoder, UNet and VAE)"
     rows = []
@@ -280,8 +256,7 @@ def published_vs_measured(study, cmp: Comparison, sweep: pd.DataFrame | None, be
 
 
 def plot(study, cmp: Comparison, sweep: pd.DataFrame | None, best: str | None = None):
-    """Left: speed-up of each engine at batch 1 (min-max over rounds). Right: the NeMo table's shape, the
-    engine's per-image speed-up at 50 steps (composed) per batch size."""
+    """Left: each engine's speed-up at batch 1. Right: the best engine's per image at 50 steps per batch size."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
     drawn = cmp.table[cmp.table.variant != TWIN]
     speedup_bars(drawn, f"engines vs fp32 eager, whole generation, batch 1 ({study.device})", ax=axes[0])

@@ -2,13 +2,11 @@
 per step, and how far each one's image lands from the 50-step one.
 
 Two questions, measured apart on purpose:
-- timing (run_variants, catalog keys `scheduler:<name>@<steps>`): each scheduler in fresh processes against the
-  fp32 eager baseline. A worker runs the profile's few steps, so the per-image figure that matters,
-  `seed_speedup`, is composed from the measured stages: the baseline's PLMS at the seeds' 50 steps against the
-  scheduler at its own step count (UNet + scheduler step per call, text encoder and VAE once). `unet_step_speedup`
-  should stay within noise: a scheduler changes the number of calls, not their cost;
-- drift: one pipeline generates the reference (PLMS 50) and each scheduler at its own step count from the same
-  initial latents, untimed, and compares the final latents and images (its own generations, not a ratio).
+- timing (run_variants, keys `scheduler:<name>@<steps>`): workers run the profile's few steps, so `seed_speedup`
+  is composed from the measured stages, the baseline's PLMS at 50 steps against the scheduler at its own count;
+  `unet_step_speedup` should stay within noise (a scheduler changes the number of calls, not their cost);
+- drift: one pipeline generates the reference (PLMS 50) and each scheduler from the same initial latents, untimed,
+  and compares the final latents and images.
 """
 from __future__ import annotations
 
@@ -20,18 +18,15 @@ from sdperf.config import published
 from sdperf.measure import drift
 from sdperf.store import figure_captions
 from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
-from sdperf.experiments.common import methods_text, rounds_n
+from sdperf.experiments.common import baseline_runs, methods_text, ratio_columns, rounds_n
 from sdperf.model.generation import generate, initial_latents
-from sdperf.optimizations import catalog
-from sdperf.optimizations import fewer_steps as opt
+from sdperf.optimizations import catalog, fewer_steps as opt
 from sdperf.measure.study import Study
 
-# With random weights the drift measures how far each solver's trajectory lands from the reference's, not quality.
 DRIFT_MEANING = "trajectory difference from the reference; random weights: not a quality figure"
 TIMING_COLUMNS = ["variant", "status", "unet_calls", "s_per_image_seed", "s_per_image_seed_lo", "s_per_image_seed_hi",
-                  "seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict", "unet_step_s",
-                  "unet_step_speedup", "unet_step_speedup_lo", "unet_step_speedup_hi", "unet_step_speedup_verdict",
-                  "rounds", "method", "note"]
+                  *ratio_columns("seed_speedup"), "unet_step_s", *ratio_columns("unet_step_speedup"), "rounds",
+                  "method", "note"]
 
 
 def parse(key: str) -> tuple[str, int]:
@@ -51,13 +46,11 @@ def check(keys: list[str]) -> list[str]:
 
 
 def compare(study: Study, keys: list[str]) -> Comparison:
-    """Every scheduler against the fp32 eager baseline (the profile's scheduler), by run_variants."""
     return run_variants(study, check(keys), batch_size=1)
 
 
 def timing_table(cmp: Comparison) -> pd.DataFrame:
-    """The baseline (composed at the seeds' 50 steps) and each scheduler (at its own steps), with the UNet calls
-    each makes per image there (the worker counts them) and the ratios with their range and verdict."""
+    """The baseline (composed at 50 steps) and each scheduler at its own, with the UNet calls each makes per image."""
     summary = cmp.measured.summary.set_index("config")
     t = cmp.table[cmp.table.variant != TWIN].copy()
     t["unet_calls"] = t.variant.map(summary["seed_unet_calls"])
@@ -70,16 +63,12 @@ def timing_table(cmp: Comparison) -> pd.DataFrame:
 DRIFT_COLUMNS = ["variant", "unet_calls", "latent_rel_error", "image_psnr_db", "verdict"]
 NO_DRIFT = ("not measured: this profile sets scheduler_drift false (random weights: the drift is a trajectory "
             "difference, not quality, and its 50-step reference costs minutes here)")
-
-
 DRIFT_METHOD = ("one untimed generation per schedule on one fp32 pipeline in this kernel, from the reference "
                 "schedule's initial latents; final latents and decoded images compared (sdperf.measure.drift)")
 
 
 def drift_from_reference(study: Study, reference: str, keys: list[str]) -> pd.DataFrame:
-    """Untimed generations on one pipeline from the same initial latents: the reference scheduler at its steps,
-    then each key at its own; the final latents and images compared (drift.compare). Recorded per key. A profile
-    with scheduler_drift false gets an empty table, and the reason is printed."""
+    """Drift from `reference` (the module's second question) per key; scheduler_drift false: no rows, the reason."""
     ref_name, ref_steps = parse(reference)
     if not study.profile.scheduler_drift:
         print(NO_DRIFT)
@@ -113,7 +102,7 @@ def _conditions(study: Study, what: str) -> str:
 
 
 def published_vs_measured(study: Study, cmp: Comparison, timing: pd.DataFrame) -> pd.DataFrame:
-    """NeMo's 50-step PLMS latency beside this machine's (composed); no source publishes the 50 -> 20 step ratio."""
+    """NeMo's 50-step PLMS latency beside this machine's; no source publishes the 50 -> 20 step ratio."""
     nemo = published.select("NeMo SD inference", model="SD 1.x", batch_size=1, what="framework fp16 AMP").iloc[0]
     base = timing[timing.variant == BASELINE].iloc[0]
     rows = [published_row("s/image at the reference protocol", published.cite("NeMo SD inference"),
@@ -134,8 +123,7 @@ def published_vs_measured(study: Study, cmp: Comparison, timing: pd.DataFrame) -
 
 
 def plot(study: Study, timing: pd.DataFrame, drifts: pd.DataFrame):
-    """Per-image time (composed) against UNet calls with its min-max range over rounds, and the drift each saving
-    costs; each configuration a marker of its own, named in one legend beside the axes (no labels over points)."""
+    """Per-image time (composed) against UNet calls, and the drift each saving costs; one marker per configuration."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4))
     ok = timing[timing.status == "ok"]
     markers = "osD^vP*Xh<>p"
@@ -188,18 +176,16 @@ SCHEDULE_METHOD = ("composed per round from the fp32 baseline worker's measured 
 
 
 def schedules(study: Study, cmp: Comparison, keys: list[str]) -> pd.DataFrame:
-    """Every scheduler of `keys` at its step count against PLMS-50, composed from the baseline workers of `cmp`
-    (one per round): how 10's search prices schedulers, without a process per step count."""
+    """Every scheduler of `keys` against PLMS-50, composed from the baseline workers of `cmp` (one per round): how
+    10's search prices schedulers, without a process per step count."""
     from sdperf.select import stack_search
 
     check(keys)
-    base = cmp.measured.raw
-    base = base[(base.config == BASELINE) & (base.status == "ok")]
+    base = baseline_runs(cmp)
     rows = []
     for key in keys:
         ts = stack_search.timesteps(study.profile, key)
-        ratios = [float(r["s_per_image_seed"]) / stack_search.composed_s(r, None, ts, None)
-                  for _, r in base.iterrows()]
+        ratios = [float(r["s_per_image_seed"]) / stack_search.composed_s(r, None, ts, None) for _, r in base.iterrows()]
         secs = [stack_search.composed_s(r, None, ts, None) for _, r in base.iterrows()]
         rows.append({"variant": key, "unet_calls": len(ts), "s_per_image": float(np.median(secs)),
                      "speedup_vs_plms50": float(np.median(ratios)), "lo": float(min(ratios)),
@@ -213,8 +199,8 @@ def schedules(study: Study, cmp: Comparison, keys: list[str]) -> pd.DataFrame:
 
 
 # --- feature caching (DeepCache) ----------------------------------------------------------------------------
-CACHING_COLUMNS = ["variant", "status", "seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict",
-                   "full_call_s", "cached_call_s", "full_calls_at_50", "unet_step_s", "note"]
+CACHING_COLUMNS = ["variant", "status", *ratio_columns("seed_speedup"), "full_call_s", "cached_call_s",
+                   "full_calls_at_50", "unet_step_s", "note"]
 
 
 def check_caching(keys: list[str]) -> list[str]:
@@ -226,7 +212,7 @@ def check_caching(keys: list[str]) -> list[str]:
 
 
 def _kinds(raw: pd.DataFrame, variant: str) -> tuple[float, float, float]:
-    """(median full call, median cached call, full calls at 50 steps) over a caching configuration's workers."""
+    """(median full call, median cached call, full calls at 50 steps) of a caching configuration's workers."""
     mine = raw[(raw.config == variant) & (raw.status == "ok")]
     kinds = [d for d in mine.get("unet_kind_s", pd.Series(dtype=object)) if isinstance(d, dict)]
     counts = [d for d in mine.get("seed_call_kinds", pd.Series(dtype=object)) if isinstance(d, dict)]
@@ -237,8 +223,7 @@ def _kinds(raw: pd.DataFrame, variant: str) -> tuple[float, float, float]:
 
 
 def caching(study: Study, keys: list[str]) -> pd.DataFrame:
-    """DeepCache at each interval in fresh processes against fp32 eager: per image at 50 PLMS steps composed
-    from each call kind's median (full and cached calls timed apart) in the pattern DeepCache runs at 50 steps."""
+    """DeepCache at each interval against fp32 eager, with the full and cached calls' medians timed apart."""
     cmp = run_variants(study, check_caching(keys), batch_size=1)
     t = cmp.table[~cmp.table.variant.isin([BASELINE, TWIN])].copy()
     got = [_kinds(cmp.measured.raw, v) for v in t.variant]

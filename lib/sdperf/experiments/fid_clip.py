@@ -1,11 +1,5 @@
-"""12_fid_clip: what the notebook calls, and the state its sections hand on to one another.
-
-The notebook used to carry that state itself between seven quality/ and reference/ modules: the quality settings
-and the scorers from its first cells into the guidance curve, the rungs' image sets into the frontier, the curve's
-table into the MLPerf gate, the reference model's judgements into their table, figure and transfer. Here it is one
-object, `FidClip`, opened once; its methods are the notebook's sections in order, each using what the one before
-it kept.
-"""
+"""12_fid_clip: what the notebook calls, and the state its sections hand on to one another: one object, `FidClip`,
+opened once, whose methods are the notebook's sections in order, each using what the one before it kept."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,8 +30,7 @@ class FidClip:
         return curve.protocol(self.study, self.settings)
 
     def generate(self, rung_keys: list[str], sd_curve: bool = True) -> None:
-        """The curve's images at every guidance scale (unless `sd_curve` is off: a skipped row says why), then each
-        rung's images on the same captions and noise."""
+        """The curve's images at every guidance scale (unless `sd_curve` is off), then each rung's on the same noise."""
         if sd_curve:
             self.kept["curve_folder"] = curve.generate(self.study, self.settings)
         else:
@@ -91,8 +84,7 @@ class FidClip:
         return table
 
     def technique_costs(self, keys: list[str]) -> pd.DataFrame:
-        """Each technique judged on the reference model against the converged solve, with the plan, the budget,
-        the controls and the convergence it was judged under."""
+        """Each technique judged on the reference model, printing the plan, budget, controls and convergence used."""
         plan = techniques.Plan.of(self.settings)
         judged = techniques.for_study(self.study, keys, plan)
         self.kept["technique_quality"] = judged
@@ -127,6 +119,6 @@ def open_fid_clip(profile: str | None) -> FidClip:
 
 
 def published_quality() -> pd.DataFrame:
-    """The published quality figures with their conditions (sdperf.config.published.quality), in a table of their
-    own: a figure from a random network or a few images must never sit beside a published FID as if comparable."""
+    """The published quality figures with their conditions, in a table of their own: a figure from a random network
+    or a few images must never sit beside a published FID as if comparable."""
     return published.quality()[PUBLISHED_COLUMNS]

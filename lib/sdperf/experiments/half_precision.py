@@ -1,9 +1,8 @@
 """01_half_precision: fp16 and bf16 against fp32, each in processes of its own, in rounds (run_variants).
 
-A half precision this device runs far slower than fp32 (no half-precision matrix instructions) could spend the
-whole budget of the notebook in its repeats; so each one is first compared with fp32 on one real UNet block
-(cheap; sdperf.measure.half_budget, shared with 10 and 12 in a run), and when that ratio predicts its whole generations
-would overrun the profile's variant_budget_s, it is recorded as skipped with the block-level ratio instead of run.
+A half precision this device runs far slower than fp32 could spend the notebook's whole budget in its repeats, so
+each is first compared with fp32 on one real UNet block (sdperf.measure.half_budget); when that ratio predicts its
+generations would overrun variant_budget_s, it is recorded as skipped with the block-level ratio instead of run.
 """
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from sdperf.measure.comparison import TWIN, Comparison, release, run_variants
 from sdperf.core.environment import cpu_isa
 from sdperf.experiments.common import interpolated, methods_text, rounds_n
 from sdperf.measure.measurements import unet_flops
-from sdperf.optimizations import half_precision
-from sdperf.optimizations import catalog
+from sdperf.optimizations import catalog, half_precision
 from sdperf.optimizations.catalog import Stack
 from sdperf.measure.roofline import ACHIEVED_METHOD, ROOF_METHOD, achieved, fit_size, matmul_call, matmul_peak
 from sdperf.measure.study import Study
@@ -54,9 +52,7 @@ def _block_only(study: Study, probe: half_budget.Probe, reason: str) -> dict:
 
 
 def compare_precisions(study: Study) -> tuple[pd.DataFrame, Comparison]:
-    """Each half precision of the profile's techniques against fp32 (run_variants), unless one UNet block says its generations would overrun
-    the budget (sdperf.measure.half_budget): then the block's ratio is recorded and the precision skipped. The table has
-    a `dtype` column."""
+    """Each half precision of the profile against fp32, or its block-level stand-in; the table has a `dtype` column."""
     p = study.profile
     generations = p.warmup + p.repeats  # one round's worker process; the budget bounds each process
     items, skipped = [], []
@@ -78,9 +74,8 @@ def compare_precisions(study: Study) -> tuple[pd.DataFrame, Comparison]:
 
 
 def matmul_roofs(study: Study, call_budget_s: float = 2.0) -> pd.DataFrame:
-    """This device's measured matmul FLOP/s per precision: the hardware half of the explanation. Each precision at
-    the largest size up to the profile's matmul_size whose one call fits `call_budget_s` (fp16 without
-    AVX512-FP16/AMX runs a scalar loop: a 2048 call there takes ~10 s, and a blocked timing of it minutes)."""
+    """This device's matmul FLOP/s per precision, each at the largest size up to matmul_size whose one call fits
+    `call_budget_s` (fp16 without AVX512-FP16/AMX runs a scalar loop, and a blocked timing of it takes minutes)."""
     size = study.profile.matmul_size
     rows = []
     for name in ("float32",) + VARIANTS:
@@ -106,13 +101,11 @@ def roofline(study: Study, table: pd.DataFrame, roofs: pd.DataFrame) -> pd.DataF
         a = achieved(flops, r.unet_step_s, roof[r.dtype] * 1e9)
         rows.append({"variant": r.variant, "dtype": r.dtype, "unet_step_s": r.unet_step_s, **a,
                      "percent_of_fp32_roof": 100 * a["achieved_gflops"] / roof["float32"]})
-        scenario = f"{r.variant}, batch 1"
+        common = dict(scenario=f"{r.variant}, batch 1", dtype=r.dtype, batch_size=1)
         study.recorder.add_many([
-            dict(scenario=scenario, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s",
-                 dtype=r.dtype, method=r.method, batch_size=1,
+            dict(common, metric="achieved_gflops", value=a["achieved_gflops"], unit="GFLOP/s", method=r.method,
                  note=f"UNet forward {flops:,} FLOPs / median UNet call over rounds"),
-            dict(scenario=scenario, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", dtype=r.dtype,
-                 batch_size=1, method=ACHIEVED_METHOD,
+            dict(common, metric="percent_of_peak", value=a["percent_of_peak"], unit="%", method=ACHIEVED_METHOD,
                  note=f"of the measured {r.dtype} matmul roof {roof[r.dtype]:.1f} GFLOP/s")])
     return pd.DataFrame(rows)
 
@@ -158,8 +151,7 @@ def published_vs_measured(study: Study, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(study: Study, table: pd.DataFrame):
-    """Speed-up over fp32 with its range (min-max over rounds; p10/p90 for a block-only stand-in), and the peak
-    memory of each configuration's own process."""
+    """Speed-up over fp32 with its range (p10/p90 for a block-only stand-in), and each configuration's peak memory."""
     shown = table[table.status.isin(["ok", BLOCK_ONLY])].copy()
     shown["label"] = [v if s == "ok" else f"{v}\n(one UNet block)" for v, s in zip(shown.variant, shown.status)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))

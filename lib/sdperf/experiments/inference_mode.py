@@ -1,9 +1,8 @@
 """02_inference_mode: grad mode on (frozen and trainable parameters), no_grad and inference_mode, in one run.
 
-The baseline of run_variants is fp32 eager under inference_mode (sdperf's default). inference_mode is measured
-again as a configuration of its own, in the profile's precision, built and timed exactly like no_grad: the
-Cerebrium step (no_grad -> inference_mode, "<1%") is the ratio of those two configurations' ratios in each
-round, read against the run's noise floor (the baseline's twin), which a sub-percent claim has to clear.
+The baseline is fp32 eager under inference_mode (sdperf's default); inference_mode is measured again in the profile's
+precision, built and timed like no_grad, so the Cerebrium step (no_grad -> inference_mode, "<1%") is the ratio of
+those two configurations' ratios per round, read against the noise floor (the twin) a sub-percent claim must clear.
 """
 from __future__ import annotations
 
@@ -15,19 +14,14 @@ from sdperf.measure import rounds
 from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
 from sdperf.experiments.common import at_dtype, facts_table, speedup_and_memory  # noqa: F401  (notebook API)
 from sdperf.model.generation import Workload, generate
-from sdperf.optimizations import half_precision
-from sdperf.optimizations import inference_mode as opt
+from sdperf.optimizations import half_precision, inference_mode as opt
 from sdperf.optimizations.catalog import Stack
 from sdperf.store.results import VERDICTS
 from sdperf.measure.study import Study
 
 # stack key (without the profile's precision) -> display name
-NAMES = {
-    "grad:inference_mode": "inference_mode (fresh pipeline)",
-    "grad:no_grad": "no_grad",
-    "grad:grad": "grad on, parameters frozen",
-    "grad:grad+parameters:trainable": "grad on, parameters trainable",
-}
+NAMES = {"grad:inference_mode": "inference_mode (fresh pipeline)", "grad:no_grad": "no_grad",
+         "grad:grad": "grad on, parameters frozen", "grad:grad+parameters:trainable": "grad on, parameters trainable"}
 CLAIM = "no_grad -> inference_mode"
 NOISE_FLOOR = "noise floor: fp32 eager against its twin"
 
@@ -37,7 +31,7 @@ def _name(key: str, dtype: str = "float32") -> str:
 
 
 def configs(study: Study, keys: list[str]) -> list[tuple[str, str]]:
-    """(display name, stack key) per grad-mode key, in the profile's precision; validated before anything runs."""
+    """(display name, stack key) per grad-mode key, in the profile's precision."""
     dtype = study.profile.dtype
     return [(_name(k, dtype), Stack.of(at_dtype(study, k)).key) for k in keys]
 
@@ -48,8 +42,7 @@ def compare_modes(study: Study, keys: list[str]) -> Comparison:
 
 
 def step_ratio(ratios: pd.DataFrame, before: str, after: str) -> pd.Series:
-    """Per round, how much faster `after` ran than `before`: the ratio of their ratios to the same interpolated
-    baseline (base/after over base/before = before's time over after's)."""
+    """Per round, how much faster `after` ran than `before`: the ratio of their ratios to the same baseline."""
     r = ratios.pivot_table(index="round", columns="config", values="speedup")
     if before not in r or after not in r:
         return pd.Series(dtype=float)
@@ -64,8 +57,7 @@ def _claim_row(name: str, per_round: pd.Series, band: tuple[float, float], note:
 
 
 def cerebrium_ratio(study: Study, cmp: Comparison) -> pd.DataFrame:
-    """The Cerebrium step (no_grad -> inference_mode, two configurations of the same precision), per round,
-    as median [min-max], judged against the noise band; and the noise floor itself (never a verdict)."""
+    """The Cerebrium step per round, median [min-max] judged against the noise band, and the noise floor itself."""
     dtype, band, m = study.profile.dtype, cmp.noise["speedup"], cmp.measured
     rows = []
     step = step_ratio(m.ratios, _name("grad:no_grad", dtype), _name("grad:inference_mode", dtype))
@@ -86,9 +78,8 @@ def cerebrium_ratio(study: Study, cmp: Comparison) -> pd.DataFrame:
 
 
 def saved_for_backward(pipe, workload: Workload, grad_mode: str) -> dict:
-    """Bytes autograd keeps for a backward pass during one generation, parameters excluded (they are resident
-    anyway). Nothing is freed before the generation returns (each step's latents feed the next), so the sum
-    is what the graph holds at its end."""
+    """Bytes autograd keeps for backward during one generation, parameters excluded (resident anyway); nothing is
+    freed before it returns (each step's latents feed the next), so the sum is what the graph holds at its end."""
     params = {p.untyped_storage().data_ptr() for m in opt.networks(pipe) for p in m.parameters()}
     saved: dict = {}
 
@@ -145,7 +136,6 @@ def published_vs_measured(study: Study, claims: pd.DataFrame, method: str) -> pd
 
 
 def plot(study: Study, cmp: Comparison):
-    """Speed-up of each mode over the inference_mode baseline (min-max over rounds), and its peak memory."""
     return speedup_and_memory(study, cmp, f"vs {BASELINE} under inference_mode ({study.device})", "grad_modes",
                               "Grad modes (grad on with frozen or trainable parameters, no_grad, inference_mode) "
                               f"in {study.profile.dtype}", baseline=f"{BASELINE} under inference_mode")

@@ -1,24 +1,19 @@
 """10_ladder: the optimizations stacked one on another, in the seed's order and in the order that is best here.
 
-Stand-alone speed-ups do not multiply: two techniques that attack the same overhead share one gain, and an
-executor that replaces the UNet makes every UNet-level trick before it moot. So every rung is measured as the
-whole stack up to it (rung 1 = k1, rung 2 = k1+k2, ...), each a catalog stack run in processes of its own, and
-all rungs of both ladders in ONE comparison.run_variants call: every rung sits in the same rounds against the
-same interpolated fp32 baseline, and a rung's gain over the rung below is the ratio of the two rungs' speed-ups
-taken round by round, reported as median [min-max] with a verdict against the run's noise band.
+Stand-alone speed-ups do not multiply (two techniques attacking one overhead share one gain; an executor replacing
+the UNet makes every UNet-level trick before it moot), so every rung is the whole stack up to it, run in processes
+of its own, and all rungs of both ladders are ONE run_variants call: same rounds, same interpolated fp32 baseline.
+A rung's gain over the rung below is the ratio of the two rungs' speed-ups per round, median [min-max], with a
+verdict against the run's noise band.
 
 Rules (stated in the notebook too):
-- A rung that cannot run here is recorded as not applicable with its reason and left out of the stack; a half
-  precision whose whole generations would overrun the profile's `variant_budget_s` (timed on one UNet block
-  first) is recorded as skipped with the measured block ratio. The next rung builds on the last that is stacked.
+- A rung that cannot run here is recorded as not applicable, a half precision whose generations would overrun
+  `variant_budget_s` (timed on one UNet block first) as skipped; neither is stacked, the next rung builds on the last.
 - A technique of a family already in the stack replaces it (Cerebrium's inference_mode replaces no_grad).
-- The best order comes from the stand-alone rows of notebooks 01-09 on this machine at this commit
-  (sdperf.select.standalone, by catalog key): the candidates are the techniques "faster" than fp32 eager alone (their
-  range over rounds clears the noise band) that keep the picture unless lossy rungs are allowed: lossless by
-  declaration, or a quality cost on the trained reference model within the budget (sdperf.judge.techniques:
-  adherence interval above -1 point, the domain-FID change within its interval plus 10% of fp32's FID); one per
-  family; at most one UNet executor, stacked last because it compiles or exports what the rungs below set up; the
-  others fastest first.
+- The best order comes from notebooks 01-09's stand-alone rows (sdperf.select.standalone): techniques "faster" than
+  fp32 eager alone that keep the picture (unless lossy rungs are allowed; sdperf.judge.techniques holds the budget),
+  one per family, at most one UNet executor, stacked last because it compiles or exports what the rungs below set
+  up; the others fastest first.
 """
 from __future__ import annotations
 
@@ -34,7 +29,7 @@ from sdperf.measure import half_budget, rounds
 from sdperf.store import plots
 from sdperf.measure.comparison import BASELINE, Comparison, published_row, run_variants
 from sdperf.core.errors import ConfigError
-from sdperf.experiments.common import interpolated, rounds_method, rounds_n
+from sdperf.experiments.common import interpolated, ratio_columns, rounds_method, rounds_n
 from sdperf.optimizations import catalog
 from sdperf.optimizations.catalog import Context, Stack
 from sdperf.select import scenarios
@@ -70,7 +65,6 @@ class Ladder:
 
 
 # ---------------------------------------------------------------- planning the stacks
-
 def check_keys(keys) -> None:
     for k in keys:
         catalog.get(k)  # an unknown key is a ConfigError naming the valid ones
@@ -85,8 +79,7 @@ def stacked(stack: tuple[str, ...], key: str) -> tuple[tuple[str, ...], str]:
 
 
 def plan(study: Study, name: str, keys, skips: dict[str, str] | None = None) -> Ladder:
-    """The cumulative stacks of one ladder, without running anything: not applicable and over-budget rungs are
-    marked with their reason and left out of the stack."""
+    """The cumulative stacks of one ladder, planned without running anything (the module's first rule)."""
     check_keys(keys)
     ctx, skips = Context(study.profile), skips or {}
     stack: tuple[str, ...] = ()
@@ -107,18 +100,13 @@ def plan(study: Study, name: str, keys, skips: dict[str, str] | None = None) -> 
 
 
 # ---------------------------------------------------------------- choosing the best order
-
-# The ratio a candidate is chosen and ranked by: per image at the seeds' 50 PLMS steps (standalone's seed_speedup), the
-# unit of every headline and finding. Per image at the profile's 2 timed steps the text encoder and VAE decode weigh
-# 17x more: a stage engine can read faster there and within noise at 50 steps, and a rung chosen so can come out
-# slower than the rung below it.
+# Candidates are chosen and ranked per image at the seeds' 50 PLMS steps, the unit of every headline: at the profile's
+# few timed steps the text encoder and VAE weigh far more, and a rung chosen there can be slower than the one below.
 RANK = "seed_speedup"
 
 
 def best_order(alone: pd.DataFrame, allow_lossy: bool = False) -> tuple[list[str], pd.DataFrame]:
-    """Candidates "faster" than fp32 alone per image at 50 steps (RANK) and (unless allowed) keeping the picture;
-    the fastest of each family; at most one UNet executor, last; the others fastest first; never an engine with
-    feature caching or token merging (_stackable). Returns the keys and every technique's reason."""
+    """The best order by the module's rule (and _stackable's): the keys and every technique's reason."""
     t = alone.copy()
     faster = (t.status == "ok") & (t[f"{RANK}_verdict"] == rounds.FASTER) & ~t.family.isin(NOT_CANDIDATES)
     keeps = t.apply(keeps_picture, axis=1) | allow_lossy
@@ -131,9 +119,8 @@ def best_order(alone: pd.DataFrame, allow_lossy: bool = False) -> tuple[list[str
 
 
 def _stackable(cand: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
-    """The candidates less those that cannot stack (catalog.Stack.of's rule: feature caching and token merging
-    patch the PyTorch UNet's blocks, an engine runs a trace of the UNet): of the executor and the patching
-    techniques, the side with the larger speed-up alone stays. Returns the rest and each dropped key's reason."""
+    """The candidates less those that cannot stack (catalog.Stack.of's rule): of the executor and the techniques that
+    patch the UNet's blocks, the side with the larger speed-up alone stays. Returns the rest and each drop's reason."""
     traced, patched = catalog.trace_conflict([catalog.get(k) for k in cand.key])
     executor, patching = cand[cand.key.isin(traced)], cand[cand.key.isin(patched)]
     if executor.empty or patching.empty:
@@ -177,8 +164,7 @@ QUALITY_COLUMNS = ("quality_verdict", "adherence_delta", "adherence_delta_lo", "
 
 
 def with_quality(study: Study, alone: pd.DataFrame, say: Callable[[str], None] = print) -> pd.DataFrame:
-    """The stand-alone table with the reference-model quality of its lossy techniques that are faster alone (the
-    only ones whose picture decides anything), measured once per run (sdperf.judge.techniques.for_study)."""
+    """The stand-alone table with the reference-model quality of its lossy techniques that are faster alone."""
     from sdperf.quality.quality_settings import settings
     from sdperf.judge import techniques
 
@@ -209,7 +195,6 @@ def with_quality(study: Study, alone: pd.DataFrame, say: Callable[[str], None] =
 
 
 # ---------------------------------------------------------------- measuring and reading the ladders
-
 def rung_items(ladders: list[Ladder], check: bool = True) -> list[tuple[str, str]]:
     """(name, stack) of every rung that runs, of every ladder, and the check of the method."""
     items = [(r.name, r.stack) for lad in ladders for r in lad.rungs if r.status == "ok"]
@@ -218,8 +203,7 @@ def rung_items(ladders: list[Ladder], check: bool = True) -> list[tuple[str, str
 
 def measure(study: Study, ladders: list[Ladder], *, check: bool = True,
             say: Callable[[str], None] = print) -> Comparison:
-    """Every rung that runs, of every ladder, in one run_variants call (same rounds, same baseline); rungs that
-    do not run are recorded with their reason and the run's method. Fills each ladder's table."""
+    """Every rung that runs in one run_variants call, the others recorded with their reason; fills the tables."""
     cmp = run_variants(study, rung_items(ladders, check), say=say)
     rows = []
     for lad in ladders:
@@ -240,8 +224,7 @@ def measure(study: Study, ladders: list[Ladder], *, check: bool = True,
 
 
 def over_rung_below(ratios: pd.DataFrame, name: str, below: str) -> pd.Series:
-    """Per round: this rung's per-image speed-up over fp32 eager divided by the rung below's (the baseline's is
-    1 in every round), so both come from the same round and the same interpolated baseline."""
+    """Per round: this rung's per-image speed-up over fp32 eager divided by the rung below's (the baseline's is 1)."""
     mine = ratios[ratios.config == name].set_index("round")["speedup"]
     if below == BASELINE:
         return mine
@@ -250,8 +233,7 @@ def over_rung_below(ratios: pd.DataFrame, name: str, below: str) -> pd.Series:
 
 
 def ladder_table(cmp: Comparison, lad: Ladder) -> pd.DataFrame:
-    """One row per rung (rung 0: fp32 eager): status, speed-ups over fp32 eager and over the rung below with
-    their ranges and verdicts, drift, and why a rung did not run."""
+    """One row per rung (rung 0: fp32 eager): speed-ups over fp32 eager and over the rung below, drift, or why not."""
     base = cmp.row(BASELINE) or {}
     rows = [{"ladder": lad.name, "rung": 0, "key": "", "technique": BASELINE, "stack": catalog.BASELINE_KEY,
              "name": BASELINE, "below": "", "status": "ok", "rounds": base.get("rounds"),
@@ -276,15 +258,10 @@ def ladder_table(cmp: Comparison, lad: Ladder) -> pd.DataFrame:
     return pd.DataFrame(rows).reindex(columns=TABLE_COLUMNS)
 
 
-TABLE_NUMBERS = ("rounds", "s_per_image", "speedup", "speedup_lo", "speedup_hi", "speedup_verdict",
-                 "unet_step_speedup", "unet_step_speedup_lo", "unet_step_speedup_hi", "unet_step_speedup_verdict",
-                 "seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict", "peak_memory_mib",
-                 "latent_rel_error", "image_psnr_db")
-TABLE_COLUMNS = ["ladder", "rung", "key", "technique", "stack", "name", "below", "status", "rounds", "s_per_image",
-                 "speedup", "speedup_lo", "speedup_hi", "speedup_verdict", "vs_rung_below", "vs_lo", "vs_hi",
-                 "vs_verdict", "unet_step_speedup", "unet_step_speedup_lo", "unet_step_speedup_hi",
-                 "unet_step_speedup_verdict", "seed_speedup", "seed_speedup_lo", "seed_speedup_hi",
-                 "seed_speedup_verdict", "peak_memory_mib", "latent_rel_error", "image_psnr_db", "method", "note"]
+TABLE_NUMBERS = ("rounds", "s_per_image", *ratio_columns("speedup", "unet_step_speedup", "seed_speedup"),
+                 "peak_memory_mib", "latent_rel_error", "image_psnr_db")
+TABLE_COLUMNS = ["ladder", "rung", "key", "technique", "stack", "name", "below", "status", *TABLE_NUMBERS[:6],
+                 "vs_rung_below", "vs_lo", "vs_hi", "vs_verdict", *TABLE_NUMBERS[6:], "method", "note"]
 
 
 def decide(study: Study, *, allow_lossy: bool = False, say: Callable[[str], None] = print) -> dict:
@@ -297,8 +274,7 @@ def decide(study: Study, *, allow_lossy: bool = False, say: Callable[[str], None
     return {"cerebrium": cerebrium, "best": best, "choice": choice, "order": order}
 
 
-def run(study: Study, *, allow_lossy: bool = False, check: bool = True,
-        say: Callable[[str], None] = print) -> dict:
+def run(study: Study, *, allow_lossy: bool = False, check: bool = True, say: Callable[[str], None] = print) -> dict:
     """Choose the best order, plan both ladders, measure them in one run."""
     decided = decide(study, allow_lossy=allow_lossy, say=say)
     return measure_with(study, decided, {}, check=check, say=say)
@@ -306,10 +282,8 @@ def run(study: Study, *, allow_lossy: bool = False, check: bool = True,
 
 def measure_with(study: Study, decided: dict, others: dict[str, str], *, check: bool = True,
                  say: Callable[[str], None] = print) -> dict:
-    """Both ladders of `decided` and `others` ({name: stack}: the stack search's chosen stacks, which the search
-    then reads back) in ONE schedule of rounds: one set of fp32 baselines for all of them. Measured in two
-    schedules, each paid baselines of its own (three more processes, ~70 s on cpu) for stacks that are compared
-    with the same fp32 anyway. The ladders' rows are recorded here; `others`' by their owner when it reads them."""
+    """Both ladders of `decided` and `others` ({name: stack}: the stack search's chosen stacks) in ONE schedule of
+    rounds, so one set of fp32 baselines serves all. The ladders' rows are recorded here, `others`' by their owner."""
     ladders = [decided["cerebrium"], decided["best"]]
     if others:
         items = rung_items(ladders, check)
@@ -322,7 +296,6 @@ def measure_with(study: Study, decided: dict, others: dict[str, str], *, check: 
 
 
 # ---------------------------------------------------------------- presenting
-
 def show_table(ladders: list[Ladder]) -> pd.DataFrame:
     """The numbers the figure draws, and every rung's reason."""
     cols = ["ladder", "rung", "technique", "stack", "status", "speedup", "speedup_lo", "speedup_hi",
@@ -332,8 +305,7 @@ def show_table(ladders: list[Ladder]) -> pd.DataFrame:
 
 
 def plot(study: Study, ladders: list[Ladder], cmp: Comparison):
-    """Per ladder: the speed-up over fp32 eager and over the rung below, the table's medians with min-max bars
-    over rounds, and the noise band of the run."""
+    """Per ladder: the speed-up over fp32 eager and over the rung below (min-max over rounds), and the noise band."""
     fig, axes = plt.subplots(len(ladders), 2, figsize=(12, 3.4 * len(ladders)), squeeze=False)
     lo, hi = cmp.noise["speedup"]
     colors = {rounds.FASTER: "tab:green", rounds.SLOWER: "tab:red", rounds.NOISE: "tab:gray"}
@@ -403,8 +375,7 @@ def record_best(study: Study, best: dict) -> None:
              hi=best["per_image_hi"], verdict=best["verdict"],
              note=f"per image (whole generation, batch 1); {best['verdict']}", **common),
         dict(scenario=scenario, metric="unet_step_speedup_vs_fp32", value=best["per_unet_step_speedup"],
-             note="per UNet step (median UNet call)", **common),
-    ])
+             note="per UNet step (median UNet call)", **common)])
 
 
 def _rung(ladder: Ladder, key: str) -> pd.Series | None:
@@ -424,10 +395,8 @@ def _measured(ladder: Ladder, key: str, column: str = "vs_rung_below") -> tuple[
 
 
 def published_vs_measured(study: Study, cerebrium: Ladder, best: Ladder) -> pd.DataFrame:
-    """Every speed claim of the seeds beside the ratio measured here (median over rounds), with the hardware
-    and conditions of each. Like with like: a rung over the rung below beside a published rung; the whole
-    published ladder only beside a stack whose every rung ran (otherwise the rungs that ran are their own row);
-    per image beside a latency, per UNet step beside an it/s figure."""
+    """Every speed claim of the seeds beside the ratio measured here, like with like: a rung over the rung below
+    beside a published rung, the whole ladder only beside a stack whose every rung ran, per UNet step beside it/s."""
     rung = study.conditions(scope="per image at the profile's steps, this Cerebrium-order rung over the rung below")
     stack = study.conditions(scope="per image at 50 PLMS steps composed from the measured stages, the "
                                    "Cerebrium-order stack over fp32 eager")
@@ -472,17 +441,14 @@ def published_vs_measured(study: Study, cerebrium: Ladder, best: Ladder) -> pd.D
 
 
 # ---------------------------------------------------------------- the allocator
-
-ALLOCATOR_COLUMNS = ["variant", "key", "status", "s_per_image", "speedup", "speedup_lo", "speedup_hi",
-                     "speedup_verdict", "seed_speedup", "seed_speedup_lo", "seed_speedup_hi", "seed_speedup_verdict",
-                     "unet_step_speedup", "unet_step_speedup_lo", "unet_step_speedup_hi",
-                     "unet_step_speedup_verdict", "peak_memory_mib", "latent_rel_error", "method", "note"]
+ALLOCATOR_COLUMNS = ["variant", "key", "status", "s_per_image",
+                     *ratio_columns("speedup", "seed_speedup", "unet_step_speedup"), "peak_memory_mib",
+                     "latent_rel_error", "method", "note"]
 
 
 def allocator_rung(study: Study, keys: list[str], say: Callable[[str], None] = print) -> pd.DataFrame:
-    """fp32 eager under each allocator: an allocator is set before a process starts, so rounds launches every
-    process of this run (the baseline too) from a fork server started under its own setting. No keys: nothing runs (an
-    empty table), not a baseline-and-twin round of its own."""
+    """fp32 eager under each allocator, every process launched from a fork server started under its setting (an
+    allocator is set before a process starts). No keys: an empty table, not a baseline-and-twin round of its own."""
     bad = [k for k in keys if catalog.get(k).family != catalog.ALLOCATOR]
     if bad:
         raise ConfigError(f"not allocator settings: {', '.join(bad)}; valid: "

@@ -1,9 +1,7 @@
-"""08_quantization: int8 schemes (catalog keys `int8:<scheme>`) against fp32 eager by run_variants (each in
-fresh processes, in rounds, beside the fp32 twin that gives the noise floor), with the int8 matmul roofs that
-explain them (torch's and OpenVINO's own kernels) and the share of the UNet's work each scheme can reach
-(measured here, not ratios to fp32), and whether the int8 executor's per-step speed-up reaches issue 15's goal."""
+"""08_quantization: int8 schemes (catalog keys `int8:<scheme>`) against fp32 eager by run_variants, with the int8
+matmul roofs that explain them (torch's and OpenVINO's own kernels), the share of the UNet's work each scheme can
+reach, and whether the int8 executor's per-step speed-up reaches its goal (a share of the int8/fp32 roof ratio)."""
 from __future__ import annotations
-
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -11,26 +9,22 @@ import torch
 
 from sdperf.config import published
 from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, release, run_variants
-from sdperf.experiments.common import interpolated, rounds_method, rounds_n
+from sdperf.experiments.common import interpolated, ratio_columns, rounds_method, rounds_n, with_skipped
 from sdperf.measure.measurements import unet_call_inputs, unet_flops
-from sdperf.optimizations import catalog, openvino_engine
-from sdperf.optimizations import quantization as opt
+from sdperf.optimizations import catalog, openvino_engine, quantization as opt
 from sdperf.optimizations.catalog import EXECUTOR, Stack
 from sdperf.optimizations.fewer_steps import unet_calls
 from sdperf.store.plots import speedup_bars
-from sdperf.measure.roofline import (ROOF_METHOD, fit_size, matmul_peak, openvino_availability,
-                                     openvino_matmul_peak)
+from sdperf.measure.roofline import ROOF_METHOD, fit_size, matmul_peak, openvino_availability, openvino_matmul_peak
 from sdperf.measure.study import Study
 from sdperf.measure.timing import blocked
 
 FP32_ROOF = "torch.mm"
-# OpenVINO's own CPU-plugin GEMMs (sdperf.measure.roofline.openvino_matmul_peak): the dtype of each precision's roof
+# the dtype of each OpenVINO CPU-plugin GEMM roof (sdperf.measure.roofline.openvino_matmul_peak)
 OPENVINO_DTYPES = {"f32": "float32", "int8": "int8", "bf16": "bfloat16"}
 OV_F32, OV_INT8 = openvino_engine.ROOFS["f32"], openvino_engine.ROOFS["int8"]
-# Issue 15's per-UNet-step goal: an int8 executor's speed-up over fp32 eager should reach at least this share of
-# this CPU's int8-vs-fp32 roof ratio (OpenVINO's int8 GEMM over torch.mm fp32, both measured here).
+# an int8 executor's per-step speed-up over fp32 eager should reach this share of OpenVINO int8 GEMM / torch.mm fp32
 GOAL_SHARE = 0.8
-# how every roof row's ratio is taken: each kernel's single matmul calls in one process
 ROOF_RATIO_METHOD = ("one process, each matmul kernel timed by torch.utils.benchmark blocked_autorange at the same "
                      "size; ratio of the two medians")
 SHARE_METHOD = ("forward hooks on every nn.Linear over one UNet call, FLOPs from torch.utils.flop_counter, over the "
@@ -84,8 +78,7 @@ def _linear_flops(unet, *args, **kwargs) -> tuple[int, int]:
 
 
 def linear_share(study: Study) -> dict:
-    """How much of one UNet call (batch 1, guidance batch 2) sits in nn.Linear layers: the ceiling of what a
-    Linear-only scheme can speed up (Amdahl)."""
+    """How much of one UNet call sits in nn.Linear layers: the ceiling of what a Linear-only scheme speeds up."""
     pipe = study.pipeline("float32")
     workload = study.workload(1)
     args, kwargs = unet_call_inputs(pipe, workload)
@@ -122,9 +115,7 @@ def _linear_dynamic(n: int):
 
 
 def _openvino_roofs(study: Study, size: int) -> list[dict]:
-    """OpenVINO's own CPU GEMM roofs (f32, int8 u8s8, bf16 where the CPU has it) at `size`, each with the kernel
-    the plugin ran. A precision this CPU lacks is recorded as not applicable, one that fails (say the int8 graph
-    left in f32) as failed with its error, and the others are still measured."""
+    """OpenVINO's own CPU GEMM roofs at `size`, each with its kernel; one lacking or failing here is recorded so."""
     rows = []
     for precision, kernel in openvino_engine.ROOFS.items():
         scenario = f"matmul {size}x{size} {kernel}"
@@ -146,11 +137,10 @@ def _openvino_roofs(study: Study, size: int) -> list[dict]:
 
 
 def int8_roofs(study: Study, call_budget_s: float) -> pd.DataFrame:
-    """Measured ops/s of a square matmul: fp32 torch.mm, int8 torch._int_mm (torchao's kernel) and, on a CPU,
-    the fbgemm int8 dynamic linear (torch.ao's kernel, activation quantization included), each at the largest
-    size up to the profile's matmul_size that fits `call_budget_s` per call; and on a CPU OpenVINO's own GEMMs
-    (f32, int8 u8s8, bf16), the kernels its executors compute on. `vs_fp32` is each over torch.mm fp32,
-    `vs_openvino_f32` each OpenVINO kernel over OpenVINO's f32 (its int8-vs-f32 roof ratio)."""
+    """Measured ops/s of a square matmul: fp32 torch.mm, int8 torch._int_mm (torchao's kernel), on a CPU the fbgemm
+    int8 dynamic linear (torch.ao's, activation quantization included), each at the largest size up to matmul_size
+    that fits `call_budget_s`, and OpenVINO's own GEMMs. `vs_fp32` is over torch.mm fp32, `vs_openvino_f32` over
+    OpenVINO's f32."""
     size, device = study.profile.matmul_size, study.device
     peak, t = matmul_peak(device, torch.float32, size)
     rows = [{"kernel": FP32_ROOF, "dtype": "float32", "size": size, "gops": peak / 1e9, "n_blocks": len(t.times)}]
@@ -184,13 +174,12 @@ def int8_roofs(study: Study, call_budget_s: float) -> pd.DataFrame:
 
 
 def _gops(roofs: pd.DataFrame, kernel: str) -> float:
-    """The measured GOP/s of one roof row, NaN when it was not measured here."""
     row = roofs[roofs.kernel == kernel]
     return float(row["gops"].iloc[0]) if len(row) else float("nan")
 
 
 def _record_openvino_ratio(study: Study, roofs: pd.DataFrame) -> None:
-    """OpenVINO's int8-vs-f32 roof ratio (its own kernels, same size, same timing) as a row of its own."""
+    """OpenVINO's int8-vs-f32 roof ratio as a row of its own."""
     ratio = _gops(roofs, OV_INT8) / _gops(roofs, OV_F32)
     if pd.isna(ratio):
         return
@@ -226,8 +215,7 @@ def _torchao_too_slow(study: Study, share: dict, roofs: pd.DataFrame) -> str | N
 
 
 def compare_schemes(study: Study, keys: list[str], share: dict, roofs: pd.DataFrame) -> Comparison:
-    """Each scheme against fp32 eager by run_variants; torchao, when its scalar kernel would overrun the budget,
-    is recorded as a skipped row with the reason instead of being run."""
+    """Each scheme against fp32 eager; torchao, when its scalar kernel would overrun the budget, as a skipped row."""
     runnable, skipped = [], []
     for k in check(keys):
         reason = _torchao_too_slow(study, share, roofs) if roof_kernel(k) == opt.INT_MM else None
@@ -237,18 +225,14 @@ def compare_schemes(study: Study, keys: list[str], share: dict, roofs: pd.DataFr
             skipped.append({"variant": k, "key": k, "status": "skipped", "note": f"skipped: {reason}"})
         else:
             runnable.append(k)
-    cmp = run_variants(study, runnable)
-    if skipped:
-        cmp.table = pd.concat([cmp.table, pd.DataFrame(skipped)], ignore_index=True).reindex(
-            columns=cmp.table.columns)
-    return cmp
+    return with_skipped(run_variants(study, runnable), skipped)
 
 
 def summary(cmp: Comparison) -> pd.DataFrame:
     """The columns a reader needs: set-up apart, each ratio with its range over rounds and its verdict."""
-    cols = ["variant", "status", "setup_s", "first_call_s", "latency_s", "unet_step_s", "speedup", "speedup_lo",
-            "speedup_hi", "speedup_verdict", "unet_step_speedup", "unet_step_speedup_lo", "unet_step_speedup_hi",
-            "unet_step_speedup_verdict", "peak_memory_mib", "latent_rel_error", "image_psnr_db", "note"]
+    cols = ["variant", "status", "setup_s", "first_call_s", "latency_s", "unet_step_s",
+            *ratio_columns("speedup", "unet_step_speedup"), "peak_memory_mib", "latent_rel_error", "image_psnr_db",
+            "note"]
     return cmp.table[cols]
 
 
@@ -258,9 +242,8 @@ def facts_table(cmp: Comparison) -> pd.DataFrame:
 
 
 def roof_kernel(key: str) -> str | None:
-    """The roof row of the precision a configuration's UNet computes in: fp32 eager -> torch.mm; an executor -> its
-    catalog record's roof_kernel (an int8 scheme's kernel, OpenVINO's GEMM in an engine's precision hint), None
-    where no measured roof fits (another executor, a half-precision stack, OpenVINO's self-chosen 'default')."""
+    """The roof row of the precision a configuration's UNet computes in: torch.mm for fp32 eager, an executor's catalog
+    roof_kernel, None where no measured roof fits (a half-precision stack)."""
     stack = Stack.of(key)
     executor = next((t for t in stack.techniques if t.family == EXECUTOR), None)
     if executor is None:
@@ -269,13 +252,12 @@ def roof_kernel(key: str) -> str | None:
 
 
 def goal_x(roofs: pd.DataFrame) -> float:
-    """Issue 15's per-UNet-step goal: GOAL_SHARE of this CPU's int8-vs-fp32 roof ratio, OpenVINO's int8 GEMM over
-    torch.mm fp32 (NaN when either roof was not measured here)."""
+    """The per-UNet-step goal, GOAL_SHARE of OpenVINO int8 GEMM / torch.mm fp32 (NaN where either is not measured)."""
     return GOAL_SHARE * _gops(roofs, OV_INT8) / _gops(roofs, FP32_ROOF)
 
 
 def _goal(r, goal: float) -> dict:
-    """Whether a row's per-step speed-up over fp32 eager reaches `goal`: its median, and every round (its min)."""
+    """Whether a row's per-step speed-up reaches `goal`: its median, and every round (its min)."""
     return {"goal_x": goal, "unet_step_speedup": r.unet_step_speedup, "unet_step_speedup_lo": r.unet_step_speedup_lo,
             "unet_step_speedup_hi": r.unet_step_speedup_hi, "goal_met": bool(r.unet_step_speedup >= goal),
             "goal_met_every_round": bool(r.unet_step_speedup_lo >= goal)}
@@ -290,23 +272,21 @@ def _record_goal(study: Study, r, row: dict, roofs: pd.DataFrame) -> None:
     met = _met(row["goal_met"], row["goal_met_every_round"])
     how = (f"issue 15: {GOAL_SHARE} x ({OV_INT8} {_gops(roofs, OV_INT8):.1f} / {FP32_ROOF} fp32 "
            f"{_gops(roofs, FP32_ROOF):.1f} GOP/s, blocked_autorange medians)")
-    scenario, g = f"{r.variant}, batch 1", row["goal_x"]
+    g, common = row["goal_x"], dict(scenario=f"{r.variant}, batch 1", dtype="int8", key=r.key, batch_size=1)
     study.recorder.add_many([
-        dict(scenario=scenario, metric="unet_step_speedup_goal", value=g, unit="x", dtype="int8", key=r.key, batch_size=1,
+        dict(common, metric="unet_step_speedup_goal", value=g, unit="x",
              method=f"a target, not a measurement: {GOAL_SHARE} x the int8/fp32 matmul roof ratio "
                     f"({ROOF_RATIO_METHOD})",
              note=f"{how}; measured {r.unet_step_speedup:.2f}x [{r.unet_step_speedup_lo:.2f}-"
                   f"{r.unet_step_speedup_hi:.2f}] over rounds: {met}"),
-        dict(scenario=scenario, metric="percent_of_unet_step_goal", value=100 * r.unet_step_speedup / g, unit="%",
-             lo=100 * r.unet_step_speedup_lo / g, hi=100 * r.unet_step_speedup_hi / g, n=int(r.rounds),
-             dtype="int8", method=r.method, key=r.key, batch_size=1,
+        dict(common, metric="percent_of_unet_step_goal", value=100 * r.unet_step_speedup / g, unit="%",
+             lo=100 * r.unet_step_speedup_lo / g, hi=100 * r.unet_step_speedup_hi / g, n=int(r.rounds), method=r.method,
              note=f"per-step speed-up over fp32 eager (median [min-max] over rounds) of the goal {g:.2f}x; {met}")])
 
 
 def roofline(study: Study, cmp: Comparison, share: dict, roofs: pd.DataFrame) -> pd.DataFrame:
-    """Achieved ops/s of each measured configuration as a share of the roof of the precision it computes in
-    (roof_kernel) and of torch.mm fp32's, with the Amdahl ceiling for the Linear-only schemes, and for each
-    int8-computing executor issue 15's per-step goal (goal_x) and whether its speed-up reaches it."""
+    """Achieved ops/s of each configuration as a share of its precision's roof and of torch.mm fp32's, the Amdahl
+    ceiling of the Linear-only schemes, and each int8-computing executor's per-step goal and whether it is met."""
     roof = roofs.set_index("kernel")
     fp32, goal = _gops(roofs, FP32_ROOF), goal_x(roofs)
     rows = []
@@ -347,8 +327,7 @@ def goal_summary(line: pd.DataFrame) -> str:
 
 
 def verdicts(cmp: Comparison) -> pd.DataFrame:
-    """Speed and drift of each measured scheme in one line (drift.verdict: below 40 dB PSNR a scheme changes
-    the picture), with what random weights make of the error figures."""
+    """Speed and drift of each measured scheme in one line, with what random weights make of the error figures."""
     ok = cmp.ok()
     ok = ok[~ok.variant.str.startswith(BASELINE)]
     out = ok[["variant", "speedup", "speedup_lo", "speedup_hi", "speedup_verdict", "unet_step_speedup",
@@ -372,18 +351,14 @@ LIKE_FOR_LIKE = (
 
 
 def _published_int8() -> list[dict]:
-    """The two published int8 figures, the diffusers tutorial's dynamic rung and the NNCF blog's 8-bit model: the
-    rows the report sets beside the same schemes (sdperf.config.published.compared), by the scheme measured."""
+    """The two published int8 figures (sdperf.config.published.compared), in LIKE_FOR_LIKE's order."""
     t = published.compared().set_index("measured_key")
     return [dict(source=f"{r.source} ({r.url})", hardware=r.hardware, conditions=r.settings, figure=float(r.value),
                  detail=r.detail) for r in (t.loc[keys[0]] for _, keys, _ in LIKE_FOR_LIKE)]
 
 
 def published_vs_measured(study: Study, cmp: Comparison) -> pd.DataFrame:
-    """Each published int8 figure beside the scheme here that is the same technique, never beside whichever
-    scheme was fastest: the diffusers tutorial's dynamic int8 rung (GPU, after compile) beside torchao's dynamic
-    int8, the NNCF blog's quantization-aware 8-bit model beside NNCF's post-training int8, each side saying what
-    it is."""
+    """Each published int8 figure beside the same technique here (LIKE_FOR_LIKE), never the fastest scheme."""
     ok = cmp.ok().set_index("key")
     rows = []
     for (claim, keys, what), pub in zip(LIKE_FOR_LIKE, _published_int8()):
@@ -403,8 +378,7 @@ def plot(study: Study, cmp: Comparison):
     """Speed-up over fp32 eager (PSNR on the bars) and the latent error of each scheme."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))
     drawn = cmp.table[cmp.table.variant != TWIN]
-    speedup_bars(drawn, f"int8 vs fp32 eager ({study.device}); bars: min-max over "
-                 "rounds", ax=left)
+    speedup_bars(drawn, f"int8 vs fp32 eager ({study.device}); bars: min-max over rounds", ax=left)
     ok = cmp.ok()
     ok = ok[~ok.variant.str.startswith(BASELINE)]
     right.bar(ok["variant"], ok["latent_rel_error"], color=plt.cm.tab10.colors[:len(ok)])

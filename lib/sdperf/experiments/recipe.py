@@ -1,21 +1,19 @@
 """10_ladder, second half: the fastest stack this CPU can run at a measured quality cost, and the lossless one.
 
-The search itself (candidates, composed speed, the budget, the Pareto front) is sdperf.select.stack_search; this module
-runs it for a study: the parts read back from the run's stand-alone rounds, each part's and each tried stack's
-quality on the trained reference model (shared with 12 by key), the chosen stacks measured whole in rounds of
-their own (the only figures the headline uses), and the published CPU ladders beside them.
+The search (candidates, composed speed, budget, Pareto front) is sdperf.select.stack_search; this module runs it for a
+study: the parts read back from the run's stand-alone rounds, their and each tried stack's quality on the reference
+model (shared with 12 by key), the chosen stacks measured whole (the only figures the headline uses), and the
+published CPU ladders beside them.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from sdperf.store import plots
-from sdperf.select import scenarios
-from sdperf.select import stack_search as ss
+from sdperf.select import scenarios, stack_search as ss
 from sdperf.measure import half_budget
 from sdperf.measure.comparison import Comparison, run_variants
 from sdperf.core.errors import ConfigError
@@ -44,8 +42,7 @@ def check(unets: list[str], schedulers: list[str], stages: list[str]) -> None:
 
 
 def parts(study: Study, unets: list[str], stages: list[str], say: Callable[[str], None] = print) -> Comparison:
-    """The parts' stand-alone rounds: read back from the run's ledger where their notebooks measured them (their
-    rows are theirs to record), measured here otherwise."""
+    """The parts' stand-alone rounds, read back where their notebooks measured them, else measured here."""
     return run_variants(study, list(unets) + list(stages), say=say, store=False)
 
 
@@ -91,8 +88,7 @@ def search(study: Study, table: pd.DataFrame, band: tuple[float, float], verdict
     def judge(keys: list[str]) -> pd.DataFrame:
         return techniques.for_study(study, keys, plan, say=say)
 
-    return ss.search(table, band, judge, known, max_quality=max_quality, trusted=trusted,
-                     distrust="; ".join(why))
+    return ss.search(table, band, judge, known, max_quality=max_quality, trusted=trusted, distrust="; ".join(why))
 
 
 def reference_text(verdicts: pd.DataFrame) -> str:
@@ -123,15 +119,12 @@ def _verdict_of(key: str, verdicts: pd.DataFrame) -> str:
 
 
 def verify(study: Study, chosen: dict[str, str], say: Callable[[str], None] = print) -> Comparison:
-    """The chosen stacks measured whole, each in processes of its own, in rounds against fp32 eager: what
-    composition cannot see (two engines in one process, their caches) is in these figures."""
+    """The chosen stacks measured whole: what composition cannot see (two engines in one process) is in these."""
     return run_variants(study, [(name, key) for name, key in chosen.items()], say=say)
 
 
 def roof_ratio(study: Study) -> dict | None:
-    """This CPU's int8-vs-fp32 GEMM roof ratio as 08 recorded it this run: the engine's own kernels, int8 (u8s8)
-    MatMul GOP/s over its f32 MatMul GOP/s at the same size ("with the engine's own kernels"; torch.mm's
-    fp32 is another library's kernel), or None when 08 has not measured it here."""
+    """This CPU's int8-vs-f32 GEMM roof ratio (the engine's own kernels) as 08 recorded it this run, or None."""
     rows = study.recorder.current()
     if rows.empty or "metric" not in rows:
         return None
@@ -139,13 +132,11 @@ def roof_ratio(study: Study) -> dict | None:
     if ratio.empty:
         return None
     r = ratio.iloc[-1]
-    return {"ratio": float(r.value), "goal": ROOF_GOAL_SHARE * float(r.value), "scenario": r.scenario,
-            "how": r.note}
+    return {"ratio": float(r.value), "goal": ROOF_GOAL_SHARE * float(r.value), "scenario": r.scenario, "how": r.note}
 
 
 def headline(cmp: Comparison, found: pd.DataFrame, name: str, roof: dict | None) -> dict | None:
-    """One chosen stack's measured-whole figures: per image at its steps over fp32 PLMS-50, per UNet step, set-up,
-    first call, peak memory, with the quality deltas of the search and the roof goal."""
+    """One chosen stack's measured-whole figures, with the quality deltas of the search and the roof goal."""
     r = cmp.row(name)
     if r is None or r.get("status") != "ok":
         return None
@@ -167,8 +158,7 @@ def headline(cmp: Comparison, found: pd.DataFrame, name: str, roof: dict | None)
 
 
 def record(study: Study, heads: list[dict], found: pd.DataFrame, verdicts: pd.DataFrame | None = None) -> None:
-    """The headline rows (one scenario per chosen stack) and one row per judged candidate, its note naming each
-    lossy part's own verdict (`verdicts`: 10's part table) beside the stack's."""
+    """The headline rows per chosen stack, and a row per judged candidate with each lossy part's own verdict."""
     rows = []
     for h in heads:
         sc, common = scenarios.named(h["name"], h["key"]), dict(method=h["method"], key=h["key"], batch_size=1)
@@ -206,9 +196,8 @@ def show(found: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
-    """Speed against adherence and against domain FID for every candidate judged on the reference model, the
-    Pareto front of each drawn as a line; the speed axis is logarithmic when the ratios span more than 10x
-    (plots.ratio_scale; a narrow span on a log axis reads as overlapping tick labels)."""
+    """Speed against adherence and against domain FID for every judged candidate, with each Pareto front; the speed
+    axis is logarithmic only past a 10x span (a narrow span on a log axis reads as overlapping tick labels)."""
     pts = found[found.adherence_delta.notna() & (found.admissible != ss.NOT_JUDGED)].copy()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for ax, col, better, label in ((axes[0], "adherence_delta", True, "adherence change (points of 1)"),
@@ -236,9 +225,8 @@ def plot_front(study: Study, found: pd.DataFrame, heads: list[dict]):
     study.save_figure(fig, "stack_search_front",
                       what="The stack search: every candidate stack judged on the study's trained reference model, "
                       "its composed per-image speed-up (bars: min-max over rounds; log axis past a 10x span) against "
-                      "its paired "
-                      "adherence change (left) and domain-FID change (right), admissible (o) or not (x), the Pareto "
-                      "front dashed, the stacks then measured whole circled",
+                      "its paired adherence change (left) and domain-FID change (right), admissible (o) or not (x), "
+                      "the Pareto front dashed, the stacks then measured whole circled",
                       baseline="speed: fp32 eager PLMS 50 steps, interpolated per round; quality: the reference "
                       "model's converged fp32 solve of the same captions and noise",
                       method=f"speed: {ss.COMPOSED}; quality: paired deltas with 95% bootstrap intervals against the "
@@ -291,9 +279,8 @@ def published_vs_measured(alone: pd.DataFrame, heads: list[dict]) -> pd.DataFram
 
 
 def faster_allocators(alloc: pd.DataFrame | None) -> list[str]:
-    """The allocator settings whose own rung (fp32 eager under them) cleared the noise band: an allocator does not
-    compose with the parts' figures, so the best stack is measured again under each of these. Cleared by the
-    ratio the ladder chooses by (ladder.RANK: per image at 50 steps)."""
+    """The allocator settings whose own rung cleared the noise band by ladder.RANK: an allocator does not compose with
+    the parts' figures, so the best stack is measured again under each."""
     column = f"{RANK}_verdict"
     if alloc is None or alloc.empty or column not in alloc:
         return []
@@ -302,17 +289,15 @@ def faster_allocators(alloc: pd.DataFrame | None) -> list[str]:
 
 def run(study: Study, unets: list[str], schedulers: list[str], stages: list[str], *, max_quality: int,
         allocators: pd.DataFrame | None = None, say: Callable[[str], None] = print) -> dict:
-    """The whole search for a study: parts, each part's quality, every candidate composed, judged fastest first,
-    then the best admissible and the best lossless stack measured whole (and the best under each allocator that
-    was faster alone, `allocators` being 10's allocator rung). Returns what the notebook shows."""
+    """The whole search: parts, their quality, every candidate composed and judged fastest first, then the best
+    admissible and lossless stacks measured whole (and under each faster allocator of `allocators`)."""
     return finish(study, choose(study, unets, schedulers, stages, max_quality=max_quality, allocators=allocators,
                                 say=say), say=say)
 
 
 def choose(study: Study, unets: list[str], schedulers: list[str], stages: list[str], *, max_quality: int,
            allocators: pd.DataFrame | None = None, say: Callable[[str], None] = print) -> dict:
-    """The search up to its choice: `chosen` ({name: stack}) is what finish() measures whole, or reads back where
-    10 measured it in the ladders' schedule (sdperf.experiments.ladder.measure_with)."""
+    """The search up to its choice: `chosen` ({name: stack}) is what finish() measures whole or reads back."""
     check(unets, schedulers, stages)
     skipped = half_budget.skips(study, unets, say=say)  # the ladder's rule: not measured up front either
     for key, why in skipped.items():

@@ -107,7 +107,6 @@ def _one_run(study, stages, cfg, cal, design, scenario, c, b):
 
 
 def run_method(r: dict) -> str:
-    """How a LoadGen run's figures are taken: one run, in this notebook's process, as LoadGen reports them."""
     return (f"one MLPerf LoadGen {r['scenario']} run (no rounds) in this notebook's process: the {r['design']} design "
             f"with {r['concurrency']} request(s) in flight, batch {r['batch_size']}; throughput and latency "
             "percentiles as LoadGen's summary reports them")
@@ -145,8 +144,7 @@ def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _parity_rows(images: dict) -> pd.DataFrame:
-    """One row per served request: the run that served it and whether it equals the stacked design's first
-    image of the same seeds."""
+    """One row per served request: its run and whether it equals the stacked design's first image of its seeds."""
     by_seeds = collections.defaultdict(list)
     for (design, scenario, c, b), served in images.items():
         for seeds, img in served.items():
@@ -188,8 +186,7 @@ PARITY_METHOD = ("every request of this notebook's LoadGen runs: the design's de
 def record_parity(study: Study, parity: pd.DataFrame) -> None:
     for r in parity.itertuples():
         study.recorder.add(f"{r.design} vs stacked, same seeds", "identical_images", r.identical / r.requests, "",
-                           n=r.requests, method=PARITY_METHOD,
-                           note=f"max abs diff {r.max_abs_diff:g}")
+                           n=r.requests, method=PARITY_METHOD, note=f"max abs diff {r.max_abs_diff:g}")
 
 
 def plot(study: Study, runs: pd.DataFrame):
@@ -326,8 +323,7 @@ BASELINE_NOTEBOOK = "00_baseline"
 
 
 def baseline_batches(rows: pd.DataFrame) -> tuple[float, float, int] | None:
-    """(batch-1 latency, latency at the largest batch, that batch) from 00_baseline's fp32 eager rows, or None
-    when 00 measured no batch above 1 among `rows`."""
+    """(batch-1 latency, the largest batch's latency, that batch) from 00_baseline's fp32 eager rows, or None."""
     if rows.empty:
         return None
     mine = rows[(rows["notebook"] == BASELINE_NOTEBOOK) & (rows["metric"] == "latency") & (rows["status"] == "ok")

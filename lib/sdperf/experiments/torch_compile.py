@@ -3,16 +3,14 @@ keys `compile:<spec>`) against fp32 eager by run_variants; what compiling costs 
 a warm one (later rounds: a new process, the inductor cache on disk); how many recompiles a new shape causes."""
 from __future__ import annotations
 
-
 import pandas as pd
 import torch
 from torch._inductor.utils import clear_caches
 
 from sdperf.config import published
-from sdperf.config.architectures import get as get_arch
-from sdperf.config.architectures import vae_scale_factor
+from sdperf.config.architectures import get as get_arch, vae_scale_factor
 from sdperf.measure.comparison import BASELINE, TWIN, Comparison, published_row, run_variants
-from sdperf.experiments.common import interpolated, rounds_method, rounds_n
+from sdperf.experiments.common import interpolated, ratio_columns, rounds_method, rounds_n
 from sdperf.measure.drift import relative_error
 from sdperf.model.generation import Workload, encode
 from sdperf.optimizations import torch_compile as tc
@@ -22,18 +20,16 @@ from sdperf.store.plots import speedup_bars
 from sdperf.measure.study import Study
 
 
-
 # --- caches ------------------------------------------------------------------------------------------------
 def forget_compiled() -> None:
-    """Dynamo's compiled code and inductor's in-memory caches gone (the in-process experiments below)."""
+    """Dynamo's compiled code and inductor's in-memory caches gone, for the in-process experiments below."""
     torch._dynamo.reset()
     clear_caches()
 
 
 def cuda_graph_modes_here(study: Study) -> pd.DataFrame:
-    """What torch does with each CUDA-graph mode on this device, shown on the UNet's timestep embedding (a real
-    piece of the profile's architecture that compiles in seconds): does it run, how often did inductor skip
-    CUDA graphs, and does the output match eager."""
+    """Each CUDA-graph mode on this device, on the UNet's timestep embedding (compiles in seconds): does it run, how
+    often did inductor skip CUDA graphs, does the output match eager."""
     from diffusers.models.embeddings import TimestepEmbedding
 
     width = get_arch(study.profile.arch).unet["block_out_channels"][0]
@@ -66,34 +62,29 @@ def availability_table(study: Study, keys: list[str]) -> pd.DataFrame:
 
 
 def run(study: Study, keys: list[str], cold: bool = True) -> tuple[Comparison, pd.DataFrame]:
-    """Every key against fp32 eager (run_variants: fresh processes, rounds, the fp32 twin's noise floor), then
-    what compiling cost. `cold`: empty the workers' inductor cache first, so round 0's first compiled
-    configuration compiles cold (later ones share its kernels, as in one serving host) and later rounds warm."""
+    """Every key against fp32 eager, then what compiling cost. `cold`: empty the workers' inductor cache first, so
+    round 0's first configuration compiles cold (later ones share its kernels, as on one host) and later rounds warm."""
     for k in keys:
         if not k.startswith("compile:"):
             raise ValueError(f"{k!r} is not a torch.compile key; give compile:<spec>, e.g. compile:freezing")
     if cold:
-        from sdperf.optimizations.torch_compile import clear_inductor
-
-        clear_inductor(scratch_dir(study.profile.name))
+        tc.clear_inductor(scratch_dir(study.profile.name))
     cmp = run_variants(study, keys)
     return cmp, compile_table(study, cmp)
 
 
 def summary(cmp: Comparison) -> pd.DataFrame:
-    """The comparison's columns a reader needs: times and ratios with their range and verdict, the drift
-    (~1e-6) in e-notation."""
-    cols = ["variant", "status", "first_call_s", "first_call_warm_s", "latency_s", "unet_step_s", "speedup",
-            "speedup_lo", "speedup_hi", "speedup_verdict", "unet_step_speedup", "unet_step_speedup_lo",
-            "unet_step_speedup_hi", "unet_step_speedup_verdict", "peak_memory_mib", "latent_rel_error",
-            "image_psnr_db", "note"]
+    """The comparison's columns a reader needs, the drift (~1e-6) in e-notation."""
+    cols = ["variant", "status", "first_call_s", "first_call_warm_s", "latency_s", "unet_step_s",
+            *ratio_columns("speedup", "unet_step_speedup"), "peak_memory_mib", "latent_rel_error", "image_psnr_db",
+            "note"]
     out = cmp.table[cols].copy()
     out["latent_rel_error"] = [f"{v:.1e}" if pd.notna(v) else "" for v in out["latent_rel_error"]]
     return out
 
 
 def _round_facts(cmp: Comparison, name: str) -> tuple[dict, dict]:
-    """(round 0's compile facts: cold cache, the median-ish last later round's: warm cache) of one config."""
+    """(round 0's compile facts: cold cache, the last round's: warm cache) of one configuration."""
     raw = cmp.measured.raw
     mine = raw[(raw.config == name) & (raw.status == "ok")].sort_values("round")
     facts = [f for f in mine.get("facts", []) if isinstance(f, dict)]
@@ -101,10 +92,8 @@ def _round_facts(cmp: Comparison, name: str) -> tuple[dict, dict]:
 
 
 def compile_table(study: Study, cmp: Comparison) -> pd.DataFrame:
-    """Per compiled configuration, from the workers' compile records: round 0 (cold inductor cache, unless an
-    earlier configuration filled it) against the later rounds (a new process, the cache on disk): compile
-    seconds, first call, FX-graph cache hits; graphs, breaks, CUDA-graph skips, recompiles and failures. The
-    figures also go to results.csv."""
+    """Per compiled configuration, round 0 (cold inductor cache, unless an earlier configuration filled it) against
+    later rounds (the cache on disk): compile seconds, first call, cache hits, graphs, breaks, skips, recompiles."""
     rows, rec = [], []
     for r in cmp.table.itertuples():
         if not str(r.key).startswith("compile:"):
@@ -170,19 +159,17 @@ def graph_breaks(study: Study) -> dict:
     forget_compiled()
     out = {"graphs": ex.graph_count, "graph_breaks": ex.graph_break_count, "ops_captured": ex.op_count,
            "break_reasons": [str(b.reason) for b in ex.break_reasons]}
-    scenario = "UNet, torch._dynamo.explain"
+    common = dict(scenario="UNet, torch._dynamo.explain", n=1, method=EXPLAIN_METHOD)
     study.recorder.add_many([
-        dict(scenario=scenario, metric="graph_breaks", value=ex.graph_break_count, unit="breaks", n=1,
-             method=EXPLAIN_METHOD, note="; ".join(out["break_reasons"])[:300]),
-        dict(scenario=scenario, metric="graphs", value=ex.graph_count, unit="graphs", n=1,
-             method=EXPLAIN_METHOD, note=f"{ex.op_count} ops captured"),
-    ])
+        dict(common, metric="graph_breaks", value=ex.graph_break_count, unit="breaks",
+             note="; ".join(out["break_reasons"])[:300]),
+        dict(common, metric="graphs", value=ex.graph_count, unit="graphs", note=f"{ex.op_count} ops captured")])
     return out
 
 
 def shape_sequence(study: Study) -> list[tuple[str, int, int]]:
-    """(what changes, batch size, resolution): the profile's shape, a new batch size, two smaller resolutions
-    (8 latent pixels apart, which every SD UNet accepts), and the first shape again."""
+    """(what changes, batch size, resolution): the profile's shape, a new batch, two resolutions 8 latent pixels
+    smaller each (every SD UNet accepts them), and the first shape again."""
     p = study.profile
     step = 8 * vae_scale_factor(p.arch)
     return [("profile's shape", 1, p.resolution), ("new batch size", 2, p.resolution),
@@ -191,8 +178,7 @@ def shape_sequence(study: Study) -> list[tuple[str, int, int]]:
 
 
 def _call(unet, args, kwargs, log) -> str:
-    """One UNet call with its compile records into `log`; the error line if it raised (e.g. a dimension marked
-    dynamic that the model specializes), else ''."""
+    """One UNet call with its compile records into `log`; the error line if it raised, else ''."""
     try:
         with tc.compile_log(log), torch.inference_mode():
             unet(*args, **kwargs)
@@ -202,10 +188,9 @@ def _call(unet, args, kwargs, log) -> str:
 
 
 def recompiles(study: Study, settings: list[str], backend: str = "eager") -> pd.DataFrame:
-    """Graphs Dynamo compiles at each shape of shape_sequence, per dynamic-shape setting. Whether a call
-    recompiles is decided by Dynamo's guards before any backend runs, so a cheap backend counts the recompiles
-    inductor would do (inductor can add shape guards of its own under dynamic shapes: pass backend='inductor'
-    to count with it, at the price of a full compile each)."""
+    """Graphs Dynamo compiles at each shape of shape_sequence, per dynamic-shape setting. Dynamo's guards decide
+    before any backend runs, so a cheap backend counts inductor's recompiles (but for inductor's own shape guards
+    under dynamic shapes: backend='inductor' counts those too, at a full compile each)."""
     bad = [s for s in settings if s not in tc.DYNAMIC_SETTINGS]
     if bad:
         raise ValueError(f"recompile settings {bad} are not valid; choose from: {', '.join(tc.DYNAMIC_SETTINGS)}")
@@ -246,8 +231,8 @@ def recompile_counts(df: pd.DataFrame) -> str:
 
 
 # --- published vs measured, plot ---------------------------------------------------------------------------
-# claim, source, published config before -> after (its SD 1.5 rows), and the (variant, reference) pairs measured
-# here that answer it: the first pair that ran is used (reference None: the fp32 eager baseline)
+# claim, source, published config before -> after, and the (variant, reference) pairs that answer it: the first
+# that ran is used (reference None: fp32 eager)
 CLAIMS = [
     ("torch.compile vs eager", "diffusers docs torch2.0", "SDPA eager", "SDPA + torch.compile",
      [("compile:default", None)]),
@@ -265,8 +250,7 @@ CLAIMS = [
 
 
 def _measured(cmp: Comparison, pairs) -> tuple[float | None, str]:
-    """For the first (key, reference) pair that was measured: against fp32 eager, the per-UNet-step ratio with
-    its range and verdict; against another configuration, the ratio of the two medians over rounds (said so)."""
+    """The first measured (key, reference) pair's per-UNet-step ratio, with its range against fp32 eager."""
     t = cmp.table.set_index("variant")
     ran = set(t.index[t.status == "ok"])
     for key, ref in pairs:
@@ -301,8 +285,7 @@ def plot(study: Study, cmp: Comparison, compiles: pd.DataFrame):
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [3, 2]})
     drawn = cmp.table[cmp.table.variant != TWIN]
-    speedup_bars(drawn, f"torch.compile set-ups vs fp32 eager ({study.profile.name}, "
-                 f"{study.device})", ax=left)
+    speedup_bars(drawn, f"torch.compile set-ups vs fp32 eager ({study.profile.name}, {study.device})", ax=left)
     ok = compiles[compiles.status == "ok"] if len(compiles) else compiles
     if len(ok):
         y = range(len(ok))

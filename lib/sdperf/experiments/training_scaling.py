@@ -60,8 +60,7 @@ def what_is_trained(study: Study, prep: Prepared) -> str:
         f"step: DDPM noise-prediction MSE, AdamW (lr {s.learning_rate:g}, weight decay {s.weight_decay:g}), "
         f"gradient clipping at {s.max_grad_norm:g}, autocast {s.autocast}",
         f"engines: {', '.join(engines)}; backend {s.backend}; {s.warmup_steps} warm-up + {s.steps} timed steps "
-        "per configuration, each in a fresh torchrun process group",
-    ])
+        "per configuration, each in a fresh torchrun process group"])
 
 
 def plan_table(study: Study, prep: Prepared) -> pd.DataFrame:
@@ -76,7 +75,6 @@ def plan_table(study: Study, prep: Prepared) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- running
-
 def run(study: Study, prep: Prepared, progress=print) -> pd.DataFrame:
     """Make the dataset once, run every configuration in its own process group, record every row."""
     with tempfile.TemporaryDirectory(prefix="sdperf-train-data-") as tmp:
@@ -101,7 +99,7 @@ def _dtype(s: TrainingSettings) -> str:
     return "float32" if s.autocast == "none" else f"{s.autocast} autocast"
 
 
-# how every figure is taken (sdperf.training.launch, sdperf.training.train): per configuration, and the ratios of two
+# how every figure is taken: per configuration, and the ratios of two
 LAUNCH = "one torchrun launch per configuration (its ranks fresh processes)"
 LAUNCH_METHOD = (f"{LAUNCH}, once (no rounds): step times of the slowest rank, median and p10/p90 over the timed "
                  "steps after warm-up; the first step timed apart; memory as each rank reads its own peak")
@@ -133,8 +131,7 @@ def record(study: Study, measured: pd.DataFrame, s: TrainingSettings) -> None:
             dict(base, metric="training_memory_per_rank", value=r.training_memory_mib, unit="MiB", n=r.world_size,
                  note="peak minus what the rank held before building the UNet (runtime, libraries, dataset)"),
             dict(base, metric="params_identical_across_ranks", value=float(r.params_identical), unit="bool", n=1,
-                 note="sha256 of every parameter after the last step, compared across ranks"),
-        ]
+                 note="sha256 of every parameter after the last step, compared across ranks")]
     if rows:
         rec.add_many(rows)
 
@@ -190,7 +187,6 @@ def correctness(measured: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- published
-
 def published_tables() -> dict[str, pd.DataFrame]:
     """The transcribed tables as published: samples/s by size, one row per curve."""
     t = published.throughput()
@@ -210,7 +206,6 @@ def published_scaling() -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- figures and the side-by-side table
-
 def _where(study: Study) -> str:
     if study.device == "cuda":
         return "here"
@@ -274,8 +269,7 @@ def save_figures(study: Study, measured: pd.DataFrame, tables: dict[str, pd.Data
                figures.per_device_figure(published.throughput(), measured, "here", note), "per_device",
                what="Training samples/s per device (GPU, or rank here) against the number of devices, log-log: the "
                "published GPU sweeps beside this machine's ranks (bars: p10-p90 over timed steps)",
-               baseline=figure_captions.NO_BASELINE + " (samples/s per device)", method=method,
-               n=f"{n_here}; {pub}"),
+               baseline=figure_captions.NO_BASELINE + " (samples/s per device)", method=method, n=f"{n_here}; {pub}"),
            "memory": study.save_figure(
                figures.memory_figure(measured, _where(study)), "memory",
                what="Per-rank peak memory of every training configuration that ran (largest rank), the part held "
