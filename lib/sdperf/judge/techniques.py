@@ -492,14 +492,18 @@ def from_rows(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _scenarios(rows: pd.DataFrame, prefix: str) -> list[tuple[str, dict]]:
+    """(key, {metric: value}) for each scenario of `rows` named `prefix: ...`, in row order."""
+    if rows.empty or "scenario" not in rows:
+        return []
+    t = rows[rows.scenario.astype(str).str.startswith(prefix + ": ")]
+    return [(key, dict(zip(g.metric, g.value))) for (_, key), g in t.groupby(["scenario", "key"], sort=False)]
+
+
 def convergence_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The convergence check from results rows: per guidance and step count, both legs and whether it was chosen."""
-    if rows.empty or "scenario" not in rows:
-        return pd.DataFrame()
-    t = rows[rows.scenario.astype(str).str.startswith(CONVERGENCE + ": ")]
     out = []
-    for (_, key), g in t.groupby(["scenario", "key"], sort=False):
-        by = dict(zip(g.metric, g.value))
+    for key, by in _scenarios(rows, CONVERGENCE):
         if "convergence_steps" not in by or "convergence_guidance" not in by:
             continue
         out.append(dict(guidance=float(by["convergence_guidance"]), key=key, steps=int(by["convergence_steps"]),
@@ -514,12 +518,8 @@ def convergence_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 def former_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The former reference's distance to the independent solve, per guidance, from results rows."""
-    if rows.empty or "scenario" not in rows:
-        return pd.DataFrame()
-    t = rows[rows.scenario.astype(str).str.startswith(FORMER + ": ")]
     out = []
-    for (_, key), g in t.groupby(["scenario", "key"], sort=False):
-        by = dict(zip(g.metric, g.value))
+    for key, by in _scenarios(rows, FORMER):
         if "convergence_former_independent_mse" in by and "convergence_guidance" in by:
             out.append(dict(guidance=float(by["convergence_guidance"]), key=key,
                             mse=by["convergence_former_independent_mse"],
