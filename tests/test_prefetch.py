@@ -90,6 +90,14 @@ def test_a_search_precision_over_the_half_budget_is_not_measured_up_front(smoke,
     assert [c.stack for c in prefetch.plan(plain, ["10_ladder"])] == ["deepcache:3"] and asked == []
 
 
+def test_a_bad_key_beside_01s_precisions_is_left_to_the_notebook(smoke, monkeypatch):
+    from sdperf.measure import half_budget
+
+    monkeypatch.setattr(half_budget, "probe", _probe_at(1.0))
+    odd = replace(smoke, techniques=("precision:bfloat16", "tome:nope"))
+    assert [c.stack for c in prefetch.plan(odd, ["01_half_precision"])] == ["precision:bfloat16"]
+
+
 def test_the_search_leaves_out_what_the_half_budget_skips(smoke, monkeypatch):
     """recipe.run asks the same rule before its parts are read back or measured, and returns why."""
     from sdperf.experiments import recipe

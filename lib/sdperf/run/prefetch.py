@@ -68,13 +68,13 @@ def _search_parts(profile: Profile, keys: list[str]) -> list[str]:
     return [k for k in keys if k not in skipped]
 
 
-def _half_precisions(profile: Profile) -> list[str]:
-    """01's precisions that run here and fit the budget (sdperf.measure.half_budget)."""
+def _half_precisions(profile: Profile, keys: list[str]) -> list[str]:
+    """01's precisions among `keys` that run here and fit the budget (sdperf.measure.half_budget)."""
     from sdperf.measure import half_budget
 
     study = _study(profile)
     ctx, out = Context(profile), []
-    for key in catalog.among(profile.techniques, PRECISION_NOTEBOOK, (catalog.PRECISION,)):
+    for key in catalog.among(keys, PRECISION_NOTEBOOK, (catalog.PRECISION,)):
         t = catalog.get(key)
         if not t.availability(ctx)[0]:
             continue
@@ -91,17 +91,18 @@ def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
 
     def valid(key):
         try:
-            return bool(Stack.of(key))
+            Stack.of(key)
         except (ConfigError, ValueError, KeyError):
             return False
+        return True
 
-    keys = [k for k in profile.techniques if valid(k)]
+    keys = [k for k in profile.techniques if valid(k)]  # a bad key is the notebook's own error to report
 
     def among(notebook, *families):
         return catalog.among(keys, notebook, families)
 
     if name == PRECISION_NOTEBOOK:
-        wanted = _half_precisions(profile)
+        wanted = _half_precisions(profile, keys)
     elif name == DEEPSPEED_NOTEBOOK:
         wanted = catalog.keys(notebook=name)  # 06 probes every DeepSpeed key the catalog declares
     elif name == STEPS_NOTEBOOK:
@@ -112,12 +113,7 @@ def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
             wanted += catalog.keys(notebook=name, family=catalog.CALIBRATION)
     else:
         wanted = among(name)
-    out = []
-    for key in wanted:
-        try:
-            out.append(Stack.of(key).key)
-        except (ConfigError, ValueError, KeyError):
-            continue
+    out = [Stack.of(k).key for k in wanted]  # every key is valid here: the profile's were filtered, the catalog's are
     return _search_parts(profile, out) if name == LADDER_NOTEBOOK else out
 
 
