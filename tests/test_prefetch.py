@@ -45,10 +45,14 @@ def test_the_plan_reads_each_notebooks_keys_from_the_profiles_one_list(smoke):
     cpu = replace(smoke, techniques=("compile:default", "tome:0.5", "compile:freezing"))
     assert [c.stack for c in prefetch.plan(cpu, ["04_torch_compile"])] == ["compile:default", "compile:freezing"]
     # 09: its first `own_processes` schedulers in processes of their own, the rest priced; and its caching
-    assert [c.stack for c in prefetch.plan(smoke, ["09_fewer_steps"])] == ["scheduler:dpmpp-2m@20", "deepcache:3"]
+    # ... and the students, tiny decoder and guidance cuts it times in processes of their own
+    assert [c.stack for c in prefetch.plan(smoke, ["09_fewer_steps"])] == ["scheduler:dpmpp-2m@20", "deepcache:3",
+                                                                         "distill:lcm@2+decoder:tiny",
+                                                                         "guidance:cutoff@0.5"]
     three = replace(smoke, notebooks={"09_fewer_steps": {"own_processes": 3}})
     assert [c.stack for c in prefetch.plan(three, ["09_fewer_steps"])] == [
-        *[k for k in smoke.techniques if k.startswith("scheduler:")][:3], "deepcache:3"]
+        *[k for k in smoke.techniques if k.startswith("scheduler:")][:3], "deepcache:3", "distill:lcm@2+decoder:tiny",
+        "guidance:cutoff@0.5"]
     # 10's search measures its parts up front too, whichever notebook owns them, and the method's calibration
     search = replace(smoke, techniques=("deepcache:3", "tome:0.3", "stages:openvino-f32", "scheduler:euler@10"))
     assert [c.stack for c in prefetch.plan(search, ["09_fewer_steps", "10_ladder"])] == [

@@ -252,3 +252,26 @@ def test_an_eager_candidate_divides_each_baseline_worker_by_itself():
                             ss.Candidate("", "scheduler:euler@20"), ts)
     want = [(0.5 + 51 * (u + 0.001) + 1.0) / (0.5 + 20 * (u + 0.001) + 1.0) for u in (2.0, 2.2, 2.1)]
     assert got["rounds"] == 3 and got["speedup"] == pytest.approx(sorted(want)[1])
+
+
+def test_a_consistency_student_brings_its_own_sampler_into_the_search():
+    from sdperf.select import stack_search as ss
+
+    cand = ss.Candidate(unet="distill:lcm@4+precision:bfloat16", stages="decoder:tiny")
+    assert cand.owner == "distill:lcm@4" and cand.sampler == "distill:lcm@4"
+    # judged as its lossy parts alone: no PLMS-50 sampler is added to a student that samples itself
+    assert cand.lossy_parts == ["distill:lcm@4", "precision:bfloat16", "decoder:tiny"]
+    found = {c.key for c in ss.candidates(["distill:lcm@4+precision:bfloat16", "distill:guidance"],
+                                          ["scheduler:euler@10"], ["decoder:tiny", "stages:openvino-int8w"])}
+    assert "distill:lcm@4+precision:bfloat16+decoder:tiny" in found
+    assert "distill:guidance+decoder:tiny+scheduler:euler@10" in found
+    assert not any("lcm" in k and "scheduler:" in k for k in found)  # the student's sampler is not replaced
+    assert not any("decoder:tiny" in k and "stages:" in k for k in found)  # both replace the decoder
+    ts = ss.timesteps(load_profile_smoke(), "distill:lcm@4")
+    assert len(ts) == 4 and ts[0] == 999.0  # LCM starts from the noise's own level
+
+
+def load_profile_smoke():
+    from sdperf.config.profiles import load_profile
+
+    return load_profile("smoke", check_runtime=False)

@@ -216,6 +216,13 @@ def _train_reference(args) -> int:
     return train_command.main(seed=args.seed, out=args.out, quick=args.quick, show=not args.no_progress, force=args.force)
 
 
+def _train_student(args) -> int:
+    from sdperf.refmodel import student_command
+
+    return student_command.main(args.kind, seed=args.seed, out=args.out, quick=args.quick, show=not args.no_progress,
+                                force=args.force, teacher=args.teacher)
+
+
 def _int(what: str, text: str) -> int:
     try:
         return int(text)
@@ -291,6 +298,19 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--force", action="store_true", help="replace a model in --out that another recipe made "
                      "(refused without it)")
     ref.add_argument("--no-progress", action="store_true", help="no progress bars")
+    from sdperf.refmodel.student_recipe import KINDS
+
+    stu = add("train-student", _train_student, "distil a student of the reference model into models/<kind>/: a "
+              "latent consistency student, a guidance-distilled student or a tiny decoder (about 30 minutes each "
+              "on 2 cores; run again to resume after a kill)", profile=False)
+    stu.add_argument("kind", choices=KINDS, help="what to distil")
+    stu.add_argument("--seed", type=int, default=0, help="seed of the data and the training (default 0)")
+    stu.add_argument("--out", metavar="DIR", help="output folder (default models/<kind>; with --quick "
+                     "models/.<kind>-quick, never the committed student)")
+    stu.add_argument("--teacher", metavar="DIR", help="the reference model to distil (default models/reference)")
+    stu.add_argument("--quick", action="store_true", help="a few steps: checks the code, not a model")
+    stu.add_argument("--force", action="store_true", help="replace a student in --out that another recipe made")
+    stu.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
 

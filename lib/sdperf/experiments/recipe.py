@@ -35,10 +35,11 @@ def check(unets: list[str], schedulers: list[str], stages: list[str]) -> None:
         if not ss.unet_side(k):
             raise ConfigError(f"search_unets: {k!r} is not a UNet configuration (families: "
                               f"{', '.join(ss.UNET_FAMILIES)})")
-    for k, fam, name in [(k, catalog.SCHEDULER, "search_schedulers") for k in schedulers] + \
-                        [(k, catalog.STAGES, "search_stages") for k in stages]:
-        if catalog.get(k).family != fam:
-            raise ConfigError(f"{name}: {k!r} is not of family {fam!r}; valid: {', '.join(catalog.keys(family=fam))}")
+    for k, fams, name in [(k, (catalog.SCHEDULER,), "search_schedulers") for k in schedulers] + \
+                         [(k, ss.STAGE_FAMILIES, "search_stages") for k in stages]:
+        if catalog.get(k).family not in fams:
+            valid = [key for f in fams for key in catalog.keys(family=f)]
+            raise ConfigError(f"{name}: {k!r} is not of family {' or '.join(map(repr, fams))}; valid: {', '.join(valid)}")
 
 
 def parts(study: Study, unets: list[str], stages: list[str], say: Callable[[str], None] = print) -> Comparison:
@@ -53,13 +54,15 @@ def composed_table(study: Study, cmp: Comparison, unets: list[str], schedulers: 
     names = {catalog.BASELINE_KEY: BASELINE}
     names.update({r.key: r.variant for r in cmp.table.itertuples() if r.status == "ok"})
     steps = {s: ss.timesteps(study.profile, s) for s in [""] + list(schedulers)}
+    steps.update({k: ss.timesteps(study.profile, k) for u in unets for k in catalog.split(u)
+                  if catalog.get(k).owns_sampler})
     ok_unets = [u for u in unets if u in names]
     ok_stages = [g for g in stages if g in names]
     rows = []
     for cand in ss.candidates(ok_unets, schedulers, ok_stages):
         if not cand.key or cand.key == catalog.BASELINE_KEY:
             continue
-        speed = ss.composed_speed(m.raw, m.ratios, names, cand, steps[cand.scheduler])
+        speed = ss.composed_speed(m.raw, m.ratios, names, cand, steps[cand.scheduler or cand.owner])
         if speed["status"] == "ok":
             rows.append({"key": cand.key, "candidate": cand, **speed})
     return pd.DataFrame(rows)

@@ -54,7 +54,7 @@ def render_with_latents(pipe, singles: list[Workload]) -> tuple[torch.Tensor, np
     device = generation.module_device(pipe.unet)
     dtype = generation.module_dtype(pipe.unet)
     batch = replace(singles[0], batch_size=len(singles))
-    do_cfg = batch.guidance_scale > 1.0
+    do_cfg = generation.uses_cfg(pipe, batch)
     latents = torch.cat([generation.initial_latents(pipe, w) for w in singles])
     encoded = [generation.encode(pipe, w, device) for w in singles]
     embeds = _stack_cfg([e for e, _ in encoded], do_cfg)

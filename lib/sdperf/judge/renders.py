@@ -21,7 +21,8 @@ from sdperf.optimizations.catalog import Stack
 
 # the code a render runs, relative to the sdperf package: a change to any of these files is a new key
 CODE = ("optimizations", "model", "imagegen/render.py", "refmodel/domain_quality.py", "judge/technique_setup.py",
-        "refmodel/sdref.py", "refmodel/storage.py", "config/architectures.py")
+        "refmodel/sdref.py", "refmodel/storage.py", "refmodel/student_command.py", "refmodel/distillation.py",
+        "config/architectures.py")
 # the libraries every render runs on, beside a technique's own (Technique.packages): a new version is a new key
 LIBRARIES = ("torch", "diffusers", "transformers", "numpy")
 

@@ -59,3 +59,19 @@ def build(control, stack, ctx, fresh):
             controls.add_output_noise(pipe, control.noise)
         return pipe
     return stack.apply(fresh("plms" if stack.steps is not None else converged.SOLVER), ctx)
+
+
+def inputs_digest(stack, folder: Path) -> str:
+    """The files a stack renders from beyond the reference model's: each student's manifest (which hashes its
+    weights) beside `folder`, so a retrained student is a new render-cache key. '' for every other stack."""
+    import hashlib
+
+    from sdperf.optimizations.distilled import student_kind
+    from sdperf.refmodel.student_recipe import FOLDERS
+
+    kinds = {student_kind(t.key) for t in (stack.techniques if stack is not None else ())} - {None}
+    parts = []
+    for kind in sorted(kinds):
+        manifest = Path(folder).parent / FOLDERS[kind] / "manifest.json"
+        parts.append(hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.is_file() else "missing")
+    return "+" + "+".join(parts) if parts else ""

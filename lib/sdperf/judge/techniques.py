@@ -210,7 +210,8 @@ def measure(keys: list[str], base_profile, *, plan: Plan, folder: Path | None = 
                 call = dict(batch=batch, pad=control is None, grad_mode=grad_mode)
                 if stack is not None and stack.calibrated:  # its IR, so its pictures, depend on the calibration size
                     call["calibration_samples"] = ctx.calibration_samples
-                cache = renders.Cache(None if control else stored, mhash, machine, key, steps, g, call,
+                cache = renders.Cache(None if control else stored, mhash + technique_setup.inputs_digest(stack, folder),
+                                      machine, key, steps, g, call,
                                       facts=ctx.facts)  # controls: rendered live
                 got = _sequential(pipe, steps, grad_mode, g, ref, plan, real, batch, aligned, pad=control is None,
                                   cache=cache)

@@ -9,7 +9,8 @@ import pandas as pd
 import torch
 
 from sdperf.measure import drift
-from sdperf.model.generation import STAGES, Output, Workload, encode, generate, initial_latents
+from sdperf.model.generation import (STAGES, Output, Workload, encode, generate, guidance_kwargs, initial_latents,
+                                     uses_cfg)
 from sdperf.measure.roofline import count_flops
 from sdperf.measure.timing import StageClock, Timing, measure, ratio
 
@@ -120,8 +121,9 @@ def unet_call_inputs(pipe, workload: Workload) -> tuple[tuple, dict]:
     with torch.inference_mode():
         embeds, extra = encode(pipe, workload, device)
         latents = initial_latents(pipe, workload).to(device, dtype)
-        x = torch.cat([latents] * 2) if workload.guidance_scale > 1.0 else latents
+        x = torch.cat([latents] * 2) if uses_cfg(pipe, workload) else latents
         t = torch.tensor(999, device=device)
+        extra = {**extra, **guidance_kwargs(pipe, workload, len(x), device, dtype)}
     return (x, t), {"encoder_hidden_states": embeds, "return_dict": False, **extra}
 
 

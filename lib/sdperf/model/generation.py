@@ -61,9 +61,53 @@ def module_device(module) -> torch.device:
     return device if isinstance(device, torch.device) else next(module.parameters()).device
 
 
+def guidance_embedded(unet) -> bool:
+    """A UNet that takes the guidance scale as an input (`time_cond_proj_dim`: LCM and guidance-distilled students):
+    one call per step at the prompt batch returns the guided noise, so the loop runs no unconditional half."""
+    return getattr(getattr(unet, "config", None), "time_cond_proj_dim", None) is not None
+
+
+def uses_cfg(pipe, workload: Workload) -> bool:
+    """Whether the loop runs classifier-free guidance's two halves (diffusers' do_classifier_free_guidance)."""
+    return workload.guidance_scale > 1.0 and not guidance_embedded(pipe.unet)
+
+
+def guidance_kwargs(pipe, workload: Workload, n: int, device, dtype) -> dict:
+    """The guidance-embedded UNet's `timestep_cond` at the workload's scale, as StableDiffusionPipeline makes it."""
+    if not guidance_embedded(pipe.unet):
+        return {}
+    w = torch.full((n,), workload.guidance_scale - 1.0)
+    emb = pipe.get_guidance_scale_embedding(w, embedding_dim=pipe.unet.config.time_cond_proj_dim)
+    return {"timestep_cond": emb.to(device, dtype)}
+
+
+# pipe.GUIDED_AT: (step index, step count, timestep) -> whether that step runs guidance (a training-free cut)
+GUIDED_AT = "sdperf_guided_at"
+
+
+def _cond_half(embeds, extra: dict):
+    """The conditional half of CFG embeddings and SDXL's added kwargs: what an unguided step conditions on."""
+    half = lambda t: t.chunk(2)[1]  # noqa: E731
+    if "added_cond_kwargs" in extra:
+        extra = {**extra, "added_cond_kwargs": {k: half(v) for k, v in extra["added_cond_kwargs"].items()}}
+    return half(embeds), extra
+
+
+def noise_generators(latents: torch.Tensor) -> list[torch.Generator]:
+    """One generator per image for a stochastic sampler's fresh noise (LCM's multistep), seeded by that image's
+    own initial noise: the same image gets the same noise in any batch, in any process."""
+    import hashlib
+
+    out = []
+    for x in latents.detach().float().cpu():
+        seed = int.from_bytes(hashlib.sha256(x.numpy().tobytes()).digest()[:8], "little") >> 1
+        out.append(torch.Generator("cpu").manual_seed(seed))
+    return out
+
+
 def encode(pipe, workload: Workload, device):
     """Text conditioning for classifier-free guidance: (embeddings, extra UNet kwargs), uncond first."""
-    do_cfg = workload.guidance_scale > 1.0
+    do_cfg = uses_cfg(pipe, workload)
     if not is_sdxl(pipe):
         cond, uncond = pipe.encode_prompt(workload.prompt, device, workload.batch_size, do_cfg)
         return (torch.cat([uncond, cond]) if do_cfg else cond), {}
@@ -98,19 +142,25 @@ def denoise(pipe, workload: Workload, latents: torch.Tensor, embeds, extra: dict
     else:
         sched.set_timesteps(workload.steps, device=device)
         timesteps = unet_timesteps = sched.timesteps
+    stochastic = {"generator": noise_generators(latents)} if type(sched).__name__ == "LCMScheduler" else {}
     latents = latents * sched.init_noise_sigma
-    do_cfg = workload.guidance_scale > 1.0
+    do_cfg = uses_cfg(pipe, workload)
     unet_dtype = module_dtype(pipe.unet)
-    for t, unet_t in zip(timesteps, unet_timesteps):
+    extra = {**extra, **guidance_kwargs(pipe, workload, len(latents), device, unet_dtype)}
+    guided_at = getattr(pipe, GUIDED_AT, None)
+    unguided = _cond_half(embeds, extra) if do_cfg and guided_at is not None else None
+    for i, (t, unet_t) in enumerate(zip(timesteps, unet_timesteps)):
+        guided = do_cfg and (guided_at is None or guided_at(i, len(timesteps), float(t)))
+        e, kw = (embeds, extra) if guided or not do_cfg else unguided
         with clock("unet"):
-            x = torch.cat([latents] * 2) if do_cfg else latents
+            x = torch.cat([latents] * 2) if guided else latents
             x = sched.scale_model_input(x, t)
-            eps = pipe.unet(x.to(unet_dtype), unet_t, encoder_hidden_states=embeds, return_dict=False, **extra)[0]
-            if do_cfg:
+            eps = pipe.unet(x.to(unet_dtype), unet_t, encoder_hidden_states=e, return_dict=False, **kw)[0]
+            if guided:
                 uncond, cond = eps.chunk(2)
                 eps = uncond + workload.guidance_scale * (cond - uncond)
         with clock("scheduler"):
-            latents = sched.step(eps.to(latents.dtype), t, latents, return_dict=False)[0]
+            latents = sched.step(eps.to(latents.dtype), t, latents, return_dict=False, **stochastic)[0]
     return latents
 
 

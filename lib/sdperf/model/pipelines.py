@@ -23,6 +23,8 @@ SCHEDULER_CLASSES = {
     "euler": ("EulerDiscreteScheduler", dict(timestep_spacing="leading")),
     "dpmpp-2m": ("DPMSolverMultistepScheduler", dict(algorithm_type="dpmsolver++", solver_order=2)),
     "unipc": ("UniPCMultistepScheduler", dict(solver_order=2)),  # UniPC (Zhao et al. 2023), bh2 predictor-corrector
+    # LCM's multistep consistency sampling (Luo et al. 2023): a consistency student's sampler, never a teacher's
+    "lcm": ("LCMScheduler", dict(clip_sample=False)),
 }
 
 

@@ -7,9 +7,11 @@ pipeline, and `techniques()` declares its catalog entries.
   deepspeed_inference (with deepspeed_policies, the policies DeepSpeed would apply, and deepspeed_clip, the CLIP
   layout adapter both use), engine_export (onnx_runtime, openvino_engine, tensorrt_engine on unet_graph, the UNet
   as an engine takes it), stage_engines (text encoder and VAE decoder through OpenVINO), quantization, fewer_steps
-  (schedulers), feature_reuse (DeepCache), allocator, calibration (a known cost that checks the method)
+  (schedulers), feature_reuse (DeepCache), distilled (step-distilled students of the reference model and a tiny
+  decoder), guidance_cuts (classifier-free guidance on some steps only), allocator, calibration (a known cost that
+  checks the method)
 - artefacts: exported engines kept on disk between the worker processes of one comparison
 
-May import: model/, config/, store/, core/, the stage timer (measure.timing) and one another; never report/, run/ or
-experiments/. The measuring method (measure/) builds configurations from them.
+May import: model/, config/, store/, core/, the stage timer (measure.timing), refmodel/ (the students) and one
+another; never report/, run/ or experiments/. The measuring method (measure/) builds configurations from them.
 """

@@ -22,8 +22,18 @@ CACHING, MERGING = "feature caching", "token merging"  # both patch the PyTorch 
 PATCH_BLOCKS = (CACHING, MERGING)  # ... and not under an engine that traces the UNet (Technique.traces_unet)
 STAGES = "vae and text encoder executor"  # the two stages around the loop, run by an engine
 CALIBRATION = "calibration"  # a technique of known cost that checks the method itself
+# What CPU users deploy: a distilled UNet (guidance folded in; LCM with its own sampler), a tiny VAE decoder, a cut
+# of classifier-free guidance. A guidance cut needs the two-call guidance a distilled UNet no longer makes.
+DISTILLED, DECODER, GUIDANCE = "distilled UNet", "decoder", "guidance cut"
 FAMILIES = (GRAD_MODE, PARAMETERS, PRECISION, ATTENTION, EXECUTOR, GRAPHS, SCHEDULER, CACHING, MERGING, ALLOCATOR,
-            STAGES, CALIBRATION)
+            STAGES, CALIBRATION, DISTILLED, DECODER, GUIDANCE)
+# Families that cannot share a stack, and why (Stack.of)
+EXCLUSIVE = {
+    frozenset((DISTILLED, GUIDANCE)): "a distilled UNet folds guidance into one call per step: there is no "
+                                      "unconditional call left to cut",
+    frozenset((DECODER, STAGES)): "both replace the VAE decoder",
+    frozenset((DISTILLED, EXECUTOR)): "the engines export and quantize the UNet's call without the guidance input",
+}
 
 # A module of this package declares techniques when it defines a top-level techniques() (catalog.modules)
 DECLARES = re.compile(r"^def techniques\(\)", re.M)
@@ -103,6 +113,8 @@ class Technique:
     packages: tuple[str, ...] = ()
     # The kernel whose measured roof bounds its UNet matmuls (sdperf.measure.roofline); None: not a matmul executor
     roof_kernel: str | None = None
+    # Its sampler is part of it (a consistency student's): a scheduler technique cannot replace it in a stack
+    owns_sampler: bool = False
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -235,6 +247,15 @@ class Stack:
         if twice:
             raise ConfigError(f"stack {join(ks)!r} has more than one technique of family {', '.join(twice)}: "
                               "stack at most one of each (one UNet executor, one precision, one scheduler, ...)")
+        for pair, why in EXCLUSIVE.items():
+            both = [t for t in techs if t.family in pair]
+            if len({t.family for t in both}) == 2:
+                raise ConfigError(f"stack {join(ks)!r}: {' and '.join(t.key for t in both)} cannot stack: {why}")
+        owner = next((t.key for t in techs if t.owns_sampler), None)
+        other = [t.key for t in techs if t.family == SCHEDULER]
+        if owner and other:
+            raise ConfigError(f"stack {join(ks)!r}: {owner} samples with its own sampler and step count, which "
+                              f"{other[0]} would replace; give its step count in its key instead")
         traced, patched = trace_conflict(techs)
         if traced and patched:
             raise ConfigError(f"stack {join(ks)!r}: {', '.join(patched)} patches the PyTorch UNet's blocks in Python "

@@ -6,4 +6,6 @@ adherence and a domain FID) and a latent diffusion model of SD's architecture fa
 checksums and provenance (`storage`, `manifest`) and scored by `domain_quality`; `sdperf.judge` judges on it.
 Training: `training_recipe` (every setting, checked first), `loop` (resumable, checkpointed), `first_stage` (the
 autoencoder and the latents), `unet_stage` (the UNet under torchrun), `train_command` (`sdperf train-reference`).
+Its students (`sdperf train-student`): `student_recipe` (their settings), `distillation` (their data and training
+steps), `student_command` (train, judge, store with a manifest, load onto the teacher's pipeline).
 """

@@ -87,7 +87,7 @@ def _half_precisions(profile: Profile, keys: list[str]) -> list[str]:
 
 def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
     """The valid catalog keys notebook `name` compares stand-alone at batch 1 when run with `params`."""
-    from sdperf.select.stack_search import UNET_FAMILIES
+    from sdperf.select.stack_search import STAGE_FAMILIES, UNET_FAMILIES, unet_side
 
     def valid(key):
         try:
@@ -106,9 +106,11 @@ def keys_of(name: str, params: dict, profile: Profile) -> list[str]:
     elif name == DEEPSPEED_NOTEBOOK:
         wanted = catalog.keys(notebook=name)  # 06 probes every DeepSpeed key the catalog declares
     elif name == STEPS_NOTEBOOK:
-        wanted = among(name, catalog.SCHEDULER)[:int(params.get(OWN_PROCESSES) or 1)] + among(name, catalog.CACHING)
+        wanted = among(name, catalog.SCHEDULER)[:int(params.get(OWN_PROCESSES) or 1)] + among(name, catalog.CACHING) \
+            + among(name, catalog.DISTILLED, catalog.DECODER, catalog.GUIDANCE)
     elif name == LADDER_NOTEBOOK:
-        wanted = among(None, *UNET_FAMILIES) + among(None, catalog.STAGES) + among(None, catalog.ALLOCATOR)
+        wanted = [k for k in among(None, *UNET_FAMILIES) if unet_side(k)] + among(None, *STAGE_FAMILIES) \
+            + among(None, catalog.ALLOCATOR)
         if params.get("check_method", True):
             wanted += catalog.keys(notebook=name, family=catalog.CALIBRATION)
     else:

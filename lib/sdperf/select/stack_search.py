@@ -21,7 +21,8 @@ from sdperf.optimizations.catalog import BASELINE_KEY, Stack
 from sdperf.measure.rounds import BASELINE, noise_band, speed_verdict
 
 UNET_FAMILIES = (catalog.PRECISION, catalog.EXECUTOR, catalog.CACHING, catalog.MERGING, catalog.ATTENTION,
-                 catalog.GRAD_MODE)
+                 catalog.GRAD_MODE, catalog.DISTILLED, catalog.GUIDANCE)
+STAGE_FAMILIES = (catalog.STAGES, catalog.DECODER)  # what a candidate's stage part may be: an engine or a tiny decoder
 ADMISSIBLE, INADMISSIBLE, PRUNED, NOT_JUDGED = "admissible", "not admissible", "not rendered", "not judged"
 LOSSLESS_QUALITY = "lossless by declaration: no technique may change the picture"
 COMPOSED = ("composed per round from the measured parts (text encoder + UNet calls at the scheduler's count, each at "
@@ -50,17 +51,23 @@ class Candidate:
         return not Stack.of(self.parts).changes_output
 
     @property
+    def owner(self) -> str:
+        """The part that brings its own sampler and steps (a consistency student), '' when none does."""
+        return next((k for k in self.parts if catalog.get(k).owns_sampler), "")
+
+    @property
     def sampler(self) -> str:
-        """Its sampler as a key: its scheduler, or fp32 PLMS at the seeds' steps (what the loop runs without one)."""
+        """Its sampler as a key: its scheduler, the part that owns its sampler, or fp32 PLMS at the seeds' steps
+        (what the loop runs without one)."""
         from sdperf.judge.techniques import SEEDS_SAMPLER
 
-        return self.scheduler or SEEDS_SAMPLER
+        return self.scheduler or self.owner or SEEDS_SAMPLER
 
     @property
     def lossy_parts(self) -> list[str]:
         """Every part that may change the picture, the sampler included: each must be within budget alone."""
-        return [k for k in self.parts if catalog.get(k).changes_output and catalog.get(k).family != catalog.SCHEDULER] \
-            + [self.sampler]
+        own = [k for k in self.parts if catalog.get(k).changes_output and catalog.get(k).family != catalog.SCHEDULER]
+        return own + ([] if self.owner else [self.sampler])
 
     @property
     def picture_key(self) -> str:

@@ -5,6 +5,8 @@ machine and commit are read (Recorder.current()).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 
 from sdperf.optimizations import catalog
@@ -33,7 +35,7 @@ def table(df: pd.DataFrame, keys: list[str] | None = None, batch_size: int = 1) 
     """One row per technique: status, each ratio over fp32 eager with its range and verdict, PSNR, method."""
     out = []
     for key in keys if keys is not None else catalog.keys():
-        tech = catalog.get(key)
+        tech = _as_one(key)
         row = {"key": key, "technique": tech.label, "family": tech.family, "notebook": tech.notebook,
                "changes_output": tech.changes_output}
         mine = rows_of(df, tech, batch_size)
@@ -58,6 +60,14 @@ def table(df: pd.DataFrame, keys: list[str] | None = None, batch_size: int = 1) 
     for col in [c for c in COLUMNS if c.endswith(("speedup", "_lo", "_hi"))] + ["image_psnr_db"]:
         t[col] = pd.to_numeric(t[col], errors="coerce")
     return t
+
+
+def _as_one(key: str) -> catalog.Technique:
+    """A key's technique; a stack's as one record under its key, label and first part's notebook and family."""
+    stack = catalog.Stack.of(key)
+    if len(stack.techniques) == 1:
+        return stack.techniques[0]
+    return dataclasses.replace(stack.techniques[0], key=stack.key, label=stack.label, changes_output=stack.changes_output)
 
 
 def _verdict(row) -> str | None:
